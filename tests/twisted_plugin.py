@@ -1,0 +1,67 @@
+"""pytest plugin: run the suite on Twisted's asyncio reactor (uvloop).
+
+The reactor is installed when pytest loads this plugin, before any test module
+imports Twisted. ``async def`` tests run as Twisted coroutines (they may await
+Deferreds and asyncio futures alike) with the loop driven until they finish;
+sync fixtures use ``run_sync`` for async set-up.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from homeserver.reactor import install_reactor
+
+reactor = install_reactor()
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_SECONDS = 120.0
+
+
+def _ensure_running() -> None:
+    # startRunning fires the reactor's start-up triggers (its thread pool, for
+    # one) without blocking; the loop is then driven per test below.
+    if not reactor.running:
+        reactor.startRunning(installSignalHandlers=False)
+
+
+def run_sync(coro: Coroutine[Any, Any, T], timeout: float = DEFAULT_TIMEOUT_SECONDS) -> T:
+    """Run a Twisted coroutine to completion on the reactor's loop and return its result."""
+    from twisted.internet.defer import Deferred
+
+    _ensure_running()
+    loop = reactor._asyncioEventloop
+    deferred = Deferred.fromCoroutine(coro)
+    deferred.addTimeout(timeout, reactor)
+    future = deferred.asFuture(loop)
+    return loop.run_until_complete(future)  # type: ignore[no-any-return]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    func = pyfuncitem.obj
+    if not inspect.iscoroutinefunction(func):
+        return None
+    argnames = pyfuncitem._fixtureinfo.argnames
+    kwargs = {name: pyfuncitem.funcargs[name] for name in argnames}
+    marker = pyfuncitem.get_closest_marker("timeout")
+    timeout = float(marker.args[0]) if marker else DEFAULT_TIMEOUT_SECONDS
+    run_sync(func(**kwargs), timeout=timeout)
+    return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "timeout(seconds): time limit for an async test")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Stop the reactor's thread pool: its threads are not daemons and would keep
+    # the interpreter alive after the last test.
+    if reactor.running:
+        # The "shutdown" system event stops the reactor's thread pool.
+        reactor.fireSystemEvent("shutdown")
