@@ -13,6 +13,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
+from twisted.internet.defer import Deferred
 
 from homeserver.reactor import install_reactor
 
@@ -30,13 +31,11 @@ def _ensure_running() -> None:
         reactor.startRunning(installSignalHandlers=False)
 
 
-def run_sync(coro: Coroutine[Any, Any, T], timeout: float = DEFAULT_TIMEOUT_SECONDS) -> T:
-    """Run a Twisted coroutine to completion on the reactor's loop and return its result."""
-    from twisted.internet.defer import Deferred
-
+def run_sync(coro: Coroutine[Any, Any, T] | Deferred[T], timeout: float = DEFAULT_TIMEOUT_SECONDS) -> T:
+    """Run a Twisted coroutine (or wait for a Deferred) on the reactor's loop; return its result."""
     _ensure_running()
     loop = reactor._asyncioEventloop
-    deferred = Deferred.fromCoroutine(coro)
+    deferred = coro if isinstance(coro, Deferred) else Deferred.fromCoroutine(coro)
     deferred.addTimeout(timeout, reactor)
     future = deferred.asFuture(loop)
     return loop.run_until_complete(future)  # type: ignore[no-any-return]

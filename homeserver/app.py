@@ -1,0 +1,206 @@
+"""The composition root: builds every service of a homeserver process from its config.
+
+``HomeServer.start()`` brings the process up in order (database, schema, keys,
+listeners) and marks it ready; ``stop()`` takes it down in reverse: stop
+accepting connections, let requests in flight finish (bounded by
+``shutdown_grace_period``), close the database pool, stop the embedded
+database. Nothing here looks anything up globally: collaborators are built here
+and handed down.
+"""
+
+# tests: tests/integration/test_process.py
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, GCCollector, Info, PlatformCollector, ProcessCollector
+from signedjson.types import SigningKey
+from twisted.internet import ssl
+from twisted.internet.interfaces import IListeningPort
+from twisted.internet.threads import deferToThread
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+from homeserver import __version__
+from homeserver.config import HomeserverConfig, ListenerConfig
+from homeserver.http.client import register_versions
+from homeserver.http.metrics import HttpMetrics
+from homeserver.http.server import JsonRouter, make_site
+from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
+from storage.database import Database
+from storage.embedded import EmbeddedPostgres, find_binaries
+from storage.metrics import StorageMetrics
+from storage.prepare import check_server_name, prepare_database
+
+logger = logging.getLogger(__name__)
+
+
+def new_registry() -> CollectorRegistry:
+    """A metrics registry with the process, platform and GC collectors and build info."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    Info("tributary_build", "Tributary version and Python implementation of this process.", registry=registry).info(
+        {"version": __version__}
+    )
+    return registry
+
+
+class HomeServer:
+    def __init__(self, config: HomeserverConfig, reactor: Any, *, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.reactor = reactor
+        self.registry = registry if registry is not None else new_registry()
+        self.http_metrics = HttpMetrics.create(self.registry)
+        self.storage_metrics = StorageMetrics.create(self.registry)
+        self.router = JsonRouter(self.http_metrics)
+        self.embedded_db: EmbeddedPostgres | None = None
+        self.db: Database | None = None
+        self.signing_key: SigningKey | None = None
+        self.ports: list[IListeningPort] = []
+        self.ready = False
+        self.stopping = False
+        self.started_at: float | None = None
+
+    # --- start ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        start = time.monotonic()
+        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.db = await self._open_database()
+        applied = await prepare_database(self.db)
+        self.storage_metrics.migrations_applied.inc(applied)
+        await check_server_name(self.db, self.config.server_name)
+        self.signing_key = load_or_create_signing_key(self.config.effective_signing_key_path)
+        self._register_servlets()
+        for listener in self.config.listeners:
+            self._listen(listener)
+        self.ready = True
+        self.started_at = time.monotonic()
+        logger.info(
+            "%s ready in %.2fs (Tributary %s)", self.config.server_name, time.monotonic() - start, __version__
+        )
+
+    async def _open_database(self) -> Database:
+        dsn = self.config.database.url
+        if dsn is None:
+            self.embedded_db = EmbeddedPostgres(self.config.data_dir, find_binaries(self.config.database.embedded.binaries))
+            dsn = await deferToThread(self.embedded_db.start)
+        db = Database(
+            self.reactor,
+            dsn,
+            metrics=self.storage_metrics,
+            min_connections=self.config.database.min_connections,
+            max_connections=self.config.database.max_connections,
+        )
+        db.start()
+        self.db = db
+        version = await db.check_connection()
+        logger.info("connected to PostgreSQL %s%s", version, " (embedded)" if self.embedded_db else "")
+        return db
+
+    def _register_servlets(self) -> None:
+        register_versions(self.router)
+
+    def _listen(self, listener: ListenerConfig) -> None:
+        root = self._root_resource(listener)
+        site = make_site(root)
+        for address in listener.bind_addresses:
+            if listener.tls:
+                context = self._tls_context()
+                port = self.reactor.listenSSL(listener.port, site, context, interface=address)
+            else:
+                port = self.reactor.listenTCP(listener.port, site, interface=address)
+            self.ports.append(port)
+            logger.info("listening for %s on %s:%d%s", listener.type, address, listener.port, " (TLS)" if listener.tls else "")
+
+    def _root_resource(self, listener: ListenerConfig) -> Resource:
+        if listener.type == "metrics":
+            from prometheus_client.twisted import MetricsResource
+
+            root = Resource()
+            root.putChild(b"metrics", MetricsResource(registry=self.registry))  # type: ignore[no-untyped-call]
+            root.putChild(b"health", HealthResource(self))
+            return root
+        if listener.type == "http":
+            return RootResource(self.router, HealthResource(self) if "health" in listener.resources else None)
+        raise ValueError(f"{listener.type} listeners are served by the replication package")
+
+    def _tls_context(self) -> ssl.CertificateOptions:
+        cert_path = self.config.effective_tls_certificate_path
+        key_path = self.config.effective_tls_private_key_path
+        if self.config.tls_certificate_path is None:
+            ensure_self_signed_certificate(cert_path, key_path, self.config.server_name)
+        pem = cert_path.read_bytes() + b"\n" + key_path.read_bytes()
+        options: ssl.CertificateOptions = ssl.PrivateCertificate.loadPEM(pem).options()
+        return options
+
+    # --- stop -----------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Stop accepting, finish what is in flight, then release the database. Idempotent."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.ready = False
+        for port in self.ports:
+            stopped = port.stopListening()
+            if stopped is not None:
+                await stopped
+        self.ports.clear()
+        grace = self.config.shutdown_grace_period.total_seconds()
+        if self.router.in_flight:
+            logger.info("waiting up to %.0fs for %d requests in flight", grace, self.router.in_flight)
+            drained = self.router.wait_drained()
+            drained.addTimeout(grace, self.reactor)
+            try:
+                await drained
+            except Exception:
+                logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
+        if self.db is not None:
+            db, self.db = self.db, None
+            await deferToThread(db.close)
+        if self.embedded_db is not None:
+            embedded, self.embedded_db = self.embedded_db, None
+            await deferToThread(embedded.stop)
+        logger.info("stopped")
+
+
+class HealthResource(Resource):
+    """``GET /health``: 200 once the process is ready, 503 while starting or stopping."""
+
+    isLeaf = True
+
+    def __init__(self, hs: HomeServer) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._hs = hs
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"Content-Type", b"text/plain")
+        if self._hs.ready:
+            return b"OK"
+        request.setResponseCode(503)
+        return b"stopping" if self._hs.stopping else b"starting"
+
+
+class RootResource(Resource):
+    """Sends ``/health`` to the health check and everything else to the JSON router."""
+
+    def __init__(self, router: JsonRouter, health: Resource | None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._router = router
+        self._health = health
+
+    def getChildWithDefault(self, path: bytes, request: Request) -> Resource:
+        if path == b"health" and self._health is not None and not request.postpath:
+            return self._health
+        # The router matches on request.path as a whole; the traversal state is unused.
+        return self._router
+
+    def render(self, request: Request) -> Any:
+        return self._router.render(request)
+

@@ -1,0 +1,467 @@
+"""Load homeserver.yaml into typed, immutable config objects.
+
+This is the only place that reads configuration: the loaded ``HomeserverConfig``
+is passed down to whatever needs it, and nothing reads the environment after
+start-up. Every section is a frozen attrs class with a default for every key;
+unknown keys are errors, and every error names the dotted key path, the bad
+value and what was expected.
+"""
+
+# tests: tests/unit/test_config.py
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import attrs
+import yaml
+
+T = TypeVar("T")
+
+LISTENER_TYPES: Final = ("http", "metrics", "replication")
+HTTP_RESOURCES: Final = ("client", "federation", "keys", "replication", "health")
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS: Final = ("text", "json")
+EMBEDDED_BINARIES: Final = ("wheel", "system")
+
+
+class ConfigError(Exception):
+    """A configuration value is missing, of the wrong type, or out of range."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+# --- value checkers: each takes the dotted path and the raw value ---------------
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _expect_mapping(path: str, value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, f"expected a mapping, got {_describe(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            raise ConfigError(path, f"keys must be strings, got {_describe(key)}")
+    return value
+
+
+def _expect_str(path: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(path, f"expected a non-empty string, got {_describe(value)}")
+    return value
+
+
+def _expect_bool(path: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(path, f"expected true or false, got {_describe(value)}")
+    return value
+
+
+def _expect_int(path: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(path, f"expected an integer {low}-{high}, got {_describe(value)}")
+    return value
+
+
+def _expect_positive_number(path: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(path, f"expected a positive number, got {_describe(value)}")
+    return float(value)
+
+
+def _expect_choice(path: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(path, f"expected one of {', '.join(choices)}, got {_describe(value)}")
+    assert isinstance(value, str)
+    return value
+
+
+def _expect_list(path: str, value: object) -> list[Any]:
+    if not isinstance(value, list):
+        raise ConfigError(path, f"expected a list, got {_describe(value)}")
+    return value
+
+
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(path: str, value: object) -> timedelta:
+    """Parse "500ms", "30s", "10m", "1h", "7d" or "2w"; a unit is required."""
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value.strip())
+        if match:
+            return timedelta(seconds=float(match.group(1)) * _DURATION_UNITS[match.group(2)])
+    raise ConfigError(
+        path, f"expected a duration with a unit (e.g. '30s', '10m', '1h'), got {_describe(value)}"
+    )
+
+
+_SERVER_NAME_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
+
+
+def _expect_server_name(path: str, value: object) -> str:
+    name = _expect_str(path, value)
+    match = _SERVER_NAME_RE.match(name)
+    if not match or len(name) > 230:
+        raise ConfigError(path, f"expected a server name such as 'example.org' or 'localhost:8448', got {_describe(value)}")
+    if match.group(2) and not 1 <= int(match.group(2)[1:]) <= 65535:
+        raise ConfigError(path, f"port in server name must be 1-65535, got {_describe(value)}")
+    return name
+
+
+def _expect_ip(path: str, value: object) -> str:
+    text = _expect_str(path, value)
+    try:
+        ip_address(text)
+    except ValueError:
+        raise ConfigError(path, f"expected an IP address, got {_describe(value)}") from None
+    return text
+
+
+class _Section:
+    """Reads the keys of one mapping, remembering which were used."""
+
+    def __init__(self, path: str, raw: object) -> None:
+        self.path = path
+        self.raw = _expect_mapping(path or "(top level)", {} if raw is None else raw)
+        self.used: set[str] = set()
+
+    def sub(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, check: Callable[[str, Any], T], default: T) -> T:
+        self.used.add(key)
+        if key not in self.raw or self.raw[key] is None:
+            return default
+        return check(self.sub(key), self.raw[key])
+
+    def require(self, key: str, check: Callable[[str, Any], T]) -> T:
+        self.used.add(key)
+        if key not in self.raw or self.raw[key] is None:
+            raise ConfigError(self.sub(key), "is required")
+        return check(self.sub(key), self.raw[key])
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.raw) - self.used)
+        if unknown:
+            raise ConfigError(self.sub(unknown[0]), "unknown key")
+
+
+# --- sections --------------------------------------------------------------------
+
+
+@attrs.frozen
+class ListenerConfig:
+    type: str
+    port: int
+    bind_addresses: tuple[str, ...] = ("127.0.0.1",)
+    tls: bool = False
+    resources: tuple[str, ...] = ()
+
+
+def _listener(path: str, raw: object) -> ListenerConfig:
+    s = _Section(path, raw)
+    kind = s.require("type", lambda p, v: _expect_choice(p, v, LISTENER_TYPES))
+    port = s.require("port", lambda p, v: _expect_int(p, v, 1, 65535))
+    binds: tuple[str, ...] = s.get(
+        "bind_addresses",
+        lambda p, v: tuple(_expect_ip(f"{p}[{i}]", a) for i, a in enumerate(_expect_list(p, v))),
+        ("127.0.0.1",),
+    )
+    if not binds:
+        raise ConfigError(s.sub("bind_addresses"), "expected at least one address")
+    tls = s.get("tls", _expect_bool, False)
+    default_resources: tuple[str, ...] = ("client", "health") if kind == "http" else ()
+    resources: tuple[str, ...] = s.get(
+        "resources",
+        lambda p, v: tuple(
+            _expect_choice(f"{p}[{i}]", r, HTTP_RESOURCES) for i, r in enumerate(_expect_list(p, v))
+        ),
+        default_resources,
+    )
+    if kind != "http" and "resources" in s.raw:
+        raise ConfigError(s.sub("resources"), f"only http listeners have resources, this one is {kind}")
+    if kind != "http" and tls:
+        raise ConfigError(s.sub("tls"), f"only http listeners can use TLS, this one is {kind}")
+    s.finish()
+    return ListenerConfig(type=kind, port=port, bind_addresses=binds, tls=tls, resources=resources)
+
+
+DEFAULT_LISTENERS: Final = (
+    ListenerConfig(type="http", port=8008, resources=("client", "health")),
+)
+
+
+@attrs.frozen
+class EmbeddedDatabaseConfig:
+    binaries: str = "wheel"
+
+
+@attrs.frozen
+class DatabaseConfig:
+    url: str | None = None
+    min_connections: int = 1
+    max_connections: int = 10
+    embedded: EmbeddedDatabaseConfig = EmbeddedDatabaseConfig()
+
+
+def _database(path: str, raw: object) -> DatabaseConfig:
+    s = _Section(path, raw)
+
+    def url(p: str, v: object) -> str:
+        text = _expect_str(p, v)
+        if not text.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(p, f"expected a postgresql:// URL, got {_describe(v)}")
+        return text
+
+    def embedded(p: str, v: object) -> EmbeddedDatabaseConfig:
+        e = _Section(p, v)
+        binaries = e.get("binaries", lambda q, b: _expect_choice(q, b, EMBEDDED_BINARIES), "wheel")
+        e.finish()
+        return EmbeddedDatabaseConfig(binaries=binaries)
+
+    result = DatabaseConfig(
+        url=s.get("url", url, None),
+        min_connections=s.get("min_connections", lambda p, v: _expect_int(p, v, 1, 100), 1),
+        max_connections=s.get("max_connections", lambda p, v: _expect_int(p, v, 1, 1000), 10),
+        embedded=s.get("embedded", embedded, EmbeddedDatabaseConfig()),
+    )
+    if result.min_connections > result.max_connections:
+        raise ConfigError(
+            s.sub("min_connections"),
+            f"must not exceed max_connections ({result.max_connections}), got {result.min_connections}",
+        )
+    s.finish()
+    return result
+
+
+@attrs.frozen
+class RedisConfig:
+    enabled: bool = False
+    url: str = "redis://127.0.0.1:6379/0"
+
+
+def _redis(path: str, raw: object) -> RedisConfig:
+    s = _Section(path, raw)
+
+    def url(p: str, v: object) -> str:
+        text = _expect_str(p, v)
+        if not text.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(p, f"expected a redis://, rediss:// or unix:// URL, got {_describe(v)}")
+        return text
+
+    result = RedisConfig(enabled=s.get("enabled", _expect_bool, False), url=s.get("url", url, RedisConfig.url))
+    s.finish()
+    return result
+
+
+@attrs.frozen
+class FederationConfig:
+    verify_certificates: bool = True
+    ip_range_whitelist: tuple[str, ...] = ()
+
+
+def _federation(path: str, raw: object) -> FederationConfig:
+    s = _Section(path, raw)
+
+    def cidrs(p: str, v: object) -> tuple[str, ...]:
+        from ipaddress import ip_network
+
+        out = []
+        for i, item in enumerate(_expect_list(p, v)):
+            text = _expect_str(f"{p}[{i}]", item)
+            try:
+                ip_network(text, strict=False)
+            except ValueError:
+                raise ConfigError(f"{p}[{i}]", f"expected an IP range such as '127.0.0.0/8', got {_describe(item)}") from None
+            out.append(text)
+        return tuple(out)
+
+    result = FederationConfig(
+        verify_certificates=s.get("verify_certificates", _expect_bool, True),
+        ip_range_whitelist=s.get("ip_range_whitelist", cidrs, ()),
+    )
+    s.finish()
+    return result
+
+
+@attrs.frozen
+class HomeserverConfig:
+    server_name: str
+    data_dir: Path
+    config_path: Path | None = None
+    public_baseurl: str | None = None
+    signing_key_path: Path | None = None
+    tls_certificate_path: Path | None = None
+    tls_private_key_path: Path | None = None
+    listeners: tuple[ListenerConfig, ...] = DEFAULT_LISTENERS
+    database: DatabaseConfig = DatabaseConfig()
+    redis: RedisConfig = RedisConfig()
+    federation: FederationConfig = FederationConfig()
+    log_level: str = "INFO"
+    log_format: str = "text"
+    enable_registration: bool = False
+    default_room_version: str = "12"
+    shutdown_grace_period: timedelta = timedelta(seconds=10)
+
+    @property
+    def effective_signing_key_path(self) -> Path:
+        return self.signing_key_path or self.data_dir / f"{_safe_file_name(self.server_name)}.signing.key"
+
+    @property
+    def effective_tls_certificate_path(self) -> Path:
+        return self.tls_certificate_path or self.data_dir / f"{_safe_file_name(self.server_name)}.tls.crt"
+
+    @property
+    def effective_tls_private_key_path(self) -> Path:
+        return self.tls_private_key_path or self.data_dir / f"{_safe_file_name(self.server_name)}.tls.key"
+
+
+def _safe_file_name(server_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.\-]", "_", server_name)
+
+
+def parse_config(raw: object, *, config_path: Path | None = None, data_dir_override: Path | None = None) -> HomeserverConfig:
+    """Build a HomeserverConfig from the parsed YAML document; raises ConfigError."""
+    s = _Section("", raw)
+    base = config_path.parent if config_path else Path.cwd()
+
+    def path_value(p: str, v: object) -> Path:
+        candidate = Path(_expect_str(p, v)).expanduser()
+        return candidate if candidate.is_absolute() else (base / candidate)
+
+    def existing_file(p: str, v: object) -> Path:
+        candidate = path_value(p, v)
+        if not candidate.is_file():
+            raise ConfigError(p, f"file not found: {candidate}")
+        return candidate
+
+    def listeners(p: str, v: object) -> tuple[ListenerConfig, ...]:
+        items = tuple(_listener(f"{p}[{i}]", item) for i, item in enumerate(_expect_list(p, v)))
+        seen: dict[tuple[str, int], int] = {}
+        for i, listener in enumerate(items):
+            for address in listener.bind_addresses:
+                if (address, listener.port) in seen:
+                    raise ConfigError(
+                        f"{p}[{i}].port",
+                        f"{address}:{listener.port} is already used by listeners[{seen[(address, listener.port)]}]",
+                    )
+                seen[(address, listener.port)] = i
+        return items
+
+    def baseurl(p: str, v: object) -> str:
+        text = _expect_str(p, v)
+        if not text.startswith(("http://", "https://")):
+            raise ConfigError(p, f"expected an http:// or https:// URL, got {_describe(v)}")
+        return text if text.endswith("/") else text + "/"
+
+    def room_version(p: str, v: object) -> str:
+        text = str(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else None
+        return _expect_choice(p, text, ("10", "11", "12"))
+
+    server_name = s.require("server_name", _expect_server_name)
+    data_dir = s.get("data_dir", path_value, base / "data")
+    if data_dir_override is not None:
+        data_dir = data_dir_override.resolve()
+
+    config = HomeserverConfig(
+        server_name=server_name,
+        data_dir=data_dir,
+        config_path=config_path,
+        public_baseurl=s.get("public_baseurl", baseurl, None),
+        signing_key_path=s.get("signing_key_path", path_value, None),
+        tls_certificate_path=s.get("tls_certificate_path", existing_file, None),
+        tls_private_key_path=s.get("tls_private_key_path", existing_file, None),
+        listeners=s.get("listeners", listeners, DEFAULT_LISTENERS),
+        database=s.get("database", _database, DatabaseConfig()),
+        redis=s.get("redis", _redis, RedisConfig()),
+        federation=s.get("federation", _federation, FederationConfig()),
+        log_level=s.get("log_level", lambda p, v: _expect_choice(p, str(v).upper(), LOG_LEVELS), "INFO"),
+        log_format=s.get("log_format", lambda p, v: _expect_choice(p, v, LOG_FORMATS), "text"),
+        enable_registration=s.get("enable_registration", _expect_bool, False),
+        default_room_version=s.get("default_room_version", room_version, "12"),
+        shutdown_grace_period=s.get("shutdown_grace_period", parse_duration, timedelta(seconds=10)),
+    )
+    if (config.tls_certificate_path is None) != (config.tls_private_key_path is None):
+        raise ConfigError("tls_certificate_path", "tls_certificate_path and tls_private_key_path must be set together")
+    s.finish()
+    return config
+
+
+def load_config(path: Path, *, data_dir_override: Path | None = None) -> HomeserverConfig:
+    """Read and parse a YAML config file; raises ConfigError with a clear message."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("", f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError("", f"cannot read config file {path}: {e}") from e
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError("", f"{path} is not valid YAML{where}: {problem}") from e
+    if raw is None:
+        raw = {}
+    return parse_config(raw, config_path=path.resolve(), data_dir_override=data_dir_override)
+
+
+def generate_config_text(server_name: str, data_dir: str, *, enable_registration: bool = True) -> str:
+    """The commented homeserver.yaml that `tributary generate-config` writes."""
+    _expect_server_name("server_name", server_name)
+    return f"""\
+# Tributary homeserver configuration. Every key is described in docs/configuration.md;
+# anything left out takes its default.
+
+# The name of this server: the part after the colon in user IDs (@alice:{server_name}).
+# It cannot be changed once users and rooms exist.
+server_name: "{server_name}"
+
+# Where the signing key, the embedded database and other state live. Relative
+# paths are relative to this file.
+data_dir: "{data_dir}"
+
+# The URL clients use to reach this server (advertised in /.well-known/matrix/client).
+# public_baseurl: "https://matrix.example.org/"
+
+# Database. With no url, Tributary runs a private PostgreSQL in data_dir, listening
+# only on a Unix socket there. Point it at your own PostgreSQL for production:
+# database:
+#   url: "postgresql://tributary:secret@127.0.0.1:5432/tributary"
+#   max_connections: 10
+
+listeners:
+  # The client-server API (and /health).
+  - type: http
+    port: 8008
+    bind_addresses: ["127.0.0.1"]
+    resources: [client, health]
+  # Prometheus metrics.
+  - type: metrics
+    port: 9008
+    bind_addresses: ["127.0.0.1"]
+
+# Redis is needed only when worker processes are used.
+redis:
+  enabled: false
+  # url: "redis://127.0.0.1:6379/0"
+
+log_level: INFO
+
+# Anyone who can reach the client listener may create an account.
+enable_registration: {"true" if enable_registration else "false"}
+"""

@@ -1,0 +1,252 @@
+"""The JSON HTTP server: routing, Matrix error JSON, CORS, body limits, metrics.
+
+Servlets register ``(method, path pattern) -> async handler``; a handler gets the
+request and the path's named groups (percent-decoded) and returns
+``(status, json_body)``. Every failure becomes Matrix error JSON: a
+``MatrixError`` as itself, anything else as ``500 M_UNKNOWN`` with the traceback
+in the log (that is our bug). Unknown paths get ``404 M_UNRECOGNIZED`` and
+known paths with another method ``405 M_UNRECOGNIZED``. The router counts
+requests in flight so that shutdown can wait for them.
+"""
+
+# tests: tests/unit/http/test_router.py
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final
+from urllib.parse import unquote
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+
+from homeserver.http.errors import MatrixError, bad_json, unrecognized
+from homeserver.http.metrics import HttpMetrics, method_label
+
+logger = logging.getLogger(__name__)
+access_logger = logging.getLogger("homeserver.http.access")
+
+JsonDict = dict[str, Any]
+Handler = Callable[[Request, Mapping[str, str]], Awaitable[tuple[int, Any]]]
+
+DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024  # JSON bodies; media uploads get their own limit
+MAX_JSON_DEPTH: Final = 100
+
+CORS_HEADERS: Final = (
+    (b"Access-Control-Allow-Origin", b"*"),
+    (b"Access-Control-Allow-Methods", b"GET, HEAD, POST, PUT, DELETE, OPTIONS"),
+    (b"Access-Control-Allow-Headers", b"X-Requested-With, Content-Type, Authorization, Date"),
+)
+
+
+@attrs.frozen
+class Route:
+    method: str
+    pattern: re.Pattern[str]
+    handler: Handler
+    servlet: str
+
+
+class TributaryRequest(Request):
+    """A request that stops buffering a body once it passes the size limit."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_too_large: bool = False
+    _received_bytes: int = 0
+
+    def gotLength(self, length: int | None) -> None:
+        if length is not None and length > self.max_body_bytes:
+            self.body_too_large = True
+        super().gotLength(length)  # type: ignore[no-untyped-call]
+
+    def handleContentChunk(self, data: bytes) -> None:
+        self._received_bytes += len(data)
+        if self._received_bytes > self.max_body_bytes:
+            self.body_too_large = True
+            return
+        if not self.body_too_large:
+            super().handleContentChunk(data)  # type: ignore[no-untyped-call]
+
+
+def parse_json_body(request: Request) -> Any:
+    """The request body as JSON; 413 M_TOO_LARGE, 400 M_NOT_JSON as the spec says."""
+    if getattr(request, "body_too_large", False):
+        raise MatrixError(413, "M_TOO_LARGE", "Request body is too large")
+    assert request.content is not None
+    raw = request.content.read()
+    if not raw:
+        raise MatrixError(400, "M_NOT_JSON", "Request body is empty; expected JSON")
+    try:
+        text = raw.decode("utf-8")
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise MatrixError(400, "M_NOT_JSON", "Request body is not valid UTF-8 JSON") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise MatrixError(400, "M_NOT_JSON", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def parse_json_object(request: Request) -> JsonDict:
+    value = parse_json_body(request)
+    if not isinstance(value, dict):
+        raise bad_json("Request body must be a JSON object")
+    return value
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _depth(value: Any, limit: int = MAX_JSON_DEPTH + 1) -> int:
+    depth = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if level > depth:
+            depth = level
+            if depth >= limit:
+                return depth
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return depth
+
+
+def encode_json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class JsonRouter(Resource):
+    """One Twisted resource that routes every request under it by regex."""
+
+    isLeaf = True
+
+    def __init__(self, metrics: HttpMetrics) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._metrics = metrics
+        self._routes: list[Route] = []
+        self._in_flight = 0
+        self._drain_waiters: list[Deferred[None]] = []
+
+    def register(self, methods: Iterable[str], pattern: str, handler: Handler, servlet: str) -> None:
+        """Route ``methods`` on paths fully matching ``pattern`` to ``handler``."""
+        compiled = re.compile(pattern)
+        for method in methods:
+            self._routes.append(Route(method.upper(), compiled, handler, servlet))
+            self._metrics.requests.labels(servlet=servlet, method=method.upper(), status_class="2xx")
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def wait_drained(self) -> Deferred[None]:
+        """A Deferred that fires once no request is in flight."""
+        d: Deferred[None] = Deferred()
+        if self._in_flight == 0:
+            d.callback(None)
+        else:
+            self._drain_waiters.append(d)
+        return d
+
+    def render(self, request: Request) -> int:
+        self._in_flight += 1
+        Deferred.fromCoroutine(self._handle(request))
+        return NOT_DONE_YET
+
+    async def _handle(self, request: Request) -> None:
+        start = time.perf_counter()
+        method = request.method.decode("ascii", "replace")
+        servlet = "unrecognized"
+        status = 500
+        try:
+            status, body, servlet = await self._dispatch(request, method)
+        except MatrixError as e:
+            status, body = e.status, e.to_json()
+        except Exception:
+            logger.exception("request %s %s failed", method, _loggable_path(request))
+            status, body = 500, {"errcode": "M_UNKNOWN", "error": "Internal server error"}
+        finally:
+            self._in_flight -= 1
+        self._respond(request, status, body)
+        duration = time.perf_counter() - start
+        self._metrics.requests.labels(
+            servlet=servlet, method=method_label(method), status_class=f"{status // 100}xx"
+        ).inc()
+        self._metrics.duration.labels(servlet=servlet).observe(duration)
+        if access_logger.isEnabledFor(logging.INFO):
+            peer = request.getClientAddress()
+            access_logger.info(
+                "%s %s %s %d %.1fms", getattr(peer, "host", "-"), method, _loggable_path(request), status, duration * 1000
+            )
+        if self._in_flight == 0 and self._drain_waiters:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
+
+    async def _dispatch(self, request: Request, method: str) -> tuple[int, Any, str]:
+        path = request.path.decode("utf-8", "replace")
+        if method == "OPTIONS":
+            return 200, {}, "cors_preflight"
+        allowed = False
+        for route in self._routes:
+            match = route.pattern.fullmatch(path)
+            if match is None:
+                continue
+            if route.method != method and not (method == "HEAD" and route.method == "GET"):
+                allowed = True
+                continue
+            try:
+                params = {k: unquote(v, errors="strict") for k, v in match.groupdict().items() if v is not None}
+            except UnicodeDecodeError:
+                raise MatrixError(400, "M_INVALID_PARAM", "Path parameters must be percent-encoded UTF-8") from None
+            gauge = self._metrics.in_flight.labels(servlet=route.servlet)
+            gauge.inc()
+            try:
+                status, body = await route.handler(request, params)
+            finally:
+                gauge.dec()
+            return status, body, route.servlet
+        if allowed:
+            raise MatrixError(405, "M_UNRECOGNIZED", f"Method {method} is not allowed on this path")
+        raise unrecognized()
+
+    def _respond(self, request: Request, status: int, body: Any) -> None:
+        if request._disconnected or request.finished:
+            return
+        payload = body if isinstance(body, bytes) else encode_json(body)
+        request.setResponseCode(status)
+        if not isinstance(body, bytes):
+            request.setHeader(b"Content-Type", b"application/json")
+        for name, value in CORS_HEADERS:
+            request.setHeader(name, value)
+        request.setHeader(b"Content-Length", str(len(payload)).encode("ascii"))
+        if request.method != b"HEAD":
+            request.write(payload)
+        request.finish()
+
+
+def _loggable_path(request: Request) -> str:
+    # The path only: query strings may carry access tokens.
+    return request.path.decode("utf-8", "replace")
+
+
+def make_site(root: Resource, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Site:
+    """A Site serving ``root``, with our request class and Twisted's own access log off."""
+
+    class _Request(TributaryRequest):
+        pass
+
+    _Request.max_body_bytes = max_body_bytes
+    site = Site(root)
+    site.requestFactory = _Request
+    site.displayTracebacks = False
+    site.noisy = False
+    site.log = lambda request: None  # type: ignore[method-assign]
+    return site

@@ -1,0 +1,281 @@
+"""PostgreSQL access: psycopg2 connections on a bounded thread pool, used from async code.
+
+``Database.run_interaction(name, func, *args)`` runs ``func(txn, *args)`` in one
+transaction on a pool thread and returns its result to the reactor thread. It
+retries the whole function on serialization failures and deadlocks, reconnects
+after a lost connection, times every transaction by name, and runs callbacks
+registered with ``txn.call_after`` on the reactor thread once the transaction
+has committed. This module knows nothing of any table: the SQL lives in the
+stores.
+"""
+
+# tests: tests/integration/test_database.py
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import attrs
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import psycopg2.extras
+from twisted.internet.interfaces import IReactorFromThreads
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
+
+from storage.metrics import StorageMetrics
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+MAX_RETRIES = 5
+
+_RETRYABLE = (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
+
+
+class DatabaseError(Exception):
+    """The database could not be reached or used."""
+
+
+class Transaction:
+    """One database transaction, handed to interaction functions.
+
+    A thin layer over a psycopg2 cursor: parameters always go through
+    placeholders, and callbacks that must only run once the change is durable
+    are registered with ``call_after``.
+    """
+
+    __slots__ = ("name", "_cursor", "_after_callbacks", "_exception_callbacks")
+
+    def __init__(self, name: str, cursor: psycopg2.extensions.cursor) -> None:
+        self.name = name
+        self._cursor = cursor
+        self._after_callbacks: list[tuple[Callable[..., object], tuple[object, ...]]] = []
+        self._exception_callbacks: list[tuple[Callable[..., object], tuple[object, ...]]] = []
+
+    def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
+        self._cursor.execute(sql, params)
+
+    def execute_values(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 1000) -> None:
+        """Insert many rows in few round trips; ``sql`` has one ``VALUES %s``."""
+        psycopg2.extras.execute_values(self._cursor, sql, rows, page_size=page_size)
+
+    def execute_batch(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 100) -> None:
+        psycopg2.extras.execute_batch(self._cursor, sql, rows, page_size=page_size)
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._cursor.fetchone()
+        return row
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self._cursor.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    def call_after(self, callback: Callable[..., object], *args: object) -> None:
+        """Run ``callback(*args)`` on the reactor thread after this transaction commits."""
+        self._after_callbacks.append((callback, args))
+
+    def call_on_exception(self, callback: Callable[..., object], *args: object) -> None:
+        """Run ``callback(*args)`` on the reactor thread if this transaction fails for good."""
+        self._exception_callbacks.append((callback, args))
+
+
+@attrs.frozen
+class _Outcome:
+    result: Any
+    callbacks: tuple[tuple[Callable[..., object], tuple[object, ...]], ...]
+
+
+class Database:
+    """A pool of connections to one PostgreSQL database.
+
+    ``dsn`` is a libpq connection string or URL. Each pool thread keeps its own
+    connection, opened on first use, so a transaction never waits for a
+    connection once it has a thread.
+    """
+
+    def __init__(
+        self,
+        reactor: IReactorFromThreads,
+        dsn: str,
+        *,
+        metrics: StorageMetrics,
+        min_connections: int = 1,
+        max_connections: int = 10,
+        application_name: str = "tributary",
+    ) -> None:
+        self._reactor = reactor
+        self._dsn = dsn
+        self._metrics = metrics
+        self._application_name = application_name
+        self._pool = ThreadPool(min_connections, max_connections, name="db")
+        self._local = threading.local()
+        self._connections: list[psycopg2.extensions.connection] = []
+        self._connections_lock = threading.Lock()
+        self._in_use = 0
+        self._waiting = 0
+        self._counts_lock = threading.Lock()
+        self.max_connections = max_connections
+
+    @property
+    def dsn(self) -> str:
+        return self._dsn
+
+    def start(self) -> None:
+        self._pool.start()
+
+    async def check_connection(self) -> str:
+        """Open a connection and return the server's version string; raises DatabaseError."""
+
+        def version(txn: Transaction) -> str:
+            txn.execute("SHOW server_version")
+            row = txn.fetchone()
+            assert row is not None
+            return str(row[0])
+
+        return await self.run_interaction("check_connection", version)
+
+    def close(self) -> None:
+        """Stop the pool (waiting for running transactions) and close every connection."""
+        self._pool.stop()
+        with self._connections_lock:
+            for conn in self._connections:
+                try:
+                    conn.close()
+                except psycopg2.Error:
+                    pass
+            self._connections.clear()
+
+    async def run_interaction(
+        self,
+        name: str,
+        func: Callable[Concatenate[Transaction, P], R],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
+        """Run ``func(txn, *args, **kwargs)`` in a transaction on the pool; return its result."""
+        with self._counts_lock:
+            self._waiting += 1
+            self._metrics.pool_waiting.set(self._waiting)
+        try:
+            outcome: _Outcome = await deferToThreadPool(
+                self._reactor, self._pool, self._run_on_thread, name, func, args, kwargs
+            )
+        except BaseException:
+            raise
+        for callback, cb_args in outcome.callbacks:
+            try:
+                callback(*cb_args)
+            except Exception:
+                logger.exception("[%s] after-commit callback %r failed", name, callback)
+        return outcome.result  # type: ignore[no-any-return]
+
+    # --- on pool threads ----------------------------------------------------------
+
+    def _connection(self) -> psycopg2.extensions.connection:
+        conn: psycopg2.extensions.connection | None = getattr(self._local, "conn", None)
+        if conn is not None and not conn.closed:
+            return conn
+        try:
+            conn = psycopg2.connect(self._dsn, application_name=self._application_name)
+        except psycopg2.OperationalError as e:
+            raise DatabaseError(f"cannot connect to the database: {str(e).strip()}") from e
+        conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_READ_COMMITTED, autocommit=False)
+        self._local.conn = conn
+        with self._connections_lock:
+            self._connections.append(conn)
+        return conn
+
+    def _drop_connection(self, conn: psycopg2.extensions.connection) -> None:
+        with self._connections_lock:
+            if conn in self._connections:
+                self._connections.remove(conn)
+        try:
+            conn.close()
+        except psycopg2.Error:
+            pass
+        self._local.conn = None
+
+    def _run_on_thread(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+    ) -> _Outcome:
+        with self._counts_lock:
+            self._waiting -= 1
+            self._in_use += 1
+            self._metrics.pool_waiting.set(self._waiting)
+            self._metrics.pool_in_use.set(self._in_use)
+        start = time.perf_counter()
+        outcome = "error"
+        try:
+            result = self._run_with_retries(name, func, args, kwargs)
+            outcome = "ok"
+            return result
+        finally:
+            duration = time.perf_counter() - start
+            self._metrics.txn_duration.labels(txn=name).observe(duration)
+            self._metrics.txn_total.labels(txn=name, outcome=outcome).inc()
+            with self._counts_lock:
+                self._in_use -= 1
+                self._metrics.pool_in_use.set(self._in_use)
+
+    def _run_with_retries(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+    ) -> _Outcome:
+        attempt = 0
+        while True:
+            attempt += 1
+            conn = self._connection()
+            txn: Transaction | None = None
+            try:
+                with conn.cursor() as cursor:
+                    txn = Transaction(name, cursor)
+                    result = func(txn, *args, **kwargs)
+                conn.commit()
+                return _Outcome(result, tuple(txn._after_callbacks))
+            except _RETRYABLE as e:
+                conn.rollback()
+                if attempt > MAX_RETRIES:
+                    self._schedule_exception_callbacks(txn)
+                    raise
+                self._metrics.txn_retries.labels(txn=name).inc()
+                logger.info("[%s] retrying after %s (attempt %d)", name, type(e).__name__, attempt)
+                time.sleep(0.01 * attempt)
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
+                # The connection is gone (server restart, network). Nothing was
+                # committed; retry once on a fresh connection.
+                self._drop_connection(conn)
+                if attempt > 1:
+                    self._schedule_exception_callbacks(txn)
+                    raise DatabaseError(f"database connection lost during {name}: {str(e).strip()}") from e
+                logger.warning("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
+            except BaseException:
+                try:
+                    conn.rollback()
+                except psycopg2.Error:
+                    self._drop_connection(conn)
+                self._schedule_exception_callbacks(txn)
+                raise
+
+    def _schedule_exception_callbacks(self, txn: Transaction | None) -> None:
+        if txn is None:
+            return
+        for callback, args in txn._exception_callbacks:
+            self._reactor.callFromThread(callback, *args)

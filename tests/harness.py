@@ -1,0 +1,125 @@
+"""Start real ``tributary`` processes for tests: generated config, free ports, clean stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@attrs.define
+class TributaryProcess:
+    """One ``tributary run`` child process and the ports it listens on."""
+
+    config_path: Path
+    data_dir: Path
+    client_port: int
+    metrics_port: int
+    process: subprocess.Popen[str] | None = None
+    output: str = ""
+
+    @classmethod
+    def configure(cls, tmp_path: Path, *, database_url: str | None, server_name: str = "localhost",
+                  extra: dict[str, Any] | None = None) -> TributaryProcess:
+        data_dir = tmp_path / "data"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        client_port, metrics_port = free_port(), free_port()
+        config: dict[str, Any] = {
+            "server_name": server_name,
+            "data_dir": str(data_dir),
+            "listeners": [
+                {"type": "http", "port": client_port, "resources": ["client", "health"]},
+                {"type": "metrics", "port": metrics_port},
+            ],
+            "log_level": "INFO",
+            "enable_registration": True,
+        }
+        if database_url is not None:
+            config["database"] = {"url": database_url}
+        config.update(extra or {})
+        config_path = tmp_path / "homeserver.yaml"
+        config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        return cls(config_path, data_dir, client_port, metrics_port)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def start(self, *, timeout: float = 30.0) -> float:
+        """Start the process and wait until /health answers; return the seconds it took."""
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "homeserver.cli", "run", "--config", str(self.config_path)],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = started + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.output = self.process.stdout.read() if self.process.stdout else ""
+                raise RuntimeError(f"tributary exited with {self.process.returncode} during start:\n{self.output}")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/health", timeout=1) as response:
+                    if response.status == 200:
+                        return time.monotonic() - started
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(f"tributary did not become healthy within {timeout}s:\n{self.output}")
+
+    def stop(self, sig: int = signal.SIGTERM, *, timeout: float = 30.0) -> int:
+        """Signal the process, wait for it, keep its output; return its exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            out, _ = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, _ = self.process.communicate()
+        self.output += out or ""
+        return int(self.process.returncode)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.stop(signal.SIGKILL)
+
+    def get(self, path: str, *, port: int | None = None) -> tuple[int, bytes]:
+        url = f"http://127.0.0.1:{port or self.client_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "homeserver.cli", *args],
+        cwd=cwd or REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,156 @@
+"""Real ``tributary`` processes: start, serve, stop cleanly; embedded database lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psycopg2
+
+from tests.harness import TributaryProcess, run_cli
+
+
+def _postgres_processes_for(data_dir: Path) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "postgres" in line and str(data_dir) in line]
+
+
+def test_serves_versions_errors_metrics_and_stops_cleanly(tmp_path: Path, database_dsn: str) -> None:
+    hs = TributaryProcess.configure(tmp_path, database_url=database_dsn)
+    hs.start()
+    try:
+        status, body = hs.get("/_matrix/client/versions")
+        assert status == 200
+        assert "v1.1" in json.loads(body)["versions"]
+
+        status, body = hs.get("/_matrix/client/v3/no/such/endpoint")
+        assert status == 404
+        assert json.loads(body)["errcode"] == "M_UNRECOGNIZED"
+
+        status, body = hs.get("/metrics", port=hs.metrics_port)
+        assert status == 200
+        text = body.decode()
+        assert 'tributary_build_info{version="0.1.0"} 1.0' in text
+        assert 'tributary_http_requests_total{method="GET",servlet="client_versions",status_class="2xx"} 1.0' in text
+        assert "process_resident_memory_bytes" in text
+    finally:
+        code = hs.stop(signal.SIGTERM)
+    assert code == 0, hs.output
+    assert "stopped" in hs.output
+
+
+def test_embedded_database_survives_restarts_and_a_crash(world_traversable_tmp: Path) -> None:
+    """First start initialises the embedded cluster; a SIGKILLed homeserver leaves
+    PostgreSQL running, and the next start takes it over; a clean stop leaves no
+    PostgreSQL process behind."""
+    hs = TributaryProcess.configure(world_traversable_tmp, database_url=None)
+    hs.start(timeout=60)
+    assert (hs.data_dir / "postgres" / "PG_VERSION").exists()
+    assert (hs.data_dir / "localhost.signing.key").exists()
+    key_before = (hs.data_dir / "localhost.signing.key").read_text()
+
+    hs.stop(signal.SIGKILL)
+    assert _postgres_processes_for(hs.data_dir), "expected the orphaned cluster to still run"
+
+    hs.start(timeout=60)
+    assert hs.get("/_matrix/client/versions")[0] == 200
+    assert (hs.data_dir / "localhost.signing.key").read_text() == key_before
+    assert "left running by a previous run" in _read_until_now(hs)
+    assert hs.stop(signal.SIGINT) == 0, hs.output
+    assert _postgres_processes_for(hs.data_dir) == []
+
+
+def test_unreachable_data_dir_is_refused_clearly_as_root(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        return  # the check concerns the unprivileged user that root hands PostgreSQL to
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    hs = TributaryProcess.configure(private, database_url=None)
+    try:
+        hs.start(timeout=30)
+    except RuntimeError as e:
+        assert "cannot enter" in str(e) and "chmod o+x" in str(e)
+    else:  # pragma: no cover - a failure
+        hs.stop()
+        raise AssertionError("start should have been refused")
+
+
+def _read_until_now(hs: TributaryProcess) -> str:
+    # The process is still running; read the lines it has written so far.
+    import select
+
+    assert hs.process is not None and hs.process.stdout is not None
+    chunks = []
+    fd = hs.process.stdout.fileno()
+    while select.select([fd], [], [], 0.2)[0]:
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        chunks.append(data.decode(errors="replace"))
+    text = "".join(chunks)
+    hs.output += text
+    return text
+
+
+def test_bad_config_prints_one_line_naming_the_key_and_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "homeserver.yaml"
+    cases = {
+        "server_name: example.org\nlisteners:\n  - type: http\n    port: abc\n":
+            "config error: listeners[0].port: expected an integer 1-65535, got 'abc'",
+        "server_name: example.org\nnot_a_key: 1\n": "config error: not_a_key: unknown key",
+        "server_name: example.org\ntls_certificate_path: /nonexistent/cert.pem\ntls_private_key_path: /nonexistent/k\n":
+            "config error: tls_certificate_path: file not found: /nonexistent/cert.pem",
+        "listeners: []\n": "config error: server_name: is required",
+        "server_name: [unclosed\n": "is not valid YAML at line",
+    }
+    for text, expected in cases.items():
+        config.write_text(text)
+        result = run_cli("run", "--config", str(config))
+        assert result.returncode == 2, (text, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert expected in lines[0]
+
+
+def test_missing_config_file_exits_2(tmp_path: Path) -> None:
+    result = run_cli("run", "--config", str(tmp_path / "absent.yaml"))
+    assert result.returncode == 2
+    assert "config file not found" in result.stderr
+
+
+def test_migrate_then_refuse_a_newer_schema(tmp_path: Path, empty_database_dsn: str) -> None:
+    hs = TributaryProcess.configure(tmp_path, database_url=empty_database_dsn)
+    result = run_cli("migrate", "--config", str(hs.config_path))
+    assert result.returncode == 0, result.stderr
+    assert "schema is up to date" in result.stderr
+
+    conn = psycopg2.connect(empty_database_dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO schema_version (version, name, applied_ts) VALUES (9999, 'from_the_future', 0)")
+    conn.close()
+
+    result = run_cli("migrate", "--config", str(hs.config_path))
+    assert result.returncode == 1
+    assert "schema is at version 9999" in result.stderr
+
+
+def test_generate_config_writes_a_loadable_file_and_never_overwrites(tmp_path: Path) -> None:
+    out = tmp_path / "hs.yaml"
+    result = run_cli("generate-config", "--server-name", "example.org", "--data-dir", "d", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert 'server_name: "example.org"' in out.read_text()
+    again = run_cli("generate-config", "--server-name", "example.org", "--output", str(out))
+    assert again.returncode == 2
+    assert "not overwriting" in again.stderr
+    bad = run_cli("generate-config", "--server-name", "bad name!")
+    assert bad.returncode == 2
+
+
+def test_version_flag() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == "tributary 0.1.0"

@@ -1,0 +1,151 @@
+"""The JSON router over real loopback HTTP: routing, error JSON, CORS, limits, metrics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from twisted.internet.defer import Deferred
+from twisted.web.client import Agent, readBody
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
+from twisted.web.server import Request
+
+from homeserver.http.errors import MatrixError
+from homeserver.http.metrics import HttpMetrics
+from homeserver.http.server import JsonRouter, make_site, parse_json_object
+from tests.twisted_plugin import reactor, run_sync
+
+
+class Server:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.router = JsonRouter(HttpMetrics.create(self.registry))
+        self.port = reactor.listenTCP(0, make_site(self.router, max_body_bytes=1000), interface="127.0.0.1")
+        self.agent = Agent(reactor)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port.getHost().port}"
+
+    async def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any, Headers]:
+        from twisted.web.client import FileBodyProducer
+        from io import BytesIO
+
+        producer = FileBodyProducer(BytesIO(body)) if body is not None else None
+        response: IResponse = await self.agent.request(method.encode(), (self.url + path).encode(), None, producer)
+        raw = await readBody(response)
+        try:
+            parsed: Any = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw
+        return response.code, parsed, response.headers
+
+
+@pytest.fixture
+def server() -> Any:
+    s = Server()
+
+    async def echo(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, {"params": dict(params), "body": parse_json_object(request)}
+
+    async def hello(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, {"hello": params["name"]}
+
+    async def forbidden(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        raise MatrixError(403, "M_FORBIDDEN", "not you", extra_field=1)
+
+    async def broken(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        raise KeyError("a bug")
+
+    s.router.register(["PUT"], r"/echo/(?P<thing>[^/]+)", echo, "echo")
+    s.router.register(["GET"], r"/hello/(?P<name>[^/]+)", hello, "hello")
+    s.router.register(["GET"], r"/forbidden", forbidden, "forbidden")
+    s.router.register(["GET"], r"/broken", broken, "broken")
+    yield s
+    run_sync(s.port.stopListening())
+
+
+async def test_routes_and_decodes_path_parameters(server: Server) -> None:
+    status, body, headers = await server.request("GET", "/hello/%40alice%3Aexample.org")
+    assert status == 200
+    assert body == {"hello": "@alice:example.org"}
+    assert headers.getRawHeaders(b"access-control-allow-origin") == [b"*"]
+    assert headers.getRawHeaders(b"content-type") == [b"application/json"]
+
+
+async def test_unknown_path_and_method(server: Server) -> None:
+    assert (await server.request("GET", "/nowhere"))[:2] == (404, {"errcode": "M_UNRECOGNIZED", "error": "Unrecognized request"})
+    status, body, _ = await server.request("POST", "/hello/x")
+    assert status == 405 and body["errcode"] == "M_UNRECOGNIZED"
+
+
+async def test_options_preflight_gets_cors(server: Server) -> None:
+    status, body, headers = await server.request("OPTIONS", "/anything/at/all")
+    assert status == 200 and body == {}
+    assert b"PUT" in headers.getRawHeaders(b"access-control-allow-methods")[0]
+
+
+async def test_matrix_errors_and_bugs_become_error_json(server: Server) -> None:
+    assert (await server.request("GET", "/forbidden"))[:2] == (
+        403, {"errcode": "M_FORBIDDEN", "error": "not you", "extra_field": 1}
+    )
+    status, body, _ = await server.request("GET", "/broken")
+    assert status == 500 and body == {"errcode": "M_UNKNOWN", "error": "Internal server error"}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "errcode"),
+    [
+        (b"", 400, "M_NOT_JSON"),
+        (b"{not json", 400, "M_NOT_JSON"),
+        (b"\xff\xfe{}", 400, "M_NOT_JSON"),
+        (b"NaN", 400, "M_NOT_JSON"),
+        (b"[1, 2]", 400, "M_BAD_JSON"),
+        (b"[" * 200 + b"]" * 200, 400, "M_NOT_JSON"),
+        (b'{"a": "' + b"x" * 2000 + b'"}', 413, "M_TOO_LARGE"),
+    ],
+)
+async def test_bad_bodies(server: Server, body: bytes, status: int, errcode: str) -> None:
+    got_status, got_body, _ = await server.request("PUT", "/echo/x", body)
+    assert (got_status, got_body["errcode"]) == (status, errcode)
+
+
+async def test_bad_percent_encoding_is_a_400(server: Server) -> None:
+    status, body, _ = await server.request("GET", "/hello/%ff%fe")
+    assert status == 400 and body["errcode"] == "M_INVALID_PARAM"
+
+
+async def test_json_body_round_trip_and_metrics(server: Server) -> None:
+    status, body, _ = await server.request("PUT", "/echo/t1", b'{"k": ["v", 1, null]}')
+    assert status == 200
+    assert body == {"params": {"thing": "t1"}, "body": {"k": ["v", 1, None]}}
+    sample = server.registry.get_sample_value(
+        "tributary_http_requests_total", {"servlet": "echo", "method": "PUT", "status_class": "2xx"}
+    )
+    assert sample == 1
+    assert server.registry.get_sample_value("tributary_http_request_duration_seconds_count", {"servlet": "echo"}) == 1
+
+
+async def test_wait_drained_fires_when_requests_finish(server: Server) -> None:
+    gate: Deferred[None] = Deferred()
+
+    async def slow(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await gate
+        return 200, {}
+
+    server.router.register(["GET"], r"/slow", slow, "slow")
+    pending = Deferred.fromCoroutine(server.request("GET", "/slow"))
+    while server.router.in_flight == 0:
+        from twisted.internet.task import deferLater
+
+        await deferLater(reactor, 0.005, lambda: None)
+    drained = server.router.wait_drained()
+    assert not drained.called
+    gate.callback(None)
+    status, _, _ = await pending
+    assert status == 200
+    assert drained.called

@@ -1,0 +1,147 @@
+"""Config parsing: defaults, every validation error naming its key path."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from homeserver.config import (
+    ConfigError,
+    ListenerConfig,
+    generate_config_text,
+    load_config,
+    parse_config,
+    parse_duration,
+)
+
+
+def _parse(raw: dict[str, Any]) -> Any:
+    return parse_config(raw, config_path=Path("/etc/tributary/homeserver.yaml"))
+
+
+def test_minimal_config_takes_defaults() -> None:
+    config = _parse({"server_name": "example.org"})
+    assert config.server_name == "example.org"
+    assert config.data_dir == Path("/etc/tributary/data")
+    assert config.listeners == (ListenerConfig(type="http", port=8008, resources=("client", "health")),)
+    assert config.database.url is None
+    assert config.redis.enabled is False
+    assert config.enable_registration is False
+    assert config.default_room_version == "12"
+    assert config.effective_signing_key_path == Path("/etc/tributary/data/example.org.signing.key")
+
+
+def test_full_config() -> None:
+    config = _parse(
+        {
+            "server_name": "localhost:8448",
+            "public_baseurl": "https://matrix.example.org",
+            "database": {"url": "postgresql://u@h/db", "max_connections": 20},
+            "listeners": [
+                {"type": "http", "port": 8008, "resources": ["client"], "bind_addresses": ["0.0.0.0", "::"]},
+                {"type": "metrics", "port": 9000},
+                {"type": "replication", "port": 9093},
+            ],
+            "redis": {"enabled": True, "url": "rediss://:pw@redis:6380/1"},
+            "federation": {"verify_certificates": False, "ip_range_whitelist": ["127.0.0.0/8"]},
+            "log_level": "debug",
+            "default_room_version": 11,
+            "shutdown_grace_period": "30s",
+        }
+    )
+    assert config.public_baseurl == "https://matrix.example.org/"
+    assert config.database.max_connections == 20
+    assert config.listeners[0].bind_addresses == ("0.0.0.0", "::")
+    assert config.redis.url.startswith("rediss://")
+    assert config.federation.ip_range_whitelist == ("127.0.0.0/8",)
+    assert config.log_level == "DEBUG"
+    assert config.default_room_version == "11"
+    assert config.shutdown_grace_period == timedelta(seconds=30)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({}, "server_name: is required"),
+        ({"server_name": 5}, "server_name: expected a non-empty string, got 5"),
+        ({"server_name": "bad name"}, "server_name: expected a server name"),
+        ({"server_name": "h:99999"}, "server_name: port in server name must be 1-65535"),
+        ({"server_name": "h", "surprise": 1}, "surprise: unknown key"),
+        ({"server_name": "h", "listeners": {}}, "listeners: expected a list"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": "abc"}]},
+         "listeners[0].port: expected an integer 1-65535, got 'abc'"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": 1}, {"type": "ftp", "port": 2}]},
+         "listeners[1].type: expected one of http, metrics, replication, got 'ftp'"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": 1, "resources": ["client", "media"]}]},
+         "listeners[0].resources[1]: expected one of"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": 1, "bind_addresses": ["nope"]}]},
+         "listeners[0].bind_addresses[0]: expected an IP address, got 'nope'"),
+        ({"server_name": "h", "listeners": [{"type": "metrics", "port": 1, "tls": True}]},
+         "listeners[0].tls: only http listeners can use TLS"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": 1}, {"type": "metrics", "port": 1}]},
+         "listeners[1].port: 127.0.0.1:1 is already used by listeners[0]"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": 1, "colour": "red"}]},
+         "listeners[0].colour: unknown key"),
+        ({"server_name": "h", "database": {"url": "mysql://x"}}, "database.url: expected a postgresql:// URL"),
+        ({"server_name": "h", "database": {"min_connections": 5, "max_connections": 2}},
+         "database.min_connections: must not exceed max_connections (2), got 5"),
+        ({"server_name": "h", "database": {"embedded": {"binaries": "docker"}}},
+         "database.embedded.binaries: expected one of wheel, system"),
+        ({"server_name": "h", "redis": {"enabled": "yes"}}, "redis.enabled: expected true or false, got 'yes'"),
+        ({"server_name": "h", "federation": {"ip_range_whitelist": ["10.0.0.0/33"]}},
+         "federation.ip_range_whitelist[0]: expected an IP range"),
+        ({"server_name": "h", "log_level": "LOUD"}, "log_level: expected one of DEBUG"),
+        ({"server_name": "h", "default_room_version": "9"}, "default_room_version: expected one of 10, 11, 12"),
+        ({"server_name": "h", "shutdown_grace_period": 10}, "shutdown_grace_period: expected a duration with a unit"),
+        ({"server_name": "h", "public_baseurl": "matrix.org"}, "public_baseurl: expected an http:// or https:// URL"),
+        ({"server_name": "h", "enable_registration": 1}, "enable_registration: expected true or false, got 1"),
+    ],
+)
+def test_errors_name_the_key_path(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _parse(raw)
+    assert message in str(info.value)
+
+
+def test_durations_need_units() -> None:
+    assert parse_duration("x", "500ms") == timedelta(milliseconds=500)
+    assert parse_duration("x", "10m") == timedelta(minutes=10)
+    assert parse_duration("x", "7d") == timedelta(days=7)
+    for bad in ("10", 10, "ten minutes", "-1s", ""):
+        with pytest.raises(ConfigError):
+            parse_duration("x", bad)
+
+
+def test_generated_config_loads_and_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "homeserver.yaml"
+    path.write_text(generate_config_text("example.org", "data"))
+    config = load_config(path)
+    assert config.server_name == "example.org"
+    assert config.data_dir == tmp_path / "data"
+    assert config.enable_registration is True
+    assert [listener.type for listener in config.listeners] == ["http", "metrics"]
+    # Every key the generated file sets is one the loader knows.
+    assert set(yaml.safe_load(path.read_text())) <= {"server_name", "data_dir", "listeners", "redis", "log_level", "enable_registration"}
+
+
+def test_data_dir_override_wins(tmp_path: Path) -> None:
+    path = tmp_path / "homeserver.yaml"
+    path.write_text("server_name: example.org\ndata_dir: /somewhere\n")
+    assert load_config(path, data_dir_override=tmp_path / "d").data_dir == (tmp_path / "d").resolve()
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("server_name: [\n")
+    with pytest.raises(ConfigError, match="is not valid YAML at line 2"):
+        load_config(bad)
+    not_mapping = tmp_path / "list.yaml"
+    not_mapping.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(not_mapping)
