@@ -1,0 +1,138 @@
+"""Matrix events, rooms and state: the pure core (no I/O, no clock, no database).
+
+Room versions 10-12, canonical JSON, content/reference hashes and IDs, redaction,
+signing and verification, the authorization rules, state resolution v2 / v2.1, the
+event builder, ``/createRoom`` templates and history visibility. Persistence lives in
+``storage/``; this package is what it and the HTTP handlers call. See docs/events.md.
+"""
+
+# tests: tests/unit/events/, tests/property/test_events_roundtrip.py
+
+from homeserver.events.auth import (
+    CREATOR_POWER_LEVEL,
+    StateMap,
+    auth_state_from_auth_events,
+    auth_types_for,
+    auth_types_for_event,
+    can_apply_redaction,
+    check_auth_events_list,
+    check_auth_rules,
+    get_named_level,
+    get_send_level,
+    get_user_power_level,
+    room_creators,
+)
+from homeserver.events.builder import (
+    EventTemplate,
+    build_pdu,
+    compute_depth,
+    create_local_event,
+    select_auth_event_ids,
+    select_prev_events,
+    sign_pdu,
+)
+from homeserver.events.canonical import JsonDict, JsonMapping, JsonValue, encode_canonical
+from homeserver.events.errors import (
+    AuthError,
+    EventsError,
+    EventTooLarge,
+    InvalidCreateRoomRequest,
+    InvalidEvent,
+    MissingEventsError,
+    SignatureError,
+    UnsupportedRoomVersion,
+)
+from homeserver.events.event import FrozenEvent, StateKey, make_event, parse_pdu
+from homeserver.events.hashing import (
+    compute_content_hash,
+    compute_event_id,
+    compute_reference_hash,
+    create_event_id_from_room_id,
+    room_id_from_create_event_id,
+)
+from homeserver.events.redaction import prune_event_dict
+from homeserver.events.room_creation import (
+    CreateRoomRequest,
+    initial_room_events,
+    parse_create_room_request,
+)
+from homeserver.events.room_versions import (
+    DEFAULT_ROOM_VERSION,
+    KNOWN_ROOM_VERSIONS,
+    RoomVersion,
+    get_room_version,
+)
+from homeserver.events.signing import (
+    KeyRing,
+    ServerKey,
+    add_hashes_and_signature,
+    check_content_hash,
+    redact_event,
+    required_signers,
+    verify_event,
+    verify_event_signatures,
+)
+from homeserver.events.state_res import auth_chain, resolve_state
+from homeserver.events.visibility import can_see_event
+
+__all__ = [
+    "CREATOR_POWER_LEVEL",
+    "DEFAULT_ROOM_VERSION",
+    "KNOWN_ROOM_VERSIONS",
+    "AuthError",
+    "CreateRoomRequest",
+    "EventTemplate",
+    "EventTooLarge",
+    "EventsError",
+    "FrozenEvent",
+    "InvalidCreateRoomRequest",
+    "InvalidEvent",
+    "JsonDict",
+    "JsonMapping",
+    "JsonValue",
+    "KeyRing",
+    "MissingEventsError",
+    "RoomVersion",
+    "ServerKey",
+    "SignatureError",
+    "StateKey",
+    "StateMap",
+    "UnsupportedRoomVersion",
+    "add_hashes_and_signature",
+    "auth_chain",
+    "auth_state_from_auth_events",
+    "auth_types_for",
+    "auth_types_for_event",
+    "build_pdu",
+    "can_apply_redaction",
+    "can_see_event",
+    "check_auth_events_list",
+    "check_auth_rules",
+    "check_content_hash",
+    "compute_content_hash",
+    "compute_depth",
+    "compute_event_id",
+    "compute_reference_hash",
+    "create_event_id_from_room_id",
+    "create_local_event",
+    "encode_canonical",
+    "get_named_level",
+    "get_room_version",
+    "get_send_level",
+    "get_user_power_level",
+    "initial_room_events",
+    "make_event",
+    "parse_create_room_request",
+    "parse_pdu",
+    "prune_event_dict",
+    "redact_event",
+    "required_signers",
+    "resolve_state",
+    "room_creators",
+    "room_id_from_create_event_id",
+    "select_auth_event_ids",
+    "select_prev_events",
+    "sign_pdu",
+    "verify_event",
+    "verify_event_signatures",
+]

@@ -1,0 +1,148 @@
+"""Building the events this server creates: prev_events, depth, auth_events, size limit.
+
+The inputs are what storage already knows (forward extremities with their depths,
+current state as (type, state_key) -> event ID); the output is a signed ``FrozenEvent``
+ready for the auth checks and persistence. Nothing here reads the clock: the caller
+passes ``origin_server_ts``.
+"""
+
+# tests: tests/unit/events/test_builder.py
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+from signedjson.types import SigningKey
+
+from homeserver.events import constants as C
+from homeserver.events.auth import auth_types_for
+from homeserver.events.canonical import JsonDict, JsonMapping, freeze, thaw
+from homeserver.events.event import FrozenEvent, StateKey, make_event
+from homeserver.events.room_versions import RoomVersion
+from homeserver.events.signing import add_hashes_and_signature
+
+
+def _freeze_mapping(value: Mapping[str, object]) -> JsonMapping:
+    frozen = freeze(value)
+    if not isinstance(frozen, Mapping):
+        raise TypeError(f"event content must be a mapping, got {type(value).__name__}")
+    return frozen
+
+
+@attrs.frozen(slots=True)
+class EventTemplate:
+    """What a client (or room creation) asks for: type, optional state key, content.
+
+    ``redacts`` is only for ``m.room.redaction``; the builder puts it where the room
+    version wants it (top level in v10, ``content.redacts`` in v11+).
+    """
+
+    type: str
+    content: JsonMapping = attrs.field(converter=_freeze_mapping)
+    state_key: str | None = None
+    redacts: str | None = None
+
+
+def select_prev_events(forward_extremities: Mapping[str, int]) -> list[str]:
+    """Pick at most 10 forward extremities (event ID -> depth): the deepest, ties by ID.
+
+    Deterministic, so two workers building on the same extremities agree.
+    """
+    ordered = sorted(forward_extremities.items(), key=lambda item: (-item[1], item[0]))
+    return [event_id for event_id, _ in ordered[: C.MAX_PREV_EVENTS]]
+
+
+def compute_depth(prev_depths: Iterable[int]) -> int:
+    """One more than the deepest prev event (1 for the create event), capped at 2**53-1."""
+    deepest = max(prev_depths, default=0)
+    return min(deepest + 1, C.MAX_DEPTH)
+
+
+def select_auth_event_ids(
+    room_version: RoomVersion,
+    template: EventTemplate,
+    sender: str,
+    current_state: Mapping[StateKey, str],
+) -> list[str]:
+    """The auth_events of a new event: the current state events the selection algorithm names."""
+    keys = auth_types_for(room_version, template.type, template.state_key, sender, template.content)
+    return [current_state[k] for k in keys if k in current_state]
+
+
+def build_pdu(
+    room_version: RoomVersion,
+    template: EventTemplate,
+    *,
+    sender: str,
+    room_id: str | None,
+    prev_event_ids: list[str],
+    auth_event_ids: list[str],
+    depth: int,
+    origin_server_ts: int,
+) -> JsonDict:
+    """The unsigned PDU dict (no hashes or signatures yet).
+
+    ``room_id`` is ``None`` only for a v12 create event.
+    """
+    pdu: JsonDict = {
+        "type": template.type,
+        "sender": sender,
+        "content": thaw(template.content),
+        "prev_events": list(prev_event_ids),
+        "auth_events": list(auth_event_ids),
+        "depth": depth,
+        "origin_server_ts": origin_server_ts,
+    }
+    if room_id is not None:
+        pdu["room_id"] = room_id
+    if template.state_key is not None:
+        pdu["state_key"] = template.state_key
+    if template.redacts is not None:
+        if room_version.redacts_in_content:
+            pdu["content"]["redacts"] = template.redacts
+        else:
+            pdu["redacts"] = template.redacts
+    return pdu
+
+
+def sign_pdu(
+    room_version: RoomVersion, pdu: Mapping[str, object], server_name: str, signing_key: SigningKey
+) -> FrozenEvent:
+    """Hash and sign a PDU we built, then ``make_event`` it.
+
+    Raises ``EventTooLarge`` when the signed event is over 65,536 bytes of canonical JSON
+    (or a size-limited key is over 255 bytes): the client API answers ``M_TOO_LARGE``.
+    """
+    signed = add_hashes_and_signature(room_version, pdu, server_name, signing_key)
+    signed.setdefault("signatures", {})
+    return make_event(room_version, signed)
+
+
+def create_local_event(
+    room_version: RoomVersion,
+    template: EventTemplate,
+    *,
+    sender: str,
+    room_id: str | None,
+    current_state: Mapping[StateKey, str],
+    forward_extremities: Mapping[str, int],
+    origin_server_ts: int,
+    server_name: str,
+    signing_key: SigningKey,
+) -> FrozenEvent:
+    """Everything the event builder does, in order: prev_events (≤10) from the forward
+    extremities (event ID -> depth), depth, auth_events from the current state, then
+    hash, sign and enforce the size limit. The auth rules are the caller's next step."""
+    prev_event_ids = select_prev_events(forward_extremities)
+    pdu = build_pdu(
+        room_version,
+        template,
+        sender=sender,
+        room_id=room_id,
+        prev_event_ids=prev_event_ids,
+        auth_event_ids=select_auth_event_ids(room_version, template, sender, current_state),
+        depth=compute_depth(forward_extremities[e] for e in prev_event_ids),
+        origin_server_ts=origin_server_ts,
+    )
+    return sign_pdu(room_version, pdu, server_name, signing_key)

@@ -1,0 +1,58 @@
+"""Names the spec gives to event types, memberships, join rules and history visibilities.
+
+Plain string constants (the wire values), so that they compare equal to what arrives
+over federation without conversion.
+"""
+
+# tests: none of its own; every test under tests/unit/events/ uses these names.
+
+from __future__ import annotations
+
+from typing import Final
+
+# Event types that the authorization rules and room creation care about.
+CREATE: Final = "m.room.create"
+MEMBER: Final = "m.room.member"
+POWER_LEVELS: Final = "m.room.power_levels"
+JOIN_RULES: Final = "m.room.join_rules"
+THIRD_PARTY_INVITE: Final = "m.room.third_party_invite"
+HISTORY_VISIBILITY: Final = "m.room.history_visibility"
+GUEST_ACCESS: Final = "m.room.guest_access"
+REDACTION: Final = "m.room.redaction"
+NAME: Final = "m.room.name"
+TOPIC: Final = "m.room.topic"
+CANONICAL_ALIAS: Final = "m.room.canonical_alias"
+TOMBSTONE: Final = "m.room.tombstone"
+
+# Memberships.
+JOIN: Final = "join"
+INVITE: Final = "invite"
+LEAVE: Final = "leave"
+BAN: Final = "ban"
+KNOCK: Final = "knock"
+
+# Join rules.
+PUBLIC: Final = "public"
+JR_INVITE: Final = "invite"
+JR_KNOCK: Final = "knock"
+RESTRICTED: Final = "restricted"
+KNOCK_RESTRICTED: Final = "knock_restricted"
+PRIVATE: Final = "private"
+
+# History visibility values.
+WORLD_READABLE: Final = "world_readable"
+SHARED: Final = "shared"
+INVITED: Final = "invited"
+JOINED: Final = "joined"
+
+# Content keys with protocol meaning.
+AUTHORISING_USER: Final = "join_authorised_via_users_server"
+ADDITIONAL_CREATORS: Final = "additional_creators"
+
+# Limits from the spec (client-server "Size limits", PDU depth, canonical JSON).
+MAX_PDU_SIZE: Final = 65536
+MAX_ID_BYTES: Final = 255
+MAX_DEPTH: Final = 2**53 - 1
+CANONICAL_INT_MIN: Final = -(2**53) + 1
+CANONICAL_INT_MAX: Final = 2**53 - 1
+MAX_PREV_EVENTS: Final = 10

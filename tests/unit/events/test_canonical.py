@@ -1,0 +1,67 @@
+import pytest
+
+from homeserver.events import InvalidEvent, encode_canonical
+from homeserver.events.canonical import MAX_NESTING, check_canonical, freeze, parse_json_object, thaw
+
+# The appendix's canonical JSON examples.
+EXAMPLES = [
+    ({}, b"{}"),
+    ({"one": 1, "two": "Two"}, b'{"one":1,"two":"Two"}'),
+    ({"b": "2", "a": "1"}, b'{"a":"1","b":"2"}'),
+    (
+        {"auth": {"success": True, "mxid": "@john.doe:example.com", "profile": {"display_name": "John Doe",
+         "three_pids": [{"medium": "email", "address": "john.doe@example.org"},
+                        {"medium": "msisdn", "address": "123456789"}]}}},
+        b'{"auth":{"mxid":"@john.doe:example.com","profile":{"display_name":"John Doe","three_pids":'
+        b'[{"address":"john.doe@example.org","medium":"email"},{"address":"123456789","medium":"msisdn"}]},"success":true}}',
+    ),
+    ({"a": "日本語"}, '{"a":"日本語"}'.encode()),
+    ({"本": 2, "日": 1}, '{"日":1,"本":2}'.encode()),
+    ({"a": "\u65E5"}, '{"a":"日"}'.encode()),
+    ({"a": None}, b'{"a":null}'),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), EXAMPLES)
+def test_appendix_examples(value: object, expected: bytes) -> None:
+    assert encode_canonical(value) == expected
+    assert encode_canonical(freeze(value)) == expected
+
+
+def test_frozen_values_round_trip_through_thaw() -> None:
+    value = {"a": [1, {"b": [True, None, "x"]}]}
+    frozen = freeze(value)
+    assert thaw(frozen) == value
+    with pytest.raises(TypeError):
+        frozen["a"] = 1  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"f": 1.5}, {"big": 2**53}, {"small": -(2**53)}, {"s": "\ud800"}, {1: "x"}, {"set": {1}}],
+)
+def test_non_canonical_values_are_rejected(bad: object) -> None:
+    with pytest.raises(InvalidEvent):
+        check_canonical(bad)
+
+
+def test_nesting_is_bounded_without_recursion() -> None:
+    deep: object = "x"
+    for _ in range(MAX_NESTING + 5):
+        deep = [deep]
+    with pytest.raises(InvalidEvent, match="nested"):
+        check_canonical({"d": deep})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"a": 1.0}', b'{"a": NaN}', b'{"a": 1e3}', b"[1]", b"{", b"\xff", b"[" * 100_000, b'{"a":"\\ud800"}'],
+)
+def test_parse_json_object_only_raises_invalid_event(raw: bytes) -> None:
+    with pytest.raises(InvalidEvent):
+        parse_json_object(raw, max_bytes=1_000_000)
+
+
+def test_parse_json_object_checks_size_first() -> None:
+    with pytest.raises(InvalidEvent, match="exceeds"):
+        parse_json_object(b"{}" + b" " * 100, max_bytes=10)
