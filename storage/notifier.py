@@ -1,0 +1,147 @@
+"""In-process waiting for streams to advance: ``/sync`` long-polls, the federation sender.
+
+A waiter names the streams it follows and a condition (usually "the stream's
+position is past my token"); it is a Deferred plus, with a timeout, one
+delayed call, so it costs no CPU while it waits. The condition is checked only
+when one of its streams advances (``notify``, called by the ID generators'
+position listeners) and once more at the timeout. The notifier does not
+know what a token means: callers pass the condition.
+"""
+
+# tests: tests/unit/storage/test_notifier.py, tests/integration/test_streams_generators.py
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import attrs
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+from storage.id_generators import StreamIdGenerator
+from storage.tokens import StreamToken
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    streams: frozenset[str]
+    condition: Callable[[], bool]
+    deferred: Deferred[bool] | None = None
+    timer: IDelayedCall | None = None
+
+
+class Notifier:
+    """Waiters keyed by stream name, woken when those streams advance."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._waiters: dict[str, set[_Waiter]] = {}
+        self._generators: dict[str, StreamIdGenerator] = {}
+
+    def add_stream(self, generator: StreamIdGenerator) -> None:
+        """Follow a stream: its position changes wake its waiters."""
+        if generator.stream_name in self._generators:
+            raise ValueError(f"stream {generator.stream_name!r} is already followed")
+        self._generators[generator.stream_name] = generator
+        generator.add_position_listener(self._on_position)
+
+    def _on_position(self, stream_name: str, instance: str, old: int, new: int) -> None:
+        self.notify(stream_name)
+
+    def waiter_count(self, stream_name: str | None = None) -> int:
+        if stream_name is not None:
+            return len(self._waiters.get(stream_name, ()))
+        return len({w for waiters in self._waiters.values() for w in waiters})
+
+    def notify(self, stream_name: str) -> None:
+        """``stream_name`` advanced: wake its waiters whose condition now holds."""
+        waiters = self._waiters.get(stream_name)
+        if not waiters:
+            return
+        for waiter in list(waiters):
+            deferred = waiter.deferred
+            if deferred is None or deferred.called:
+                continue
+            try:
+                ready = waiter.condition()
+            except Exception:
+                self._remove(waiter)
+                deferred.errback()
+                continue
+            if ready:
+                self._remove(waiter)
+                deferred.callback(True)
+
+    def wait_until(
+        self, streams: Iterable[str], condition: Callable[[], bool], timeout: float | None
+    ) -> Deferred[bool]:
+        """A Deferred firing True once ``condition()`` holds, checked when any of ``streams`` advances.
+
+        Fires False at the timeout (seconds; None waits for ever) unless the
+        condition holds by then. Cancelling the Deferred removes the waiter.
+        """
+        followed = frozenset(streams)
+        if not followed:
+            raise ValueError("a waiter must follow at least one stream")
+        if condition():
+            return succeed(True)
+        waiter = _Waiter(followed, condition)
+
+        def cancel(_: Deferred[bool]) -> None:
+            self._remove(waiter)
+
+        waiter.deferred = Deferred(canceller=cancel)
+        if timeout is not None:
+            waiter.timer = self._clock.callLater(max(timeout, 0.0), self._time_out, waiter)
+        for stream_name in followed:
+            self._waiters.setdefault(stream_name, set()).add(waiter)
+        return waiter.deferred
+
+    def _time_out(self, waiter: _Waiter) -> None:
+        waiter.timer = None
+        self._remove(waiter)
+        deferred = waiter.deferred
+        if deferred is None or deferred.called:
+            return
+        try:
+            ready = waiter.condition()
+        except Exception:
+            deferred.errback()
+            return
+        deferred.callback(ready)
+
+    def _remove(self, waiter: _Waiter) -> None:
+        if waiter.timer is not None and waiter.timer.active():
+            waiter.timer.cancel()
+        waiter.timer = None
+        for stream_name in waiter.streams:
+            waiters = self._waiters.get(stream_name)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[stream_name]
+
+    def _generator(self, stream_name: str) -> StreamIdGenerator:
+        try:
+            return self._generators[stream_name]
+        except KeyError:
+            raise ValueError(f"stream {stream_name!r} is not followed; call add_stream first") from None
+
+    def wait_for_position(
+        self, stream_name: str, position: int, timeout: float | None, *, instance: str | None = None
+    ) -> Deferred[bool]:
+        """Wait until the stream's linear position (or ``instance``'s position) is past ``position``."""
+        generator = self._generator(stream_name)
+        if instance is None:
+            return self.wait_until((stream_name,), lambda: generator.get_current_token() > position, timeout)
+        return self.wait_until((stream_name,), lambda: generator.get_position(instance) > position, timeout)
+
+    def wait_for_sync_token(
+        self, since: StreamToken, current: Callable[[], StreamToken], timeout: float | None
+    ) -> Deferred[bool]:
+        """``/sync``: wait until ``current()`` is ahead of ``since`` in any stream it covers."""
+        streams = [key.value for key, _ in since.components()]
+        return self.wait_until(streams, lambda: bool(current().advanced_keys(since)), timeout)
