@@ -26,7 +26,9 @@ from twisted.web.server import Request
 
 from homeserver import __version__
 from homeserver.config import HomeserverConfig, ListenerConfig
+from homeserver.handlers.account_services import AccountServices
 from homeserver.http.client import register_versions
+from homeserver.http.client_api import register_client_api_servlets
 from homeserver.http.metrics import HttpMetrics
 from homeserver.http.server import JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
@@ -61,6 +63,7 @@ class HomeServer:
         self.embedded_db: EmbeddedPostgres | None = None
         self.db: Database | None = None
         self.signing_key: SigningKey | None = None
+        self.accounts: AccountServices | None = None
         self.ports: list[IListeningPort] = []
         self.ready = False
         self.stopping = False
@@ -105,6 +108,9 @@ class HomeServer:
 
     def _register_servlets(self) -> None:
         register_versions(self.router)
+        assert self.db is not None
+        self.accounts = AccountServices.build(self.config, self.db, self.reactor)
+        register_client_api_servlets(self.router, self.config, self.accounts)
 
     def _listen(self, listener: ListenerConfig) -> None:
         root = self._root_resource(listener)

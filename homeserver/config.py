@@ -298,6 +298,100 @@ def _federation(path: str, raw: object) -> FederationConfig:
 
 
 @attrs.frozen
+class ReplicationConfig:
+    """``replication``: the TCP replication connections' keep-alive, timeout and congestion bound."""
+
+    keepalive_interval: timedelta = timedelta(seconds=5)
+    timeout: timedelta = timedelta(seconds=15)
+    max_outbound_buffer: int = 10_000
+
+
+def _replication(path: str, raw: object) -> ReplicationConfig:
+    s = _Section(path, raw)
+    defaults = ReplicationConfig()
+    result = ReplicationConfig(
+        keepalive_interval=s.get("keepalive_interval", parse_duration, defaults.keepalive_interval),
+        timeout=s.get("timeout", parse_duration, defaults.timeout),
+        max_outbound_buffer=s.get(
+            "max_outbound_buffer", lambda p, v: _expect_int(p, v, 1, 10_000_000), defaults.max_outbound_buffer
+        ),
+    )
+    if result.keepalive_interval <= timedelta(0):
+        raise ConfigError(s.sub("keepalive_interval"), "expected a positive duration")
+    if result.timeout <= result.keepalive_interval:
+        raise ConfigError(
+            s.sub("timeout"),
+            f"must be longer than keepalive_interval ({result.keepalive_interval.total_seconds():g}s), "
+            f"got {result.timeout.total_seconds():g}s",
+        )
+    s.finish()
+    return result
+
+
+@attrs.frozen
+class RateLimit:
+    """One token bucket: ``burst_count`` actions at once, refilled at ``per_second``."""
+
+    per_second: float
+    burst_count: int
+
+
+def _rate_limit(default: RateLimit) -> Callable[[str, object], RateLimit]:
+    def parse(path: str, raw: object) -> RateLimit:
+        s = _Section(path, raw)
+        result = RateLimit(
+            per_second=s.get("per_second", _expect_positive_number, default.per_second),
+            burst_count=s.get("burst_count", lambda p, v: _expect_int(p, v, 1, 1_000_000), default.burst_count),
+        )
+        s.finish()
+        return result
+
+    return parse
+
+
+@attrs.frozen
+class LoginRateLimits:
+    """``rc_login``: every attempt per client address and per account, and failed attempts per account."""
+
+    address: RateLimit = RateLimit(0.003, 5)
+    account: RateLimit = RateLimit(0.003, 5)
+    failed_attempts: RateLimit = RateLimit(0.17, 3)
+
+
+@attrs.frozen
+class JoinRateLimits:
+    """``rc_joins``: joins to rooms this server is in (local) and rooms it must join over federation (remote)."""
+
+    local: RateLimit = RateLimit(0.1, 10)
+    remote: RateLimit = RateLimit(0.01, 10)
+
+
+@attrs.frozen
+class InviteRateLimits:
+    """``rc_invites``: invites into one room, to one user, and by one sender."""
+
+    per_room: RateLimit = RateLimit(0.3, 10)
+    per_user: RateLimit = RateLimit(0.003, 5)
+    per_issuer: RateLimit = RateLimit(0.3, 10)
+
+
+def _grouped_rate_limits(cls: type[T]) -> Callable[[str, object], T]:
+    """A parser for a section whose keys are each a ``{per_second, burst_count}`` mapping."""
+
+    def parse(path: str, raw: object) -> T:
+        s = _Section(path, raw)
+        defaults = cls()
+        values = {
+            field.name: s.get(field.name, _rate_limit(getattr(defaults, field.name)), getattr(defaults, field.name))
+            for field in attrs.fields(cls)  # type: ignore[arg-type]
+        }
+        s.finish()
+        return cls(**values)
+
+    return parse
+
+
+@attrs.frozen
 class HomeserverConfig:
     server_name: str
     data_dir: Path
@@ -315,6 +409,14 @@ class HomeserverConfig:
     enable_registration: bool = False
     default_room_version: str = "12"
     shutdown_grace_period: timedelta = timedelta(seconds=10)
+    bcrypt_rounds: int = 12
+    rc_message: RateLimit = RateLimit(0.2, 10)
+    rc_registration: RateLimit = RateLimit(0.17, 3)
+    rc_login: LoginRateLimits = LoginRateLimits()
+    rc_joins: JoinRateLimits = JoinRateLimits()
+    rc_invites: InviteRateLimits = InviteRateLimits()
+    replication: ReplicationConfig = ReplicationConfig()
+    allow_unauthenticated_replication: bool = False
 
     @property
     def effective_signing_key_path(self) -> Path:
@@ -393,7 +495,25 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         enable_registration=s.get("enable_registration", _expect_bool, False),
         default_room_version=s.get("default_room_version", room_version, "12"),
         shutdown_grace_period=s.get("shutdown_grace_period", parse_duration, timedelta(seconds=10)),
+        bcrypt_rounds=s.get("bcrypt_rounds", lambda p, v: _expect_int(p, v, 4, 31), 12),
+        rc_message=s.get("rc_message", _rate_limit(RateLimit(0.2, 10)), RateLimit(0.2, 10)),
+        rc_registration=s.get("rc_registration", _rate_limit(RateLimit(0.17, 3)), RateLimit(0.17, 3)),
+        rc_login=s.get("rc_login", _grouped_rate_limits(LoginRateLimits), LoginRateLimits()),
+        rc_joins=s.get("rc_joins", _grouped_rate_limits(JoinRateLimits), JoinRateLimits()),
+        rc_invites=s.get("rc_invites", _grouped_rate_limits(InviteRateLimits), InviteRateLimits()),
+        replication=s.get("replication", _replication, ReplicationConfig()),
+        allow_unauthenticated_replication=s.get("allow_unauthenticated_replication", _expect_bool, False),
     )
+    if not config.allow_unauthenticated_replication:
+        for i, listener in enumerate(config.listeners):
+            for address in listener.bind_addresses if listener.type == "replication" else ():
+                if not ip_address(address).is_loopback:
+                    raise ConfigError(
+                        f"listeners[{i}].bind_addresses",
+                        f"a replication listener on {address} would be reachable from other machines, and the "
+                        "replication protocol has no authentication; bind it to 127.0.0.1, use Redis between "
+                        "machines, or set allow_unauthenticated_replication: true",
+                    )
     if (config.tls_certificate_path is None) != (config.tls_private_key_path is None):
         raise ConfigError("tls_certificate_path", "tls_certificate_path and tls_private_key_path must be set together")
     s.finish()

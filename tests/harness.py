@@ -51,6 +51,15 @@ class TributaryProcess:
             ],
             "log_level": "INFO",
             "enable_registration": True,
+            # Tests register and log in many users from one address, fast.
+            "rc_registration": {"per_second": 1000, "burst_count": 1000},
+            "rc_message": {"per_second": 10000, "burst_count": 10000},
+            "rc_login": {
+                "address": {"per_second": 1000, "burst_count": 1000},
+                "account": {"per_second": 1000, "burst_count": 1000},
+                "failed_attempts": {"per_second": 1000, "burst_count": 1000},
+            },
+            "bcrypt_rounds": 4,
         }
         if database_url is not None:
             config["database"] = {"url": database_url}

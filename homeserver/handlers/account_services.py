@@ -1,0 +1,131 @@
+"""Builds the account-side services (stores and handlers) of a process from its config.
+
+``AccountServices.build`` is called by the composition root (homeserver/app.py)
+once the database is open; it keeps that file to a few lines. Collaborators
+that belong to other parts of the server are parameters: the reactor (whose
+thread pool runs bcrypt), and the account_data stream's ID allocator and writer name.
+Until the stream writers are wired, ``sequence_stream_ids`` is the stand-in
+allocator (see its docstring for what it does not do).
+"""
+
+# tests: tests/integration/test_client_accounts.py
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Final
+
+import attrs
+from twisted.internet.threads import deferToThreadPool
+
+from homeserver.config import HomeserverConfig
+from homeserver.handlers.account_data import AccountDataHandler, StreamIdAllocator
+from homeserver.handlers.auth import Auth, PasswordHasher
+from homeserver.handlers.devices import DeviceHandler
+from homeserver.handlers.filters import FilterHandler
+from homeserver.handlers.login import LoginHandler
+from homeserver.handlers.profile import ProfileHandler
+from homeserver.handlers.ratelimit import Ratelimiters
+from homeserver.handlers.register import RegistrationHandler
+from homeserver.handlers.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, UiaSessions, UserInteractiveAuth, check_dummy
+from storage.database import Database
+from storage.stores.account_data import AccountDataStore
+from storage.stores.accounts import AccountStore
+from storage.stores.devices import DeviceStore
+from storage.stores.filters import FilterStore
+from storage.stores.profiles import ProfileStore
+
+# The name this process writes streams under until instance names are configured.
+DEFAULT_INSTANCE_NAME: Final = "master"
+
+
+def sequence_stream_ids(store: AccountDataStore) -> StreamIdAllocator:
+    """Stand-in allocator: ``nextval`` on the stream's sequence, with no position tracking.
+
+    Rows get correct, increasing stream IDs, but no reader is told the stream's
+    position moved. Replace it with ``StreamIdGenerator.get_next`` of the
+    account_data stream's generator when the stream writers are wired.
+    """
+
+    @asynccontextmanager
+    async def reserve() -> AsyncIterator[int]:
+        yield await store.next_stream_id_from_sequence()
+
+    def allocator() -> AbstractAsyncContextManager[int]:
+        return reserve()
+
+    return allocator
+
+
+def _thread_runner(reactor: Any) -> Callable[..., Any]:
+    async def run(func: Callable[..., Any], *args: Any) -> Any:
+        return await deferToThreadPool(reactor, reactor.getThreadPool(), func, *args)
+
+    return run
+
+
+@attrs.frozen
+class AccountServices:
+    auth: Auth
+    ratelimiters: Ratelimiters
+    uia: UserInteractiveAuth
+    registration: RegistrationHandler
+    login: LoginHandler
+    devices: DeviceHandler
+    profiles: ProfileHandler
+    account_data: AccountDataHandler
+    filters: FilterHandler
+
+    @classmethod
+    def build(
+        cls,
+        config: HomeserverConfig,
+        db: Database,
+        reactor: Any,
+        *,
+        account_data_stream_ids: StreamIdAllocator | None = None,
+        instance_name: str = DEFAULT_INSTANCE_NAME,
+        clock: Callable[[], float] = time.time,
+    ) -> AccountServices:
+        accounts = AccountStore(db)
+        device_store = DeviceStore(db)
+        account_data_store = AccountDataStore(db)
+        hasher = PasswordHasher(config.bcrypt_rounds, _thread_runner(reactor))
+        ratelimiters = Ratelimiters.from_config(config)
+        auth = Auth(accounts, device_store, clock=clock)
+        devices = DeviceHandler(device_store, auth)
+        login = LoginHandler(
+            server_name=config.server_name,
+            accounts=accounts,
+            devices=devices,
+            auth=auth,
+            hasher=hasher,
+            ratelimiters=ratelimiters,
+            clock=clock,
+        )
+        uia = UserInteractiveAuth(
+            UiaSessions(), {LOGIN_DUMMY: check_dummy, LOGIN_PASSWORD: login.check_password_stage}, clock
+        )
+        return cls(
+            auth=auth,
+            ratelimiters=ratelimiters,
+            uia=uia,
+            registration=RegistrationHandler(
+                server_name=config.server_name,
+                accounts=accounts,
+                hasher=hasher,
+                ratelimiter=ratelimiters.registration,
+                clock=clock,
+            ),
+            login=login,
+            devices=devices,
+            profiles=ProfileHandler(ProfileStore(db), server_name=config.server_name),
+            account_data=AccountDataHandler(
+                account_data_store,
+                account_data_stream_ids or sequence_stream_ids(account_data_store),
+                instance_name=instance_name,
+            ),
+            filters=FilterHandler(FilterStore(db)),
+        )

@@ -1,0 +1,224 @@
+"""Who is making a request: access tokens, password hashes, and the ``Auth`` helper.
+
+Access tokens are random (``secrets``) and stored only as their SHA-256, so the
+database never holds a usable token. ``Auth.get_user_by_req`` turns a request's
+token (``Authorization: Bearer``, or the deprecated ``access_token`` query
+parameter) into a ``Requester``; every authenticated servlet starts with it.
+Lookups are cached in memory; logouts and device deletions invalidate the
+cache, and a generation counter keeps a lookup that raced an invalidation
+from caching a token that was just revoked. Passwords are hashed with bcrypt
+on a worker thread, never on the reactor.
+
+Known limit: the cache is per process. When other processes can revoke tokens
+(workers), invalidations must also arrive over the ``caches`` stream by calling
+``invalidate_token_hashes`` / ``invalidate_all`` (not wired yet).
+"""
+
+# tests: tests/unit/handlers/test_auth.py, tests/integration/test_client_accounts.py
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import secrets
+import string
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final, TypeVar
+
+import attrs
+import bcrypt
+from twisted.web.server import Request
+
+from homeserver.http.errors import MatrixError
+from storage.stores.accounts import AccountStore, TokenOwner
+from storage.stores.devices import DeviceStore
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RunInThread = Callable[..., Awaitable[Any]]
+
+TOKEN_PREFIX: Final = "trb_"
+MAX_TOKEN_LENGTH: Final = 512
+DEFAULT_TOKEN_CACHE_SIZE: Final = 10_000
+# How often a device's last_seen_ts/ip is written while it keeps making requests.
+LAST_SEEN_INTERVAL_SECONDS: Final = 300.0
+_DEVICE_ID_ALPHABET: Final = string.ascii_uppercase
+
+
+@attrs.frozen
+class Requester:
+    """The authenticated user behind a request."""
+
+    user_id: str
+    device_id: str
+    access_token_id: int
+    is_guest: bool = False
+
+
+def generate_access_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_access_token(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def generate_device_id() -> str:
+    return "".join(secrets.choice(_DEVICE_ID_ALPHABET) for _ in range(10))
+
+
+def missing_token() -> MatrixError:
+    return MatrixError(401, "M_MISSING_TOKEN", "Missing access token")
+
+
+def unknown_token() -> MatrixError:
+    return MatrixError(401, "M_UNKNOWN_TOKEN", "Unknown or expired access token", soft_logout=False)
+
+
+def access_token_from_request(request: Request) -> str | None:
+    """The request's access token, None when it has none; 401 when it is malformed or given twice."""
+    headers = request.requestHeaders.getRawHeaders(b"authorization") or []
+    args: dict[bytes, list[bytes]] = request.args or {}
+    query = args.get(b"access_token", [])
+    if len(headers) + len(query) > 1:
+        raise MatrixError(
+            401, "M_MISSING_TOKEN", "Give the access token once: in the Authorization header or the query"
+        )
+    raw: bytes
+    if headers:
+        scheme, _, value = headers[0].strip().partition(b" ")
+        if scheme.lower() != b"bearer" or not value.strip():
+            raise MatrixError(401, "M_MISSING_TOKEN", "The Authorization header must be 'Bearer <token>'")
+        raw = value.strip()
+    elif query:
+        raw = query[0]
+    else:
+        return None
+    if len(raw) > MAX_TOKEN_LENGTH:
+        raise unknown_token()
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise unknown_token() from None
+
+
+def client_ip(request: Request) -> str | None:
+    host = getattr(request.getClientAddress(), "host", None)
+    return host if isinstance(host, str) else None
+
+
+class PasswordHasher:
+    """bcrypt over the base64 SHA-256 of the password, on a thread.
+
+    bcrypt reads at most 72 bytes (and bcrypt 5 refuses longer input), so the
+    password is first reduced to a 44-byte digest: long passphrases keep all
+    their entropy, and NUL or other odd characters cannot truncate it.
+    """
+
+    def __init__(self, rounds: int, run_in_thread: RunInThread) -> None:
+        self._rounds = rounds
+        self._run_in_thread = run_in_thread
+        self._dummy_hash: str | None = None
+
+    @staticmethod
+    def _prehash(password: str) -> bytes:
+        return base64.b64encode(hashlib.sha256(password.encode("utf-8", "surrogatepass")).digest())
+
+    def _hash_sync(self, password: str) -> str:
+        return bcrypt.hashpw(self._prehash(password), bcrypt.gensalt(self._rounds)).decode("ascii")
+
+    def _verify_sync(self, password: str, stored: str) -> bool:
+        try:
+            return bcrypt.checkpw(self._prehash(password), stored.encode("ascii"))
+        except ValueError:
+            logger.warning("a stored password hash is not a bcrypt hash")
+            return False
+
+    async def hash(self, password: str) -> str:
+        result: str = await self._run_in_thread(self._hash_sync, password)
+        return result
+
+    async def verify(self, password: str, stored: str | None) -> bool:
+        """Whether ``password`` matches ``stored``; with no stored hash, spend the same time and say no."""
+        if stored is None:
+            if self._dummy_hash is None:
+                self._dummy_hash = await self.hash(secrets.token_hex(16))
+            await self._run_in_thread(self._verify_sync, password, self._dummy_hash)
+            return False
+        result: bool = await self._run_in_thread(self._verify_sync, password, stored)
+        return result
+
+
+class Auth:
+    """Turns access tokens into ``Requester``s, with an invalidated in-memory cache."""
+
+    def __init__(
+        self,
+        accounts: AccountStore,
+        devices: DeviceStore,
+        *,
+        clock: Callable[[], float],
+        cache_size: int = DEFAULT_TOKEN_CACHE_SIZE,
+    ) -> None:
+        self._accounts = accounts
+        self._devices = devices
+        self._clock = clock
+        self._cache: OrderedDict[bytes, TokenOwner] = OrderedDict()
+        self._cache_size = cache_size
+        self._generation = 0
+        self._last_seen: dict[tuple[str, str], float] = {}
+
+    async def get_user_by_req(self, request: Request) -> Requester:
+        """The requester, or 401 ``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``."""
+        token = access_token_from_request(request)
+        if token is None:
+            raise missing_token()
+        owner = await self._lookup(token)
+        await self._note_seen(owner, client_ip(request))
+        return Requester(owner.user_id, owner.device_id, owner.token_id, owner.is_guest)
+
+    async def get_user_by_access_token(self, token: str) -> Requester:
+        owner = await self._lookup(token)
+        return Requester(owner.user_id, owner.device_id, owner.token_id, owner.is_guest)
+
+    async def _lookup(self, token: str) -> TokenOwner:
+        digest = hash_access_token(token)
+        cached = self._cache.get(digest)
+        if cached is not None:
+            self._cache.move_to_end(digest)
+            return cached
+        generation = self._generation
+        owner = await self._accounts.get_token_owner(digest)
+        if owner is None:
+            raise unknown_token()
+        # An invalidation that ran while we were reading may have revoked this
+        # very token after our read saw it; caching it then would resurrect it.
+        if generation == self._generation:
+            self._cache[digest] = owner
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return owner
+
+    async def _note_seen(self, owner: TokenOwner, ip: str | None) -> None:
+        now = self._clock()
+        key = (owner.user_id, owner.device_id)
+        last = self._last_seen.get(key)
+        if last is not None and now - last < LAST_SEEN_INTERVAL_SECONDS:
+            return
+        if len(self._last_seen) >= 100_000:
+            self._last_seen.clear()
+        self._last_seen[key] = now
+        await self._devices.update_last_seen(owner.user_id, owner.device_id, int(now * 1000), ip)
+
+    def invalidate_token_hashes(self, hashes: Iterable[bytes]) -> None:
+        """Forget these tokens; call after the transaction that deleted them has committed."""
+        self._generation += 1
+        for digest in hashes:
+            self._cache.pop(digest, None)
+
+    def invalidate_all(self) -> None:
+        self._generation += 1
+        self._cache.clear()

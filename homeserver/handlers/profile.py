@@ -1,0 +1,70 @@
+"""Profiles: reading any local user's display name and avatar, changing your own.
+
+Only local users are served for now: a remote user's profile needs a
+federation query, which is not built yet, and reads as 404 ``M_NOT_FOUND``.
+A change runs ``profile_changed_hooks`` once stored: the rooms code will hang
+the "send an updated ``m.room.member`` event into every joined room" step
+there.
+"""
+
+# tests: tests/integration/test_client_accounts.py
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from homeserver.handlers.auth import Requester
+from homeserver.handlers.validation import MAX_AVATAR_URL_LENGTH, MAX_DISPLAYNAME_LENGTH, check_text, is_local_user_id
+from homeserver.http.errors import MatrixError, forbidden, invalid_param, not_found
+from storage.stores.profiles import ProfileRow, ProfileStore
+
+logger = logging.getLogger(__name__)
+
+# Called with (who changed it, the profile after the change) once it is stored.
+ProfileChangedHook = Callable[[Requester, ProfileRow], Awaitable[None]]
+
+
+class ProfileHandler:
+    def __init__(self, store: ProfileStore, *, server_name: str) -> None:
+        self._store = store
+        self._server_name = server_name
+        self.profile_changed_hooks: list[ProfileChangedHook] = []
+
+    async def get_profile(self, user_id: str) -> ProfileRow:
+        """The profile of a local user; 404 ``M_NOT_FOUND`` for unknown and remote users."""
+        if not is_local_user_id(user_id, self._server_name):
+            raise not_found("Profiles of users on other servers are not available")
+        profile = await self._store.get_profile(user_id)
+        if profile is None:
+            raise not_found("Profile not found")
+        return profile
+
+    def _check_own(self, requester: Requester, user_id: str) -> None:
+        if requester.user_id != user_id:
+            raise forbidden("You can only change your own profile")
+
+    async def set_displayname(self, requester: Requester, user_id: str, displayname: str | None) -> None:
+        """Set your display name; None or an empty string clears it."""
+        self._check_own(requester, user_id)
+        if displayname is not None:
+            check_text(displayname, "displayname", max_length=MAX_DISPLAYNAME_LENGTH)
+        profile = await self._store.set_displayname(user_id, displayname or None)
+        await self._changed(requester, profile)
+
+    async def set_avatar_url(self, requester: Requester, user_id: str, avatar_url: str | None) -> None:
+        """Set your avatar to an ``mxc://`` URI; None or an empty string clears it."""
+        self._check_own(requester, user_id)
+        if avatar_url:
+            check_text(avatar_url, "avatar_url", max_length=MAX_AVATAR_URL_LENGTH)
+            if not avatar_url.startswith("mxc://"):
+                raise invalid_param("avatar_url must be an mxc:// URI")
+        profile = await self._store.set_avatar_url(user_id, avatar_url or None)
+        await self._changed(requester, profile)
+
+    async def _changed(self, requester: Requester, profile: ProfileRow | None) -> None:
+        if profile is None:
+            # The token is valid but the account row is gone: not the client's doing.
+            raise MatrixError(404, "M_NOT_FOUND", "Profile not found")
+        for hook in self.profile_changed_hooks:
+            await hook(requester, profile)

@@ -1,0 +1,38 @@
+"""Client-server API servlets for accounts, auth, devices, profiles, account data and discovery.
+
+``register_client_api_servlets`` wires every servlet of this package onto the
+router with the handlers of ``AccountServices``. Each path is served under both
+``/_matrix/client/r0`` and ``/_matrix/client/v3``. docs/client-api.md lists them.
+"""
+
+# tests: tests/integration/test_client_accounts.py, tests/integration/test_client_fuzz.py
+
+from __future__ import annotations
+
+from homeserver.config import HomeserverConfig
+from homeserver.handlers.account_services import AccountServices
+from homeserver.http.client_api.account import register_account_servlets
+from homeserver.http.client_api.account_data import register_account_data_servlets
+from homeserver.http.client_api.devices import register_device_servlets
+from homeserver.http.client_api.profile import register_profile_servlets
+from homeserver.http.client_api.server_info import register_server_info_servlets
+from homeserver.http.server import JsonRouter
+
+__all__ = ["register_client_api_servlets"]
+
+
+def register_client_api_servlets(router: JsonRouter, config: HomeserverConfig, services: AccountServices) -> None:
+    register_account_servlets(
+        router,
+        config=config,
+        auth=services.auth,
+        registration=services.registration,
+        login=services.login,
+        uia=services.uia,
+    )
+    register_device_servlets(router, auth=services.auth, devices=services.devices, uia=services.uia)
+    register_profile_servlets(router, auth=services.auth, profiles=services.profiles)
+    register_account_data_servlets(
+        router, auth=services.auth, account_data=services.account_data, filters=services.filters
+    )
+    register_server_info_servlets(router, config=config, auth=services.auth)

@@ -1,0 +1,185 @@
+"""Account servlets: /register, /register/available, /login, /logout, /logout/all, /account/whoami, /account/password.
+
+Each servlet parses and checks the request, then calls a handler. Registration
+checks, in the spec's order: the account ``kind``, whether registration is
+open, the rate limit, the username (``M_INVALID_USERNAME``, ``M_USER_IN_USE``,
+before any user-interactive auth), then the ``m.login.dummy`` UIA stage.
+"""
+
+# tests: tests/integration/test_client_accounts.py, tests/integration/test_client_nio.py
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from twisted.web.server import Request
+
+from homeserver.config import HomeserverConfig
+from homeserver.handlers.auth import Auth, client_ip
+from homeserver.handlers.login import LOGIN_TYPE_PASSWORD, LoginHandler, invalid_credentials, user_from_identifier
+from homeserver.handlers.register import RegistrationHandler
+from homeserver.handlers.server_info import client_well_known
+from homeserver.handlers.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, UserInteractiveAuth
+from homeserver.handlers.validation import (
+    MAX_DEVICE_DISPLAY_NAME_LENGTH,
+    MAX_DEVICE_ID_LENGTH,
+    MAX_PASSWORD_LENGTH,
+    check_text,
+)
+from homeserver.http.client_api._base import (
+    client_path,
+    empty,
+    optional_bool,
+    optional_string,
+    query_string,
+    required_string,
+)
+from homeserver.http.errors import MatrixError, bad_json, forbidden, invalid_param, missing_param
+from homeserver.http.server import JsonRouter, parse_json_object
+
+REGISTER_FLOWS: Final = ((LOGIN_DUMMY,),)
+PASSWORD_FLOWS: Final = ((LOGIN_PASSWORD,),)
+MAX_USERNAME_LENGTH: Final = 255
+
+
+def register_account_servlets(
+    router: JsonRouter,
+    *,
+    config: HomeserverConfig,
+    auth: Auth,
+    registration: RegistrationHandler,
+    login: LoginHandler,
+    uia: UserInteractiveAuth,
+) -> None:
+    server_name = config.server_name
+
+    async def post_register(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        kind = query_string(request, "kind") or "user"
+        if kind == "guest":
+            raise MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest accounts are not available on this server")
+        if kind != "user":
+            raise invalid_param("kind must be 'user' or 'guest'")
+        if not config.enable_registration:
+            raise forbidden("Registration is disabled")
+        body = parse_json_object(request)
+        ip = client_ip(request)
+        registration.check_ratelimit(ip)
+        username = optional_string(body, "username", max_length=MAX_USERNAME_LENGTH)
+        password = optional_string(body, "password", max_length=MAX_PASSWORD_LENGTH)
+        device_id = optional_string(body, "device_id", max_length=MAX_DEVICE_ID_LENGTH, allow_empty=False)
+        display_name = optional_string(
+            body, "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
+        )
+        inhibit_login = optional_bool(body, "inhibit_login", False)
+        optional_bool(body, "refresh_token", False)  # accepted; access tokens here do not expire
+        if username is not None:
+            await registration.check_username_available(username)
+        session = await uia.check(body.get("auth"), operation="register", flows=REGISTER_FLOWS, user_id=None)
+        if session.has_result:
+            return 200, session.result
+        result = await registration.register(
+            username=username,
+            password=password,
+            device_id=device_id,
+            initial_device_display_name=display_name,
+            inhibit_login=inhibit_login,
+            ip=ip,
+        )
+        response: dict[str, Any] = {"user_id": result.user_id, "home_server": server_name}
+        if result.login is not None:
+            response["access_token"] = result.login.access_token
+            response["device_id"] = result.login.device_id
+        session.set_result(response)
+        return 200, response
+
+    async def get_register_available(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        if not config.enable_registration:
+            raise forbidden("Registration is disabled")
+        username = query_string(request, "username")
+        if username is None:
+            raise missing_param("Missing query parameter 'username'")
+        check_text(username, "username", max_length=MAX_USERNAME_LENGTH)
+        await registration.check_username_available(username)
+        return 200, {"available": True}
+
+    async def get_login(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, {"flows": [{"type": LOGIN_TYPE_PASSWORD}]}
+
+    async def post_login(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        body = parse_json_object(request)
+        login_type = body.get("type")
+        if login_type is None:
+            raise missing_param("Missing 'type'")
+        if not isinstance(login_type, str):
+            raise bad_json("'type' must be a string")
+        if login_type != LOGIN_TYPE_PASSWORD:
+            raise MatrixError(400, "M_UNKNOWN", "Unsupported login type")
+        user = user_from_identifier(body.get("identifier"), body.get("user"))
+        if user is None:
+            if body.get("medium") is not None or body.get("address") is not None:
+                raise forbidden("No account is bound to that third-party identifier")
+            raise missing_param("Missing 'identifier'")
+        password = body.get("password")
+        if password is None:
+            raise missing_param("Missing 'password'")
+        if not isinstance(password, str):
+            raise bad_json("'password' must be a string")
+        if len(password) > MAX_PASSWORD_LENGTH:
+            raise invalid_credentials()
+        device_id = optional_string(body, "device_id", max_length=MAX_DEVICE_ID_LENGTH, allow_empty=False)
+        display_name = optional_string(
+            body, "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
+        )
+        optional_bool(body, "refresh_token", False)
+        result = await login.login_with_password(
+            user=user,
+            password=password,
+            device_id=device_id,
+            initial_device_display_name=display_name,
+            ip=client_ip(request),
+        )
+        response: dict[str, Any] = {
+            "user_id": result.user_id,
+            "access_token": result.access_token,
+            "device_id": result.device_id,
+            "home_server": server_name,
+        }
+        well_known = client_well_known(config)
+        if well_known is not None:
+            response["well_known"] = well_known
+        return 200, response
+
+    async def post_logout(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await login.logout(await auth.get_user_by_req(request))
+        return empty()
+
+    async def post_logout_all(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await login.logout_all(await auth.get_user_by_req(request))
+        return empty()
+
+    async def get_whoami(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        return 200, {"user_id": requester.user_id, "device_id": requester.device_id, "is_guest": requester.is_guest}
+
+    async def post_password(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object(request)
+        new_password = required_string(body, "new_password", max_length=MAX_PASSWORD_LENGTH, allow_empty=False)
+        logout_devices = optional_bool(body, "logout_devices", True)
+        session = await uia.check(
+            body.get("auth"), operation="change_password", flows=PASSWORD_FLOWS, user_id=requester.user_id
+        )
+        if not session.has_result:
+            await login.change_password(requester, new_password, logout_devices=logout_devices)
+            session.set_result({})
+        return empty()
+
+    router.register(["POST"], client_path(r"/register"), post_register, "client_register")
+    router.register(["GET"], client_path(r"/register/available"), get_register_available, "client_register_available")
+    router.register(["GET"], client_path(r"/login"), get_login, "client_login_flows")
+    router.register(["POST"], client_path(r"/login"), post_login, "client_login")
+    router.register(["POST"], client_path(r"/logout"), post_logout, "client_logout")
+    router.register(["POST"], client_path(r"/logout/all"), post_logout_all, "client_logout_all")
+    router.register(["GET"], client_path(r"/account/whoami"), get_whoami, "client_whoami")
+    router.register(["POST"], client_path(r"/account/password"), post_password, "client_change_password")
