@@ -1,0 +1,365 @@
+"""The one path every new event takes into the database, local or remote.
+
+``EventPersister.persist`` works out the state before the event (its
+predecessor's state group, or state resolution across forks), what the event
+changes, the room's new current state over its forward extremities, reserves
+a stream ordering on the ``events`` stream, writes it all in one transaction
+through the events store, completes the ID and tells listeners (notifier,
+federation sender). It does not check auth rules: callers do, against the
+state it exposes (``state_before_event``), and pass a rejection reason.
+Persisting the same event twice is a no-op.
+"""
+
+# tests: tests/integration/test_persist_events.py
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from twisted.internet.defer import Deferred
+
+from homeserver.events import FrozenEvent, RoomVersion, make_event, resolve_state
+from homeserver.events.errors import MissingEventsError
+from homeserver.events.room_versions import get_room_version
+from storage.caches import DictCache
+from storage.database import Transaction
+from storage.stores.events import EventsStore, PersistContext, PersistRequest, PersistResult, StateKey, persist_event_txn
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class StreamIdAllocator(Protocol):
+    """The events stream's ID generator: a transaction in which IDs can be reserved.
+
+    ``run_interaction(name, func, *args)`` runs ``func(txn, *args)``; inside it
+    ``get_next_txn(txn)`` reserves an ID, which completes once the transaction
+    has ended (``storage.id_generators.StreamIdGenerator``).
+    """
+
+    async def run_interaction(
+        self, name: str, func: Callable[Concatenate[Transaction, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
+
+    def get_next_txn(self, txn: Transaction) -> int: ...
+
+
+@attrs.frozen
+class PersistenceMetrics:
+    persisted: Counter
+    duration: Histogram
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> PersistenceMetrics:
+        metrics = cls(
+            persisted=Counter(
+                "tributary_events_persisted_total",
+                "Events persisted, by origin (local or remote).",
+                ["origin"],
+                registry=registry,
+            ),
+            duration=Histogram(
+                "tributary_events_persist_duration_seconds",
+                "Time to persist one event: state computation, the transaction and completing its stream ID.",
+                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+                registry=registry,
+            ),
+        )
+        for origin in ("local", "remote"):
+            metrics.persisted.labels(origin=origin)
+        return metrics
+
+
+PersistedListener = Callable[[FrozenEvent, PersistResult], None]
+
+
+class EventPersister:
+    def __init__(
+        self,
+        *,
+        store: EventsStore,
+        stream_ids: StreamIdAllocator,
+        server_name: str,
+        instance_name: str,
+        metrics: PersistenceMetrics,
+    ) -> None:
+        self._store = store
+        self._stream_ids = stream_ids
+        self._server_name = server_name
+        self._instance_name = instance_name
+        self._metrics = metrics
+        self._listeners: list[PersistedListener] = []
+        # Events of one room are persisted one at a time (per process), so the
+        # forward extremities and current state each transaction computes are
+        # not raced by another event of the same room.
+        self._room_locks: dict[str, _RoomLock] = {}
+        # Events never change once stored (redaction changes how they are
+        # served, not the PDU), so parsed events are cached without invalidation.
+        self._events = DictCache[FrozenEvent]("events", max_entries=50_000)
+
+    def add_listener(self, listener: PersistedListener) -> None:
+        """Call ``listener(event, result)`` after each new event's transaction committed."""
+        self._listeners.append(listener)
+
+    # --- state reads callers need -----------------------------------------------------
+
+    async def state_before_event(self, room_version: RoomVersion, event: FrozenEvent) -> dict[StateKey, str]:
+        """The state the event was sent on: its predecessors' state, resolved if they fork."""
+        _, state = await self._state_before(room_version, event)
+        return dict(state)
+
+    async def load_events(self, event_ids: Collection[str]) -> dict[str, FrozenEvent]:
+        """Parsed events by ID (those we have), from the cache or the database."""
+        result: dict[str, FrozenEvent] = {}
+        missing = []
+        for event_id in event_ids:
+            cached = self._events.get((event_id,))
+            if cached is None:
+                missing.append(event_id)
+            else:
+                result[event_id] = cached
+        if missing:
+            stored = await self._store.get_events(missing)
+            versions = await self._store.get_room_versions({row.room_id for row in stored.values()})
+            for event_id, row in stored.items():
+                room_version = get_room_version(versions.get(row.room_id, "10"))
+                event = make_event(room_version, row.pdu(), trusted_event_id=event_id)
+                self._events.set((event_id,), event)
+                result[event_id] = event
+        return result
+
+    def remember(self, event: FrozenEvent) -> None:
+        """Cache an event we built or verified ourselves, so that reading it back is free."""
+        self._events.set((event.event_id,), event)
+
+    # --- the write -------------------------------------------------------------------------
+
+    async def persist(
+        self,
+        room_version: RoomVersion,
+        event: FrozenEvent,
+        *,
+        is_local: bool,
+        outlier: bool = False,
+        rejection_reason: str | None = None,
+    ) -> PersistResult:
+        async with self.room_lock(event.room_id):
+            return await self.persist_locked(
+                room_version, event, is_local=is_local, outlier=outlier, rejection_reason=rejection_reason
+            )
+
+    async def persist_locked(
+        self,
+        room_version: RoomVersion,
+        event: FrozenEvent,
+        *,
+        is_local: bool,
+        outlier: bool = False,
+        rejection_reason: str | None = None,
+    ) -> PersistResult:
+        """``persist``, for a caller already holding ``room_lock(event.room_id)``."""
+        start = time.perf_counter()
+        result = await self._persist_locked(room_version, event, is_local, outlier, rejection_reason)
+        if not result.already_persisted:
+            self._metrics.persisted.labels(origin="local" if is_local else "remote").inc()
+            self._metrics.duration.observe(time.perf_counter() - start)
+            for listener in self._listeners:
+                try:
+                    listener(event, result)
+                except Exception:
+                    logger.exception("persisted-event listener %r failed for %s", listener, event.event_id)
+        return result
+
+    async def _persist_locked(
+        self,
+        room_version: RoomVersion,
+        event: FrozenEvent,
+        is_local: bool,
+        outlier: bool,
+        rejection_reason: str | None,
+    ) -> PersistResult:
+        ctx = await self._store.get_persist_context(event.room_id, event.event_id, event.prev_event_ids)
+        if ctx.existing_stream_ordering is not None:
+            return PersistResult(ctx.existing_stream_ordering, None, already_persisted=True)
+
+        state_before_group: int | None = None
+        delta: dict[StateKey, str] = {}
+        new_current: Mapping[StateKey, str] | None = None
+        current_delta: Mapping[StateKey, str] | None = None
+        if not outlier:
+            key = event.state_key_tuple
+            if key is not None and rejection_reason is None:
+                delta = {key: event.event_id}
+            extremities = set(ctx.forward_extremities)
+            prevs = set(event.prev_event_ids)
+            if prevs and extremities == prevs:
+                # The common, linear case: the event follows every extremity, so
+                # the room's current state (resolved over exactly those) changes
+                # by what this event changes, and no state map need be loaded.
+                state_before_group = await self._group_before(room_version, event, ctx)
+                current_delta = delta
+            else:
+                state_before_group, state_before = await self._state_before(room_version, event, ctx)
+                new_current = await self._new_current_state(
+                    room_version, event, {**state_before, **delta}, extremities - prevs
+                )
+
+        membership = event.membership if event.type == "m.room.member" else None
+        content = event.content
+        display_name = content.get("displayname") if membership else None
+        avatar_url = content.get("avatar_url") if membership else None
+        remote_servers: frozenset[str] = frozenset()
+        if is_local and not outlier:
+            servers = set(ctx.joined_servers)
+            if event.type == "m.room.member" and event.state_key:
+                # The target of a kick, ban or invite hears of it though not joined.
+                servers.add(_server_of(event.state_key))
+            servers.discard(self._server_name)
+            remote_servers = frozenset(servers)
+
+        request = PersistRequest(
+            event_id=event.event_id,
+            room_id=event.room_id,
+            type=event.type,
+            state_key=event.state_key,
+            sender=event.sender,
+            depth=event.depth,
+            origin_server_ts=event.origin_server_ts,
+            prev_event_ids=event.prev_event_ids,
+            auth_event_ids=event.auth_event_ids,
+            pdu_json=json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
+            instance_name=self._instance_name,
+            is_local=is_local,
+            outlier=outlier,
+            rejection_reason=rejection_reason,
+            membership=membership,
+            display_name=display_name if isinstance(display_name, str) else None,
+            avatar_url=avatar_url if isinstance(avatar_url, str) else None,
+            state_before=state_before_group,
+            state_after_delta=delta,
+            new_current_state=new_current,
+            current_state_delta=current_delta,
+            remote_servers=remote_servers,
+            room_version=room_version.identifier if event.type == "m.room.create" and event.state_key == "" else None,
+        )
+        result = await self._stream_ids.run_interaction(
+            "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
+        )
+        self.remember(event)
+        return result
+
+    # --- state -----------------------------------------------------------------------------
+
+    async def _group_before(self, room_version: RoomVersion, event: FrozenEvent, ctx: PersistContext) -> int | None:
+        """The state group before the event, loading state only when its predecessors fork."""
+        groups = ctx.prev_state_groups
+        distinct = set(groups.values())
+        if len(groups) == len(event.prev_event_ids) and len(distinct) == 1:
+            return distinct.pop()
+        group, _ = await self._state_before(room_version, event, ctx)
+        return group
+
+    async def _state_before(
+        self, room_version: RoomVersion, event: FrozenEvent, ctx: PersistContext | None = None
+    ) -> tuple[int | None, dict[StateKey, str]]:
+        prevs = event.prev_event_ids
+        if not prevs:
+            return None, {}
+        groups = ctx.prev_state_groups if ctx is not None else await self._store.get_state_groups_after(prevs)
+        missing = [p for p in prevs if p not in groups]
+        if missing:
+            raise MissingEventsError(frozenset(missing), f"persisting {event.event_id}: prev_events not known")
+        distinct = sorted(set(groups.values()))
+        if len(distinct) == 1:
+            return distinct[0], await self._store.get_state_for_group(distinct[0])
+        state_sets = [await self._store.get_state_for_group(g) for g in distinct]
+        resolved = await self._resolve(room_version, event.room_id, state_sets)
+        # Stored as a delta on the first predecessor's group, which is usually
+        # small; resolution keeps every key of every input, so no key is removed.
+        base = state_sets[0]
+        delta = {k: v for k, v in resolved.items() if base.get(k) != v}
+        group = await self._store.new_state_group(event.room_id, distinct[0], delta) if delta else distinct[0]
+        return group, resolved
+
+    async def _resolve(
+        self,
+        room_version: RoomVersion,
+        room_id: str,
+        state_sets: Sequence[Mapping[StateKey, str]],
+        pending: FrozenEvent | None = None,
+    ) -> dict[StateKey, str]:
+        """Resolve ``state_sets``; ``pending`` is an event not yet stored that they may name."""
+        wanted: set[str] = set()
+        for state in state_sets:
+            wanted.update(state.values())
+        extra: dict[str, FrozenEvent] = {}
+        if pending is not None and pending.event_id in wanted:
+            wanted.discard(pending.event_id)
+            wanted.update(pending.auth_event_ids)
+            extra[pending.event_id] = pending
+        event_map = await self.load_events(await self._store.get_auth_chain_ids(wanted) | wanted)
+        event_map.update(extra)
+        return dict(resolve_state(room_version, state_sets, event_map))
+
+    async def _new_current_state(
+        self,
+        room_version: RoomVersion,
+        event: FrozenEvent,
+        state_after: Mapping[StateKey, str],
+        other_extremities: set[str],
+    ) -> Mapping[StateKey, str]:
+        """Current state once ``event`` is an extremity beside ``other_extremities``."""
+        if not other_extremities:
+            return state_after
+        # The room forks: current state is the resolution of every extremity's state.
+        groups = await self._store.get_state_groups_after(other_extremities)
+        state_sets: list[Mapping[StateKey, str]] = [state_after]
+        for group in sorted(set(groups.values())):
+            state_sets.append(await self._store.get_state_for_group(group))
+        return await self._resolve(room_version, event.room_id, state_sets, pending=event)
+
+    def room_lock(self, room_id: str) -> _RoomLock:
+        """Serialises the events of one room in this process: held around
+        reading the room's extremities and state, building and persisting."""
+        lock = self._room_locks.get(room_id)
+        if lock is None:
+            lock = self._room_locks[room_id] = _RoomLock(self._room_locks, room_id)
+        return lock
+
+
+def _server_of(user_id: str) -> str:
+    return user_id.split(":", 1)[1] if ":" in user_id else ""
+
+
+class _RoomLock:
+    """A FIFO lock per room that removes itself from its table when idle."""
+
+    def __init__(self, table: dict[str, _RoomLock], room_id: str) -> None:
+        self._table = table
+        self._room_id = room_id
+        self._locked = False
+        self._waiters: list[Deferred[None]] = []
+
+    async def __aenter__(self) -> None:
+        if self._locked:
+            waiter: Deferred[None] = Deferred()
+            self._waiters.append(waiter)
+            await waiter
+        self._locked = True
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._waiters:
+            self._waiters.pop(0).callback(None)  # ownership passes straight to the next waiter
+            return
+        self._locked = False
+        if self._table.get(self._room_id) is self:
+            del self._table[self._room_id]
+

@@ -1,0 +1,511 @@
+"""SQL for events: the one transaction that persists an event, and the reads around it.
+
+``persist_event_txn`` writes everything an event changes in one transaction:
+the event and its JSON, its edges, the room's forward extremities, the state
+groups before and after it, current state, memberships and the
+``destination_rooms`` rows that federation catch-up reads. It is idempotent on
+event ID. What the state should *be* (resolution over forks, auth) is decided
+by the caller; this module only stores it.
+"""
+
+# tests: tests/integration/test_persist_events.py
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from storage.caches import DictCache
+from storage.database import Database, Transaction
+
+StateKey = tuple[str, str]
+StateMap = Mapping[StateKey, str]
+
+# A state group is stored as a delta on its predecessor until this many deltas
+# pile up; then a full snapshot starts a new chain, so reading any group walks
+# at most this many rows of groups.
+MAX_STATE_DELTA_DEPTH: Final = 64
+
+
+@attrs.frozen
+class StoredEvent:
+    event_id: str
+    room_id: str
+    stream_ordering: int
+    instance_name: str
+    depth: int
+    is_local: bool
+    outlier: bool
+    rejection_reason: str | None
+    redacted_by: str | None
+    json: str
+
+    def pdu(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.json)
+        return value
+
+
+@attrs.frozen
+class PersistRequest:
+    """Everything the store needs to persist one event.
+
+    ``state_before`` is the state group the event was built or received on
+    (None for outliers, which have no place in the graph yet);
+    ``state_after_delta`` is what the event itself changes (empty for message
+    and rejected events). The room's current state changes either to
+    ``new_current_state`` (the whole state, after a fork) or by
+    ``current_state_delta`` (the linear case); neither set leaves it unchanged.
+    ``remote_servers`` are the other servers in the room at this event, for
+    ``destination_rooms``.
+    """
+
+    event_id: str
+    room_id: str
+    type: str
+    state_key: str | None
+    sender: str
+    depth: int
+    origin_server_ts: int
+    prev_event_ids: tuple[str, ...]
+    auth_event_ids: tuple[str, ...]
+    pdu_json: str
+    instance_name: str
+    is_local: bool
+    outlier: bool = False
+    rejection_reason: str | None = None
+    membership: str | None = None
+    display_name: str | None = None
+    avatar_url: str | None = None
+    state_before: int | None = None
+    state_after_delta: StateMap = attrs.field(factory=dict)
+    new_current_state: StateMap | None = None
+    current_state_delta: StateMap | None = None
+    remote_servers: frozenset[str] = frozenset()
+    room_version: str | None = None  # set for m.room.create: registers the room
+
+
+@attrs.frozen
+class PersistContext:
+    """What persisting an event must know of its room, read in one transaction."""
+
+    existing_stream_ordering: int | None
+    forward_extremities: dict[str, int]
+    prev_state_groups: dict[str, int]
+    joined_servers: set[str]
+
+
+@attrs.frozen
+class SendContext:
+    """What building a local event must know of its room, read in one transaction."""
+
+    forward_extremities: dict[str, int]
+    auth_state: dict[StateKey, str]
+
+
+@attrs.frozen
+class PersistResult:
+    stream_ordering: int
+    state_group_after: int | None
+    already_persisted: bool
+
+
+_EVENT_COLUMNS = (
+    "event_id, room_id, stream_ordering, instance_name, depth, is_local, outlier, "
+    "rejection_reason, redacted_by, json"
+)
+
+
+def _event_from_row(row: tuple[Any, ...]) -> StoredEvent:
+    return StoredEvent(*row)
+
+
+class EventsStore:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        # A room's version never changes: cached without invalidation.
+        self._room_versions = DictCache[str]("room_versions", max_entries=100_000)
+
+    # --- reads --------------------------------------------------------------------
+
+    async def get_event(self, event_id: str) -> StoredEvent | None:
+        events = await self.get_events([event_id])
+        return events.get(event_id)
+
+    async def get_events(self, event_ids: Collection[str]) -> dict[str, StoredEvent]:
+        if not event_ids:
+            return {}
+        return await self._db.run_interaction("get_events", get_events_txn, list(event_ids))
+
+    async def get_room_version(self, room_id: str) -> str | None:
+        return (await self.get_room_versions([room_id])).get(room_id)
+
+    async def get_room_versions(self, room_ids: Collection[str]) -> dict[str, str]:
+        """Room ID -> room version for the rooms this server knows."""
+        found: dict[str, str] = {}
+        missing = []
+        for room_id in room_ids:
+            version = self._room_versions.get((room_id,))
+            if version is None:
+                missing.append(room_id)
+            else:
+                found[room_id] = version
+        if missing:
+
+            def query(txn: Transaction) -> dict[str, str]:
+                txn.execute("SELECT room_id, room_version FROM rooms WHERE room_id = ANY(%s)", (missing,))
+                return {row[0]: str(row[1]) for row in txn.fetchall()}
+
+            for room_id, version in (await self._db.run_interaction("get_room_versions", query)).items():
+                self._room_versions.set((room_id,), version)
+                found[room_id] = version
+        return found
+
+    async def get_persist_context(self, room_id: str, event_id: str, prev_event_ids: Collection[str]) -> PersistContext:
+        return await self._db.run_interaction(
+            "get_persist_context", get_persist_context_txn, room_id, event_id, list(prev_event_ids)
+        )
+
+    async def get_send_context(self, room_id: str, keys: Collection[StateKey]) -> SendContext:
+        def query(txn: Transaction) -> SendContext:
+            return SendContext(
+                get_forward_extremities_txn(txn, room_id), get_current_state_for_keys_txn(txn, room_id, keys)
+            )
+
+        return await self._db.run_interaction("get_send_context", query)
+
+    async def get_forward_extremities(self, room_id: str) -> dict[str, int]:
+        """The room's forward extremities, event ID -> depth."""
+        return await self._db.run_interaction("get_forward_extremities", get_forward_extremities_txn, room_id)
+
+    async def get_state_groups_after(self, event_ids: Collection[str]) -> dict[str, int]:
+        def query(txn: Transaction) -> dict[str, int]:
+            txn.execute(
+                "SELECT event_id, state_group_after FROM event_state_groups WHERE event_id = ANY(%s)",
+                (list(event_ids),),
+            )
+            return {row[0]: int(row[1]) for row in txn.fetchall()}
+
+        return await self._db.run_interaction("get_state_groups_after", query)
+
+    async def get_state_groups_before(self, event_ids: Collection[str]) -> dict[str, int]:
+        def query(txn: Transaction) -> dict[str, int]:
+            txn.execute(
+                "SELECT event_id, state_group_before FROM event_state_groups WHERE event_id = ANY(%s)",
+                (list(event_ids),),
+            )
+            return {row[0]: int(row[1]) for row in txn.fetchall()}
+
+        return await self._db.run_interaction("get_state_groups_before", query)
+
+    async def get_state_for_group(self, state_group: int) -> dict[StateKey, str]:
+        return await self._db.run_interaction("get_state_for_group", get_state_for_group_txn, state_group)
+
+    async def get_current_state_ids(self, room_id: str) -> dict[StateKey, str]:
+        def query(txn: Transaction) -> dict[StateKey, str]:
+            txn.execute("SELECT type, state_key, event_id FROM current_state_events WHERE room_id = %s", (room_id,))
+            return {(row[0], row[1]): row[2] for row in txn.fetchall()}
+
+        return await self._db.run_interaction("get_current_state_ids", query)
+
+    async def get_current_state_for_keys(self, room_id: str, keys: Collection[StateKey]) -> dict[StateKey, str]:
+        """The current state events of just ``keys`` (for auth: a few rows, not the member list)."""
+        return await self._db.run_interaction("get_current_state_for_keys", get_current_state_for_keys_txn, room_id, keys)
+
+    async def get_destination_rooms(self, destination: str) -> dict[str, int]:
+        def query(txn: Transaction) -> dict[str, int]:
+            txn.execute("SELECT room_id, stream_ordering FROM destination_rooms WHERE destination = %s", (destination,))
+            return {row[0]: int(row[1]) for row in txn.fetchall()}
+
+        return await self._db.run_interaction("get_destination_rooms", query)
+
+    async def get_joined_servers(self, room_id: str) -> set[str]:
+        """The servers of the room's currently joined members."""
+        return await self._db.run_interaction("get_joined_servers", get_joined_servers_txn, room_id)
+
+    async def get_auth_chain_ids(self, event_ids: Collection[str]) -> set[str]:
+        """Every event reachable from ``event_ids`` through auth_events (not including them)."""
+
+        def query(txn: Transaction) -> set[str]:
+            txn.execute(
+                """
+                WITH RECURSIVE chain(event_id) AS (
+                    SELECT auth_id FROM event_auth WHERE event_id = ANY(%s)
+                    UNION
+                    SELECT a.auth_id FROM event_auth a JOIN chain c ON a.event_id = c.event_id
+                )
+                SELECT event_id FROM chain
+                """,
+                (list(event_ids),),
+            )
+            return {row[0] for row in txn.fetchall()}
+
+        return await self._db.run_interaction("get_auth_chain_ids", query)
+
+    async def new_state_group(self, room_id: str, prev_group: int | None, delta: StateMap) -> int:
+        return await self._db.run_interaction("new_state_group", store_state_group_txn, room_id, prev_group, delta)
+
+    # --- the write ---------------------------------------------------------------
+
+
+
+
+def get_current_state_for_keys_txn(txn: Transaction, room_id: str, keys: Collection[StateKey]) -> dict[StateKey, str]:
+    if not keys:
+        return {}
+    txn.execute(
+        """
+        SELECT c.type, c.state_key, c.event_id FROM current_state_events c
+        JOIN unnest(%s::text[], %s::text[]) AS k(type, state_key)
+          ON c.type = k.type AND c.state_key = k.state_key
+        WHERE c.room_id = %s
+        """,
+        ([k[0] for k in keys], [k[1] for k in keys], room_id),
+    )
+    return {(row[0], row[1]): row[2] for row in txn.fetchall()}
+
+
+def get_joined_servers_txn(txn: Transaction, room_id: str) -> set[str]:
+    """Servers of the joined members: the part of each user ID after the first colon."""
+    txn.execute(
+        """
+        SELECT DISTINCT substring(state_key FROM position(':' IN state_key) + 1)
+        FROM current_state_events
+        WHERE room_id = %s AND type = 'm.room.member' AND membership = 'join'
+        """,
+        (room_id,),
+    )
+    return {row[0] for row in txn.fetchall()}
+
+
+def get_persist_context_txn(txn: Transaction, room_id: str, event_id: str, prev_event_ids: list[str]) -> PersistContext:
+    txn.execute("SELECT stream_ordering FROM events WHERE event_id = %s", (event_id,))
+    row = txn.fetchone()
+    if row is not None:
+        return PersistContext(int(row[0]), {}, {}, set())
+    groups: dict[str, int] = {}
+    if prev_event_ids:
+        txn.execute(
+            "SELECT event_id, state_group_after FROM event_state_groups WHERE event_id = ANY(%s)", (prev_event_ids,)
+        )
+        groups = {r[0]: int(r[1]) for r in txn.fetchall()}
+    return PersistContext(None, get_forward_extremities_txn(txn, room_id), groups, get_joined_servers_txn(txn, room_id))
+
+
+def get_events_txn(txn: Transaction, event_ids: list[str]) -> dict[str, StoredEvent]:
+    txn.execute(f"SELECT {_EVENT_COLUMNS} FROM events WHERE event_id = ANY(%s)", (event_ids,))
+    return {row[0]: _event_from_row(row) for row in txn.fetchall()}
+
+
+def get_forward_extremities_txn(txn: Transaction, room_id: str) -> dict[str, int]:
+    txn.execute(
+        """
+        SELECT f.event_id, e.depth FROM event_forward_extremities f
+        JOIN events e USING (event_id) WHERE f.room_id = %s
+        """,
+        (room_id,),
+    )
+    return {row[0]: int(row[1]) for row in txn.fetchall()}
+
+
+def get_state_for_group_txn(txn: Transaction, state_group: int) -> dict[StateKey, str]:
+    """The full state of a group: walk its delta chain, nearest entry wins."""
+    txn.execute(
+        """
+        WITH RECURSIVE chain(id, prev_group, distance) AS (
+            SELECT id, prev_group, 0 FROM state_groups WHERE id = %s
+            UNION ALL
+            SELECT g.id, g.prev_group, c.distance + 1
+            FROM state_groups g JOIN chain c ON g.id = c.prev_group
+        )
+        SELECT DISTINCT ON (s.type, s.state_key) s.type, s.state_key, s.event_id
+        FROM state_groups_state s JOIN chain c ON s.state_group = c.id
+        ORDER BY s.type, s.state_key, c.distance
+        """,
+        (state_group,),
+    )
+    return {(row[0], row[1]): row[2] for row in txn.fetchall()}
+
+
+def _state_group_depth_txn(txn: Transaction, state_group: int) -> int:
+    txn.execute("SELECT delta_depth FROM state_groups WHERE id = %s", (state_group,))
+    row = txn.fetchone()
+    if row is None:
+        raise ValueError(f"unknown state group {state_group}")
+    return int(row[0])
+
+
+def store_state_group_txn(
+    txn: Transaction, room_id: str, prev_group: int | None, delta: StateMap
+) -> int:
+    """A new state group: ``delta`` on ``prev_group``, or a snapshot when the chain is long."""
+    full: StateMap | None = None
+    depth = 0
+    if prev_group is not None:
+        depth = _state_group_depth_txn(txn, prev_group) + 1
+        if depth > MAX_STATE_DELTA_DEPTH:
+            full = {**get_state_for_group_txn(txn, prev_group), **delta}
+    else:
+        full = delta
+    txn.execute("SELECT nextval('state_group_id_seq')")
+    row = txn.fetchone()
+    assert row is not None
+    group = int(row[0])
+    if full is not None:
+        txn.execute(
+            "INSERT INTO state_groups (id, room_id, prev_group, delta_depth) VALUES (%s, %s, NULL, 0)",
+            (group, room_id),
+        )
+        entries: Iterable[tuple[StateKey, str]] = full.items()
+    else:
+        txn.execute(
+            "INSERT INTO state_groups (id, room_id, prev_group, delta_depth) VALUES (%s, %s, %s, %s)",
+            (group, room_id, prev_group, depth),
+        )
+        entries = delta.items()
+    txn.execute_values(
+        "INSERT INTO state_groups_state (state_group, type, state_key, event_id) VALUES %s",
+        [(group, key[0], key[1], event_id) for key, event_id in entries],
+    )
+    return group
+
+
+def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[Transaction], int]) -> PersistResult:
+    """Write the event; ``allocate(txn)`` reserves its stream ordering (only when it is new)."""
+    txn.execute("SELECT stream_ordering FROM events WHERE event_id = %s", (r.event_id,))
+    existing = txn.fetchone()
+    if existing is not None:
+        return PersistResult(int(existing[0]), None, already_persisted=True)
+    stream_ordering = allocate(txn)
+
+    if r.room_version is not None:
+        txn.execute(
+            """
+            INSERT INTO rooms (room_id, room_version, creator, created_ts) VALUES (%s, %s, %s, %s)
+            ON CONFLICT (room_id) DO NOTHING
+            """,
+            (r.room_id, r.room_version, r.sender, r.origin_server_ts),
+        )
+    txn.execute(
+        """
+        INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender,
+                            depth, origin_server_ts, is_local, outlier, rejection_reason, json)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        """,
+        (
+            stream_ordering, r.instance_name, r.event_id, r.room_id, r.type, r.state_key, r.sender,
+            r.depth, r.origin_server_ts, r.is_local, r.outlier, r.rejection_reason, r.pdu_json,
+        ),
+    )
+    if r.prev_event_ids:
+        txn.execute_values(
+            "INSERT INTO event_edges (event_id, prev_event_id, room_id) VALUES %s ON CONFLICT DO NOTHING",
+            [(r.event_id, prev, r.room_id) for prev in r.prev_event_ids],
+        )
+    if r.auth_event_ids:
+        txn.execute_values(
+            "INSERT INTO event_auth (event_id, auth_id, room_id) VALUES %s ON CONFLICT DO NOTHING",
+            [(r.event_id, auth, r.room_id) for auth in r.auth_event_ids],
+        )
+    if r.outlier:
+        return PersistResult(stream_ordering, None, already_persisted=False)
+
+    # Forward extremities: the event replaces the extremities it points at, and
+    # becomes one unless something already persisted points at it.
+    if r.prev_event_ids:
+        txn.execute(
+            "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s)",
+            (r.room_id, list(r.prev_event_ids)),
+        )
+    txn.execute("SELECT 1 FROM event_edges WHERE prev_event_id = %s LIMIT 1", (r.event_id,))
+    if txn.fetchone() is None:
+        txn.execute(
+            "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (r.room_id, r.event_id),
+        )
+
+    # State: before is given; after is the event's delta on top (or the same group).
+    if r.state_before is None:
+        before = store_state_group_txn(txn, r.room_id, None, {})
+    else:
+        before = r.state_before
+    after = store_state_group_txn(txn, r.room_id, before, r.state_after_delta) if r.state_after_delta else before
+    txn.execute(
+        "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) VALUES (%s, %s, %s)",
+        (r.event_id, before, after),
+    )
+
+    if r.type == "m.room.member" and r.state_key is not None and r.membership is not None and r.rejection_reason is None:
+        txn.execute(
+            """
+            INSERT INTO room_memberships (event_id, room_id, user_id, sender, membership, stream_ordering,
+                                          display_name, avatar_url)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+            """,
+            (r.event_id, r.room_id, r.state_key, r.sender, r.membership, stream_ordering, r.display_name, r.avatar_url),
+        )
+
+    if r.new_current_state is not None:
+        _update_current_state_txn(txn, r.room_id, r.new_current_state)
+    elif r.current_state_delta:
+        _upsert_current_state_txn(txn, r.room_id, r.current_state_delta)
+
+    if r.is_local and r.remote_servers:
+        destinations = sorted(r.remote_servers)
+        txn.execute_values(
+            "INSERT INTO destinations (destination) VALUES %s ON CONFLICT DO NOTHING",
+            [(d,) for d in destinations],
+        )
+        txn.execute_values(
+            """
+            INSERT INTO destination_rooms (destination, room_id, stream_ordering) VALUES %s
+            ON CONFLICT (destination, room_id) DO UPDATE SET stream_ordering = EXCLUDED.stream_ordering
+            WHERE destination_rooms.stream_ordering < EXCLUDED.stream_ordering
+            """,
+            [(d, r.room_id, stream_ordering) for d in destinations],
+        )
+    return PersistResult(stream_ordering, after, already_persisted=False)
+
+
+def _update_current_state_txn(txn: Transaction, room_id: str, new_state: StateMap) -> None:
+    """Make ``current_state_events`` equal ``new_state``, touching only what changed."""
+    txn.execute("SELECT type, state_key, event_id FROM current_state_events WHERE room_id = %s", (room_id,))
+    old = {(row[0], row[1]): row[2] for row in txn.fetchall()}
+    removed = [key for key in old if key not in new_state]
+    changed = {key: event_id for key, event_id in new_state.items() if old.get(key) != event_id}
+    if removed:
+        txn.execute_batch(
+            "DELETE FROM current_state_events WHERE room_id = %s AND type = %s AND state_key = %s",
+            [(room_id, key[0], key[1]) for key in removed],
+        )
+    if changed:
+        _upsert_current_state_txn(txn, room_id, changed)
+
+
+def _upsert_current_state_txn(txn: Transaction, room_id: str, changed: StateMap) -> None:
+    memberships: dict[str, str | None] = {}
+    member_ids = [event_id for key, event_id in changed.items() if key[0] == "m.room.member"]
+    if member_ids:
+        txn.execute("SELECT event_id, membership FROM room_memberships WHERE event_id = ANY(%s)", (member_ids,))
+        memberships = {row[0]: row[1] for row in txn.fetchall()}
+        missing = [event_id for event_id in member_ids if event_id not in memberships]
+        if missing:
+            # Member events without a room_memberships row (outliers, rejected): read the JSON.
+            txn.execute("SELECT event_id, json FROM events WHERE event_id = ANY(%s)", (missing,))
+            for event_id, raw in txn.fetchall():
+                content = json.loads(raw).get("content", {})
+                membership = content.get("membership") if isinstance(content, dict) else None
+                memberships[event_id] = membership if isinstance(membership, str) else None
+    txn.execute_values(
+        """
+        INSERT INTO current_state_events (room_id, type, state_key, event_id, membership) VALUES %s
+        ON CONFLICT (room_id, type, state_key) DO UPDATE
+        SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership
+        """,
+        [
+            (room_id, key[0], key[1], event_id, memberships.get(event_id) if key[0] == "m.room.member" else None)
+            for key, event_id in changed.items()
+        ],
+    )
