@@ -24,8 +24,10 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from storage.metrics import StorageMetrics
@@ -34,10 +36,50 @@ logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 MAX_RETRIES = 5
 
 _RETRYABLE = (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
+
+
+def delay_cancellation(deferred: Deferred[T]) -> Deferred[T]:
+    """A Deferred with ``deferred``'s result whose cancellation waits for ``deferred``.
+
+    Cancelling the returned Deferred does not cancel ``deferred``; the canceller
+    gets ``CancelledError`` only once ``deferred`` has finished. A pool thread
+    cannot be stopped, so every interaction is awaited through this: a cancelled
+    caller never goes on (completing a stream ID, say) while its transaction
+    could still commit.
+    """
+    waiting = deferred
+
+    def cancel(outer: Deferred[T]) -> None:
+        outer.pause()
+        outer.errback(Failure(CancelledError()))
+        waiting.addBoth(_unpause, outer)
+
+    result: Deferred[T] = Deferred(canceller=cancel)
+
+    def relay(value: T | Failure) -> None:
+        if result.called:
+            if isinstance(value, Failure):
+                logger.debug("result of a cancelled transaction: %s", value.getErrorMessage())
+            return None
+        if isinstance(value, Failure):
+            result.errback(value)
+        else:
+            result.callback(value)
+        return None
+
+    deferred.addBoth(relay)
+    return result
+
+
+def _unpause(value: object, outer: Deferred[Any]) -> object:
+    outer.unpause()
+    return value
+
 
 
 class DatabaseError(Exception):
@@ -167,12 +209,9 @@ class Database:
         with self._counts_lock:
             self._waiting += 1
             self._metrics.pool_waiting.set(self._waiting)
-        try:
-            outcome: _Outcome = await deferToThreadPool(
-                self._reactor, self._pool, self._run_on_thread, name, func, args, kwargs
-            )
-        except BaseException:
-            raise
+        outcome: _Outcome = await delay_cancellation(
+            deferToThreadPool(self._reactor, self._pool, self._run_on_thread, name, func, args, kwargs)
+        )
         for callback, cb_args in outcome.callbacks:
             try:
                 callback(*cb_args)

@@ -32,7 +32,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
-from storage.database import Database, Transaction
+from storage.database import Database, Transaction, delay_cancellation
 from storage.stores.streams import (
     TableSource,
     advance_sequence_txn,
@@ -285,44 +285,6 @@ def _check_id(value: object, what: str) -> int:
 
 
 # --- Twisted helpers -----------------------------------------------------------------
-
-
-def delay_cancellation(deferred: Deferred[T]) -> Deferred[T]:
-    """A Deferred with ``deferred``'s result whose cancellation waits for ``deferred``.
-
-    Cancelling the returned Deferred does not cancel ``deferred``; the canceller
-    gets ``CancelledError`` only once ``deferred`` has finished. Use it around
-    database work that writes stream facts: ``Database.run_interaction`` cannot
-    stop its pool thread, so without this a cancelled caller would complete its
-    stream ID while the transaction may still commit the fact afterwards.
-    """
-    waiting = deferred
-
-    def cancel(outer: Deferred[T]) -> None:
-        outer.pause()
-        outer.errback(Failure(CancelledError()))
-        waiting.addBoth(_unpause, outer)
-
-    result: Deferred[T] = Deferred(canceller=cancel)
-
-    def relay(value: T | Failure) -> None:
-        if result.called:
-            if isinstance(value, Failure):
-                logger.debug("result of a cancelled stream transaction: %s", value.getErrorMessage())
-            return None
-        if isinstance(value, Failure):
-            result.errback(value)
-        else:
-            result.callback(value)
-        return None
-
-    deferred.addBoth(relay)
-    return result
-
-
-def _unpause(value: object, outer: Deferred[Any]) -> object:
-    outer.unpause()
-    return value
 
 
 def _run_in_background(name: str, coro: Coroutine[Any, Any, None]) -> Deferred[None]:

@@ -138,3 +138,34 @@ async def _next_reactor_turn() -> None:
     from twisted.internet.task import deferLater
 
     await deferLater(reactor, 0.01, lambda: None)
+
+
+async def test_cancelled_caller_waits_for_its_transaction(database: Database) -> None:
+    """A pool thread cannot be stopped: cancelling the caller must not return
+    before the transaction has ended, or the caller could complete a stream ID
+    whose row commits later."""
+    from twisted.internet.defer import CancelledError
+
+    def setup(txn: Transaction) -> None:
+        txn.execute("CREATE TABLE t (v INT)")
+
+    await database.run_interaction("setup", setup)
+
+    def slow_insert(txn: Transaction) -> None:
+        txn.execute("SELECT pg_sleep(0.3)")
+        txn.execute("INSERT INTO t VALUES (1)")
+
+    d = Deferred.fromCoroutine(database.run_interaction("slow_insert", slow_insert))
+    await _next_reactor_turn()
+    d.cancel()
+    with pytest.raises(CancelledError):
+        await d
+
+    def count(txn: Transaction) -> int:
+        txn.execute("SELECT count(*) FROM t")
+        row = txn.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    # By the time the cancellation was delivered, the insert had committed.
+    assert await database.run_interaction("count", count) == 1
