@@ -32,7 +32,14 @@ from homeserver.http.client_api import register_client_api_servlets
 from homeserver.http.metrics import HttpMetrics
 from homeserver.http.server import JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
+from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
+from homeserver.handlers.room_events import RoomEventCreator
+from storage.caches import CacheInvalidationStream, CacheRegistry
 from storage.database import Database
+from storage.id_generators import StreamIdGenerator
+from storage.notifier import Notifier
+from storage.stores.events import EventsStore
+from storage.streams import STREAMS, StreamName, create_id_generator
 from storage.embedded import EmbeddedPostgres, find_binaries
 from storage.metrics import StorageMetrics
 from storage.prepare import check_server_name, prepare_database
@@ -53,6 +60,10 @@ def new_registry() -> CollectorRegistry:
 
 
 class HomeServer:
+    # The name of this process among the writers of streams. The main process
+    # is "master"; workers are named in the config (workers issue).
+    instance_name = "master"
+
     def __init__(self, config: HomeserverConfig, reactor: Any, *, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.reactor = reactor
@@ -64,6 +75,14 @@ class HomeServer:
         self.db: Database | None = None
         self.signing_key: SigningKey | None = None
         self.accounts: AccountServices | None = None
+        self.streams: dict[StreamName, StreamIdGenerator] = {}
+        self.notifier = Notifier(reactor)
+        self.caches = CacheRegistry()
+        self.cache_invalidation: CacheInvalidationStream | None = None
+        self.events_store: EventsStore | None = None
+        self.persister: EventPersister | None = None
+        self.room_events: RoomEventCreator | None = None
+        self.persistence_metrics = PersistenceMetrics.create(self.registry)
         self.ports: list[IListeningPort] = []
         self.ready = False
         self.stopping = False
@@ -79,6 +98,8 @@ class HomeServer:
         self.storage_metrics.migrations_applied.inc(applied)
         await check_server_name(self.db, self.config.server_name)
         self.signing_key = load_or_create_signing_key(self.config.effective_signing_key_path)
+        await self._start_streams()
+        self._build_services()
         self._register_servlets()
         for listener in self.config.listeners:
             self._listen(listener)
@@ -106,10 +127,46 @@ class HomeServer:
         logger.info("connected to PostgreSQL %s%s", version, " (embedded)" if self.embedded_db else "")
         return db
 
-    def _register_servlets(self) -> None:
-        register_versions(self.router)
+    async def _start_streams(self) -> None:
+        """One ID generator per stream; this single process writes every stream."""
         assert self.db is not None
-        self.accounts = AccountServices.build(self.config, self.db, self.reactor)
+        for name in StreamName:
+            generator = await create_id_generator(
+                self.db, self.reactor, STREAMS[name], instance_name=self.instance_name, writers=[self.instance_name]
+            )
+            self.streams[name] = generator
+            self.notifier.add_stream(generator)
+        self.cache_invalidation = CacheInvalidationStream(self.streams[StreamName.CACHES], self.caches, self.reactor)
+
+    def _build_services(self) -> None:
+        assert self.db is not None and self.signing_key is not None
+        self.events_store = EventsStore(self.db)
+        self.persister = EventPersister(
+            store=self.events_store,
+            stream_ids=self.streams[StreamName.EVENTS],
+            server_name=self.config.server_name,
+            instance_name=self.instance_name,
+            metrics=self.persistence_metrics,
+        )
+        self.room_events = RoomEventCreator(
+            persister=self.persister,
+            store=self.events_store,
+            server_name=self.config.server_name,
+            signing_key=self.signing_key,
+            default_room_version=self.config.default_room_version,
+            clock_ms=lambda: int(self.reactor.seconds() * 1000),
+        )
+        self.accounts = AccountServices.build(
+            self.config,
+            self.db,
+            self.reactor,
+            account_data_stream_ids=self.streams[StreamName.ACCOUNT_DATA].get_next,
+            instance_name=self.instance_name,
+        )
+
+    def _register_servlets(self) -> None:
+        assert self.accounts is not None
+        register_versions(self.router)
         register_client_api_servlets(self.router, self.config, self.accounts)
 
     def _listen(self, listener: ListenerConfig) -> None:
@@ -167,6 +224,12 @@ class HomeServer:
                 await drained
             except Exception:
                 logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
+        for generator in self.streams.values():
+            if generator.instance_name is not None:
+                try:
+                    await generator.flush()
+                except Exception:
+                    logger.warning("could not persist the %s stream position on shutdown", generator.stream_name)
         if self.db is not None:
             db, self.db = self.db, None
             await deferToThread(db.close)
