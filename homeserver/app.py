@@ -34,6 +34,10 @@ from homeserver.http.server import JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
 from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
 from homeserver.handlers.room_events import RoomEventCreator
+from replication.commands import JsonValue
+from replication.handler import CacheInvalidationHandler
+from replication.stream_sources import connect_streams, stream_sources
+from replication.transport import ReplicationService, start_replication
 from storage.caches import CacheInvalidationStream, CacheRegistry
 from storage.database import Database
 from storage.id_generators import StreamIdGenerator
@@ -79,6 +83,7 @@ class HomeServer:
         self.notifier = Notifier(reactor)
         self.caches = CacheRegistry()
         self.cache_invalidation: CacheInvalidationStream | None = None
+        self.replication: ReplicationService | None = None
         self.events_store: EventsStore | None = None
         self.persister: EventPersister | None = None
         self.room_events: RoomEventCreator | None = None
@@ -99,6 +104,7 @@ class HomeServer:
         await check_server_name(self.db, self.config.server_name)
         self.signing_key = load_or_create_signing_key(self.config.effective_signing_key_path)
         await self._start_streams()
+        await self._start_replication()
         self._build_services()
         self._register_servlets()
         for listener in self.config.listeners:
@@ -138,6 +144,29 @@ class HomeServer:
             self.notifier.add_stream(generator)
         self.cache_invalidation = CacheInvalidationStream(self.streams[StreamName.CACHES], self.caches, self.reactor)
 
+    async def _start_replication(self) -> None:
+        """Tell other processes of every stream fact: over the replication
+        listeners (TCP), or the Redis channel when ``redis.enabled``."""
+        assert self.db is not None
+        listens = any(listener.type == "replication" for listener in self.config.listeners)
+        if not (listens or self.config.redis.enabled):
+            return
+        generators = {str(name): generator for name, generator in self.streams.items()}
+        self.replication = await start_replication(
+            self.reactor,
+            self.config,
+            self.registry,
+            instance_name=self.instance_name,
+            sources=stream_sources(STREAMS, generators, self.db),
+            writes=[name for name, g in generators.items() if g.instance_name == self.instance_name],
+        )
+        self.replication.handler.add_row_handler(CacheInvalidationHandler(self._invalidate_replicated))
+        connect_streams(self.replication.handler, generators)
+
+    def _invalidate_replicated(self, cache_name: str, keys: tuple[JsonValue, ...] | None) -> None:
+        # Cache keys are tuples of strings; a replicated row carries them as JSON.
+        self.caches.invalidate(cache_name, None if keys is None else tuple(str(k) for k in keys))
+
     def _build_services(self) -> None:
         assert self.db is not None and self.signing_key is not None
         self.events_store = EventsStore(self.db)
@@ -170,6 +199,8 @@ class HomeServer:
         register_client_api_servlets(self.router, self.config, self.accounts)
 
     def _listen(self, listener: ListenerConfig) -> None:
+        if listener.type == "replication":
+            return  # opened by start_replication
         root = self._root_resource(listener)
         site = make_site(root)
         for address in listener.bind_addresses:
@@ -224,6 +255,9 @@ class HomeServer:
                 await drained
             except Exception:
                 logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
+        if self.replication is not None:
+            replication, self.replication = self.replication, None
+            await replication.stop()
         for generator in self.streams.values():
             if generator.instance_name is not None:
                 try:

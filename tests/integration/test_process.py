@@ -154,3 +154,34 @@ def test_version_flag() -> None:
     result = run_cli("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == "tributary 0.1.0"
+
+
+def test_replication_listener_speaks_the_line_protocol(tmp_path: Path, database_dsn: str) -> None:
+    """What an operator sees with netcat on the main process's replication port:
+    SERVER and PING, then after NAME/PING/REPLICATE one POSITION per stream."""
+    import socket
+
+    from tests.harness import free_port
+
+    port = free_port()
+    hs = TributaryProcess.configure(tmp_path, database_url=database_dsn, server_name="repl.test")
+    import yaml
+
+    raw = yaml.safe_load(hs.config_path.read_text())
+    raw["listeners"].append({"type": "replication", "port": port})
+    hs.config_path.write_text(yaml.safe_dump(raw))
+    hs.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            reader = sock.makefile("r", encoding="utf-8", newline="\n")
+            assert reader.readline().strip() == "SERVER repl.test"
+            assert reader.readline().startswith("PING ")
+            sock.sendall(b"NAME netcat\nPING 1\nREPLICATE\n")
+            streams = set()
+            while len(streams) < 10:
+                line = reader.readline().strip()
+                if line.startswith("POSITION "):
+                    streams.add(line.split()[1])
+        assert {"events", "caches", "typing", "receipts", "account_data", "federation"} <= streams
+    finally:
+        assert hs.stop() == 0, hs.output
