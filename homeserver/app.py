@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, Info, PlatformCollector, ProcessCollector
 from signedjson.types import SigningKey
-from twisted.internet import ssl
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.threads import deferToThread
 from twisted.web.resource import Resource
@@ -135,11 +135,17 @@ class HomeServer:
 
     async def _start_streams(self) -> None:
         """One ID generator per stream; this single process writes every stream."""
-        assert self.db is not None
-        for name in StreamName:
-            generator = await create_id_generator(
-                self.db, self.reactor, STREAMS[name], instance_name=self.instance_name, writers=[self.instance_name]
+        db = self.db
+        assert db is not None
+
+        async def create(name: StreamName) -> StreamIdGenerator:
+            return await create_id_generator(
+                db, self.reactor, STREAMS[name], instance_name=self.instance_name, writers=[self.instance_name]
             )
+
+        names = list(StreamName)
+        generators = await gatherResults([Deferred.fromCoroutine(create(name)) for name in names], consumeErrors=True)
+        for name, generator in zip(names, generators, strict=True):
             self.streams[name] = generator
             self.notifier.add_stream(generator)
         self.cache_invalidation = CacheInvalidationStream(self.streams[StreamName.CACHES], self.caches, self.reactor)
@@ -224,14 +230,17 @@ class HomeServer:
             return RootResource(self.router, HealthResource(self) if "health" in listener.resources else None)
         raise ValueError(f"{listener.type} listeners are served by the replication package")
 
-    def _tls_context(self) -> ssl.CertificateOptions:
+    def _tls_context(self) -> Any:
+        # Imported here: pyOpenSSL costs a quarter of a second at start-up,
+        # which processes without a TLS listener need not pay.
+        from twisted.internet import ssl
+
         cert_path = self.config.effective_tls_certificate_path
         key_path = self.config.effective_tls_private_key_path
         if self.config.tls_certificate_path is None:
             ensure_self_signed_certificate(cert_path, key_path, self.config.server_name)
         pem = cert_path.read_bytes() + b"\n" + key_path.read_bytes()
-        options: ssl.CertificateOptions = ssl.PrivateCertificate.loadPEM(pem).options()
-        return options
+        return ssl.PrivateCertificate.loadPEM(pem).options()
 
     # --- stop -----------------------------------------------------------------------
 
