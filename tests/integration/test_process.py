@@ -185,3 +185,28 @@ def test_replication_listener_speaks_the_line_protocol(tmp_path: Path, database_
         assert {"events", "caches", "typing", "receipts", "account_data", "federation"} <= streams
     finally:
         assert hs.stop() == 0, hs.output
+
+
+def test_tls_listener_gets_a_generated_self_signed_certificate(tmp_path: Path, database_dsn: str) -> None:
+    import ssl
+    import urllib.request
+
+    import yaml
+
+    from tests.harness import free_port
+
+    tls_port = free_port()
+    hs = TributaryProcess.configure(tmp_path, database_url=database_dsn, server_name="tls.test")
+    raw = yaml.safe_load(hs.config_path.read_text())
+    raw["listeners"].append({"type": "http", "port": tls_port, "tls": True, "resources": ["client"]})
+    hs.config_path.write_text(yaml.safe_dump(raw))
+    hs.start()
+    try:
+        cert = hs.data_dir / "tls.test.tls.crt"
+        assert cert.exists() and (hs.data_dir / "tls.test.tls.key").stat().st_mode & 0o077 == 0
+        context = ssl.create_default_context(cafile=str(cert))
+        context.check_hostname = False  # the certificate names tls.test, we dial 127.0.0.1
+        with urllib.request.urlopen(f"https://127.0.0.1:{tls_port}/_matrix/client/versions", context=context) as r:
+            assert r.status == 200 and b"v1.1" in r.read()
+    finally:
+        assert hs.stop() == 0, hs.output
