@@ -4,29 +4,37 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
 DATA_DIR ?= data
 PYTEST_ARGS ?=
 
 .PHONY: run test services lint typecheck bench clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed; set PYTHON=python3.11")'
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
-	@touch $(STAMP)
 
-run: $(STAMP)
+# The homeserver alone (make run), or with the test tools (make test).
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	@touch $(RUN_STAMP)
+
+$(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(TEST_STAMP) $(RUN_STAMP)
+
+run: $(RUN_STAMP)
 	$(VENV)/bin/tributary run --data-dir $(DATA_DIR)
 
 services:
 	@bash .ci/ensure-services.sh
 
-test: $(STAMP) services
+test: $(TEST_STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-typecheck: $(STAMP)
+typecheck: $(TEST_STAMP)
 	$(PY) -m mypy
 
 clean:

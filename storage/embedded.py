@@ -328,6 +328,8 @@ class EmbeddedPostgres:
             os.chown(path, self._user.pw_uid, self._user.pw_gid)
 
     def _run(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        # A new session: the cluster must not receive the terminal's Ctrl-C
+        # (SIGINT is a "fast shutdown" to PostgreSQL); Tributary stops it in order.
         kwargs: dict[str, object] = {}
         if self._user is not None:
             kwargs = {"user": self._user.pw_uid, "group": self._user.pw_gid, "extra_groups": []}
@@ -338,6 +340,7 @@ class EmbeddedPostgres:
             cwd=str(self.data_dir),
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"},
             stdin=subprocess.DEVNULL,
+            start_new_session=True,
             **kwargs,  # type: ignore[call-overload]
         )
         if check and result.returncode != 0:
