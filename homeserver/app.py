@@ -34,6 +34,8 @@ from homeserver.http.server import JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
 from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
 from homeserver.handlers.room_events import RoomEventCreator
+from homeserver.handlers.room_services import RoomServices
+from homeserver.http.client_api.sync import register_room_api_servlets
 from replication.commands import JsonValue
 from replication.handler import CacheInvalidationHandler
 from replication.stream_sources import connect_streams, stream_sources
@@ -79,6 +81,7 @@ class HomeServer:
         self.db: Database | None = None
         self.signing_key: SigningKey | None = None
         self.accounts: AccountServices | None = None
+        self.rooms: RoomServices | None = None
         self.streams: dict[StreamName, StreamIdGenerator] = {}
         self.notifier = Notifier(reactor)
         self.caches = CacheRegistry()
@@ -198,11 +201,24 @@ class HomeServer:
             account_data_stream_ids=self.streams[StreamName.ACCOUNT_DATA].get_next,
             instance_name=self.instance_name,
         )
+        self.rooms = RoomServices.build(
+            db=self.db,
+            reactor=self.reactor,
+            server_name=self.config.server_name,
+            streams=self.streams,
+            notifier=self.notifier,
+            events_store=self.events_store,
+            persister=self.persister,
+            room_events=self.room_events,
+            accounts=self.accounts,
+        )
 
     def _register_servlets(self) -> None:
         assert self.accounts is not None
         register_versions(self.router)
         register_client_api_servlets(self.router, self.config, self.accounts)
+        assert self.rooms is not None
+        register_room_api_servlets(self.router, self.rooms, self.accounts)
 
     def _listen(self, listener: ListenerConfig) -> None:
         if listener.type == "replication":
@@ -264,6 +280,8 @@ class HomeServer:
                 await drained
             except Exception:
                 logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
+        if self.rooms is not None:
+            self.rooms.stop()  # typing timers must not fire into a closed database
         if self.replication is not None:
             replication, self.replication = self.replication, None
             await replication.stop()

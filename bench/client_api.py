@@ -1,0 +1,179 @@
+"""Client-server API figures: sequential and concurrent sends, /sync wake latency,
+initial sync of a user in many rooms, server CPU per message and RSS.
+
+Against a running server (``--base-url``, which must have generous ``rc_message``,
+``rc_joins`` and ``rc_registration`` limits), or, by default, against a fresh
+``tributary`` process it starts on the embedded PostgreSQL. Run by hand:
+
+    .venv/bin/python bench/client_api.py [--sends 500] [--rooms 50] [--events 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.harness import TributaryProcess  # noqa: E402
+
+GENEROUS = {"per_second": 100000, "burst_count": 100000}
+PREFIX = "/_matrix/client/v3"
+
+
+class Api:
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, token: str | None = None) -> None:
+        self.session, self.base_url, self.token = session, base_url, token
+
+    async def call(self, method: str, path: str, body: Any = None) -> Any:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        async with self.session.request(method, self.base_url + PREFIX + path, json=body, headers=headers) as r:
+            data = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"{method} {path} -> {r.status} {data}")
+            return data
+
+    async def register(self, name: str) -> Api:
+        data = await self.call("POST", "/register", {"username": name, "password": "pw", "auth": {"type": "m.login.dummy"}})
+        return Api(self.session, self.base_url, data["access_token"])
+
+    async def send(self, room_id: str, body: str) -> float:
+        start = time.perf_counter()
+        await self.call("PUT", f"/rooms/{room_id}/send/m.room.message/{secrets.token_hex(8)}", {"msgtype": "m.text", "body": body})
+        return time.perf_counter() - start
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def cpu_seconds(pid: int | None) -> float:
+    if pid is None:
+        return float("nan")
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int | None) -> float:
+    if pid is None:
+        return float("nan")
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def txn_totals(metrics_url: str | None) -> dict[str, tuple[float, float]]:
+    """Per database transaction name: (count, total seconds), from the server's /metrics."""
+    if metrics_url is None:
+        return {}
+    import urllib.request
+
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for suffix, index in (("_count{", 0), ("_sum{", 1)):
+            prefix = "tributary_storage_txn_duration_seconds" + suffix
+            if line.startswith(prefix):
+                name = line.split('txn="', 1)[1].split('"', 1)[0]
+                out.setdefault(name, [0.0, 0.0])[index] = float(line.rsplit(" ", 1)[1])
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metrics_url: str | None = None) -> None:
+    run = secrets.token_hex(3)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+        anon = Api(session, base_url)
+        alice = await anon.register(f"alice{run}")
+        bob = await anon.register(f"bob{run}")
+        print(f"RSS before: {rss_mib(pid):.1f} MiB")
+        room = (await alice.call("POST", "/createRoom", {"preset": "public_chat"}))["room_id"]
+        await bob.call("POST", f"/rooms/{room}/join", {})
+
+        for i in range(20):  # warm up
+            await alice.send(room, f"warm {i}")
+        txn0 = txn_totals(metrics_url)
+        cpu0, start = cpu_seconds(pid), time.perf_counter()
+        latencies = [await alice.send(room, f"seq {i}") for i in range(args.sends)]
+        elapsed, cpu = time.perf_counter() - start, cpu_seconds(pid) - cpu0
+        print(f"sequential sends: {args.sends / elapsed:.0f}/s, p50 {pct(latencies, 0.5) * 1000:.1f} ms, "
+              f"p99 {pct(latencies, 0.99) * 1000:.1f} ms, server CPU {cpu / args.sends * 1000:.2f} ms/message")
+        txn1 = txn_totals(metrics_url)
+        per_send = sorted(
+            ((name, (c - txn0.get(name, (0, 0))[0]) / args.sends, (t - txn0.get(name, (0, 0))[1]) / args.sends * 1000)
+             for name, (c, t) in txn1.items()),
+            key=lambda item: -item[2],
+        )
+        for name, count, ms in per_send:
+            if count > 0:
+                print(f"  per send: {count:.2f} x {name}, {ms:.2f} ms")
+
+        senders = [await anon.register(f"s{i}x{run}") for i in range(8)]
+        rooms = [(await s.call("POST", "/createRoom", {}))["room_id"] for s in senders]
+        per = max(1, args.sends // 8)
+
+        async def loop(api: Api, room_id: str) -> list[float]:
+            return [await api.send(room_id, f"c {i}") for i in range(per)]
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(loop(s, r) for s, r in zip(senders, rooms)))
+        elapsed = time.perf_counter() - start
+        flat = [x for xs in results for x in xs]
+        print(f"8 concurrent senders in 8 rooms: {len(flat) / elapsed:.0f}/s, p99 {pct(flat, 0.99) * 1000:.1f} ms")
+
+        since = (await bob.call("GET", "/sync"))["next_batch"]
+        wakes = []
+        for i in range(args.wakes):
+            poll = asyncio.ensure_future(bob.call("GET", f"/sync?since={since}&timeout=30000"))
+            await asyncio.sleep(0.01)  # let the long-poll reach the server
+            await alice.send(room, f"wake {i}")
+            sent_at = time.perf_counter()
+            result = await poll
+            wakes.append(time.perf_counter() - sent_at)
+            since = result["next_batch"]
+        print(f"sync wake after the send returns: p50 {pct(wakes, 0.5) * 1000:.1f} ms, p99 {pct(wakes, 0.99) * 1000:.1f} ms")
+
+        carol = await anon.register(f"carol{run}")
+        for r in range(args.rooms):
+            room_id = (await carol.call("POST", "/createRoom", {}))["room_id"]
+            await asyncio.gather(*(carol.send(room_id, f"r{r} e{e}") for e in range(args.events)))
+        start = time.perf_counter()
+        initial = await carol.call("GET", "/sync")
+        print(f"initial sync, {len(initial['rooms']['join'])} rooms x {args.events} events: "
+              f"{(time.perf_counter() - start) * 1000:.0f} ms")
+        print(f"RSS after: {rss_mib(pid):.1f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--base-url")
+    parser.add_argument("--sends", type=int, default=500)
+    parser.add_argument("--wakes", type=int, default=100)
+    parser.add_argument("--rooms", type=int, default=50)
+    parser.add_argument("--events", type=int, default=100)
+    args = parser.parse_args()
+    if args.base_url:
+        asyncio.run(bench(args.base_url, None, args))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # the embedded PostgreSQL runs as another user when we are root
+        limits = {"rc_message": GENEROUS, "rc_registration": GENEROUS,
+                  "rc_joins": {"local": GENEROUS, "remote": GENEROUS}}  # fmt: skip
+        hs = TributaryProcess.configure(Path(tmp), database_url=None, extra={**limits, "log_level": "WARNING"})
+        hs.start(timeout=120)
+        try:
+            assert hs.process is not None
+            metrics = f"http://127.0.0.1:{hs.metrics_port}/metrics"
+            asyncio.run(bench(hs.base_url, hs.process.pid, args, metrics))
+        finally:
+            hs.stop()
+
+
+if __name__ == "__main__":
+    main()

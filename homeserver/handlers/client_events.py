@@ -1,0 +1,151 @@
+"""Events as clients see them: the client event format, redaction on read, history visibility.
+
+``ClientEvents`` turns ``FrozenEvent``s into client-format dicts (pruned, with
+``unsigned.redacted_because``, when a redaction of them exists; with
+``unsigned.transaction_id`` for the requesting device's own sends) and filters
+lists of events down to what a user may see under the history-visibility
+rules. It reads state through the events store; it does not know HTTP.
+"""
+
+# tests: tests/integration/test_client_rooms.py
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from homeserver.events import FrozenEvent, can_see_event, prune_event_dict
+from homeserver.events import constants as C
+from homeserver.events.canonical import thaw
+from homeserver.handlers.event_persistence import EventPersister
+from storage.stores.events import EventsStore, StateKey
+from storage.stores.timeline import TimelineStore
+
+
+def format_event(
+    event: FrozenEvent,
+    now_ms: int,
+    *,
+    redacted_because: dict[str, Any] | None = None,
+    txn_id: str | None = None,
+    include_room_id: bool = True,
+) -> dict[str, Any]:
+    """One event in the client-server format."""
+    pdu: Any = prune_event_dict(event.room_version, event.pdu) if redacted_because is not None else event.pdu
+    out: dict[str, Any] = {
+        "event_id": event.event_id,
+        "type": event.type,
+        "content": thaw(pdu.get("content", {})),
+        "sender": event.sender,
+        "origin_server_ts": event.origin_server_ts,
+    }
+    if include_room_id:
+        out["room_id"] = event.room_id
+    if event.state_key is not None:
+        out["state_key"] = event.state_key
+    if event.type == C.REDACTION and event.redacts is not None:
+        out["redacts"] = event.redacts
+    unsigned: dict[str, Any] = {"age": max(0, now_ms - event.origin_server_ts)}
+    if redacted_because is not None:
+        unsigned["redacted_because"] = redacted_because
+    if txn_id is not None:
+        unsigned["transaction_id"] = txn_id
+    out["unsigned"] = unsigned
+    return out
+
+
+def strip_event(event: FrozenEvent) -> dict[str, Any]:
+    """The stripped state form used in ``invite_state``."""
+    return {
+        "type": event.type,
+        "state_key": event.state_key,
+        "content": thaw(event.content),
+        "sender": event.sender,
+    }
+
+
+class ClientEvents:
+    def __init__(
+        self,
+        *,
+        persister: EventPersister,
+        events_store: EventsStore,
+        timeline: TimelineStore,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self._persister = persister
+        self._events_store = events_store
+        self._timeline = timeline
+        self._clock_ms = clock_ms
+
+    async def load(self, event_ids: Sequence[str]) -> list[FrozenEvent]:
+        """The events we have, in the order given."""
+        loaded = await self._persister.load_events(event_ids)
+        return [loaded[event_id] for event_id in event_ids if event_id in loaded]
+
+    async def serialize(
+        self, events: Sequence[FrozenEvent], *, access_token_id: int | None = None, include_room_id: bool = True
+    ) -> list[dict[str, Any]]:
+        if not events:
+            return []
+        now = self._clock_ms()
+        ids = [event.event_id for event in events]
+        redactions = await self._timeline.get_redactions(ids)
+        redaction_events = await self._persister.load_events(
+            {rid for rids in redactions.values() for rid in rids}
+        )
+        txn_ids = await self._timeline.get_txn_ids(access_token_id, ids) if access_token_id is not None else {}
+        out = []
+        for event in events:
+            because: dict[str, Any] | None = None
+            for redaction_id in redactions.get(event.event_id, ()):
+                redaction = redaction_events.get(redaction_id)
+                if redaction is not None and redaction.room_id == event.room_id:
+                    because = format_event(redaction, now, include_room_id=include_room_id)
+                    break
+            out.append(
+                format_event(
+                    event,
+                    now,
+                    redacted_because=because,
+                    txn_id=txn_ids.get(event.event_id),
+                    include_room_id=include_room_id,
+                )
+            )
+        return out
+
+    async def state_after(self, event_id: str) -> dict[StateKey, str]:
+        groups = await self._events_store.get_state_groups_after([event_id])
+        group = groups.get(event_id)
+        return {} if group is None else await self._events_store.get_state_for_group(group)
+
+    async def state_before(self, event_id: str) -> dict[StateKey, str]:
+        groups = await self._events_store.get_state_groups_before([event_id])
+        group = groups.get(event_id)
+        return {} if group is None else await self._events_store.get_state_for_group(group)
+
+    async def filter_visible(
+        self, user_id: str, events: Collection[FrozenEvent], *, joined_now: bool
+    ) -> list[FrozenEvent]:
+        """The events ``user_id`` may see under the history-visibility rules, order kept."""
+        if not events:
+            return []
+        groups = await self._events_store.get_state_groups_before([e.event_id for e in events])
+        group_state: dict[int, dict[StateKey, FrozenEvent]] = {}
+        for group in set(groups.values()):
+            ids = await self._events_store.get_state_for_group(group)
+            wanted = {
+                key: event_id
+                for key, event_id in ids.items()
+                if key == (C.HISTORY_VISIBILITY, "") or key == (C.MEMBER, user_id)
+            }
+            loaded = await self._persister.load_events(set(wanted.values()))
+            group_state[group] = {key: loaded[eid] for key, eid in wanted.items() if eid in loaded}
+        visible = []
+        for event in events:
+            event_group = groups.get(event.event_id)
+            if event_group is None:
+                continue
+            if can_see_event(user_id, event, group_state[event_group], joined_after_event=joined_now):
+                visible.append(event)
+        return visible

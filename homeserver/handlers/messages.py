@@ -1,0 +1,224 @@
+"""Room history for clients: ``/messages`` pagination and ``/context`` around one event.
+
+Pagination tokens are room stream positions (``RoomStreamToken``, ``s{n}``):
+position ``n`` means "just after the event with stream ordering ``n``".
+Backwards from ``n`` returns orderings ``<= n``, newest first; forwards returns
+``> n``, oldest first. ``/sync`` tokens are accepted too (their events
+component). Only events the history-visibility rules let the user see are returned.
+"""
+
+# tests: tests/integration/test_client_rooms.py
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from homeserver.events import FrozenEvent
+from homeserver.events import constants as C
+from homeserver.handlers.auth import Requester
+from homeserver.handlers.client_events import ClientEvents
+from homeserver.handlers.rooms import unknown_room
+from homeserver.http.errors import forbidden, invalid_param, not_found
+from storage.stores.events import EventsStore
+from storage.stores.timeline import TimelineStore
+from storage.tokens import InvalidTokenError, RoomStreamToken, StreamToken
+
+MAX_LIMIT = 1000
+
+
+@attrs.frozen
+class EventFilter:
+    """The parts of a RoomEventFilter we honour."""
+
+    limit: int | None = None
+    types: tuple[str, ...] | None = None
+    not_types: tuple[str, ...] = ()
+    senders: tuple[str, ...] | None = None
+    not_senders: tuple[str, ...] = ()
+    lazy_load_members: bool = False
+
+    def matches(self, event: FrozenEvent) -> bool:
+        if self.types is not None and not any(_type_matches(p, event.type) for p in self.types):
+            return False
+        if any(_type_matches(p, event.type) for p in self.not_types):
+            return False
+        if self.senders is not None and event.sender not in self.senders:
+            return False
+        return event.sender not in self.not_senders
+
+
+def _type_matches(pattern: str, event_type: str) -> bool:
+    if pattern.endswith("*"):
+        return event_type.startswith(pattern[:-1])
+    return pattern == event_type
+
+
+def _str_list(value: object, name: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise invalid_param(f"filter '{name}' must be a list of strings")
+    return tuple(value)
+
+
+def parse_event_filter(value: object) -> EventFilter:
+    if value is None:
+        return EventFilter()
+    if not isinstance(value, dict):
+        raise invalid_param("filter must be a JSON object")
+    limit = value.get("limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise invalid_param("filter 'limit' must be a non-negative integer")
+    lazy = value.get("lazy_load_members", False)
+    if not isinstance(lazy, bool):
+        raise invalid_param("filter 'lazy_load_members' must be a boolean")
+    return EventFilter(
+        limit=limit,
+        types=_str_list(value.get("types"), "types"),
+        not_types=_str_list(value.get("not_types"), "not_types") or (),
+        senders=_str_list(value.get("senders"), "senders"),
+        not_senders=_str_list(value.get("not_senders"), "not_senders") or (),
+        lazy_load_members=lazy,
+    )
+
+
+def parse_pagination_token(text: str) -> int:
+    """A stream position from a ``/messages`` or ``/sync`` token; 400 ``M_INVALID_PARAM`` otherwise."""
+    try:
+        if "_" in text:
+            return StreamToken.parse(text).events.max_position
+        return RoomStreamToken.parse(text).max_position
+    except InvalidTokenError as e:
+        raise invalid_param(str(e)) from None
+
+
+def room_token(position: int) -> str:
+    return RoomStreamToken.at(max(position, 0)).to_string()
+
+
+class MessagesHandler:
+    def __init__(
+        self,
+        *,
+        events_store: EventsStore,
+        timeline: TimelineStore,
+        client_events: ClientEvents,
+        current_position: Callable[[], int],
+    ) -> None:
+        self._events_store = events_store
+        self._timeline = timeline
+        self._client_events = client_events
+        self._current_position = current_position
+
+    async def _membership(self, requester: Requester, room_id: str) -> str:
+        """The user's current membership; 403 if they were never in the room."""
+        if await self._events_store.get_room_version(room_id) is None:
+            raise unknown_room(room_id)
+        rooms = await self._timeline.get_rooms_for_user(requester.user_id)
+        entry = rooms.get(room_id)
+        if entry is None:
+            raise forbidden("You are not in this room")
+        return entry[0]
+
+    async def _visible(self, requester: Requester, membership: str, events: Sequence[FrozenEvent]) -> list[FrozenEvent]:
+        return await self._client_events.filter_visible(requester.user_id, events, joined_now=membership == C.JOIN)
+
+    async def _lazy_members(self, room_id: str, events: Sequence[FrozenEvent], at_event: str | None) -> list[Any]:
+        senders = {e.sender for e in events}
+        if not senders:
+            return []
+        state = (
+            await self._client_events.state_after(at_event)
+            if at_event is not None
+            else await self._events_store.get_current_state_ids(room_id)
+        )
+        ids = [eid for (etype, key), eid in state.items() if etype == C.MEMBER and key in senders]
+        return await self._client_events.serialize(await self._client_events.load(sorted(ids)))
+
+    async def get_messages(
+        self,
+        requester: Requester,
+        room_id: str,
+        *,
+        from_token: str | None,
+        to_token: str | None,
+        direction: str,
+        limit: int,
+        event_filter: EventFilter,
+    ) -> dict[str, Any]:
+        membership = await self._membership(requester, room_id)
+        backwards = direction == "b"
+        current = self._current_position()
+        if from_token is not None:
+            start = parse_pagination_token(from_token)
+        else:
+            start = current if backwards else 0
+        end = parse_pagination_token(to_token) if to_token is not None else None
+        if membership in (C.LEAVE, C.BAN):
+            # A user who left sees history up to their leave, not after it.
+            rooms = await self._timeline.get_rooms_for_user(requester.user_id)
+            orderings = await self._timeline.get_stream_orderings([rooms[room_id][1]])
+            left_at = orderings.get(rooms[room_id][1], current)
+            if backwards:
+                start = min(start, left_at)
+            else:
+                end = min(end, left_at) if end is not None else left_at
+        limit = min(max(limit, 0), MAX_LIMIT)
+        rows = await self._timeline.get_room_events(room_id, start=start, end=end, limit=limit, backwards=backwards)
+        events = await self._client_events.load([event_id for event_id, _ in rows])
+        events = [e for e in await self._visible(requester, membership, events) if event_filter.matches(e)]
+        chunk = await self._client_events.serialize(events, access_token_id=requester.access_token_id)
+        out: dict[str, Any] = {"chunk": chunk, "start": room_token(start)}
+        if len(rows) == limit and rows:
+            last = rows[-1][1]
+            out["end"] = room_token(last - 1 if backwards else last)
+        if event_filter.lazy_load_members:
+            out["state"] = await self._lazy_members(room_id, events, None)
+        return out
+
+    async def get_context(
+        self, requester: Requester, room_id: str, event_id: str, *, limit: int, event_filter: EventFilter
+    ) -> dict[str, Any]:
+        membership = await self._membership(requester, room_id)
+        loaded = await self._client_events.load([event_id])
+        if not loaded or loaded[0].room_id != room_id:
+            raise not_found("Event not found")
+        if not await self._visible(requester, membership, loaded):
+            raise not_found("Event not found")
+        orderings = await self._timeline.get_stream_orderings([event_id])
+        position = orderings[event_id]
+        limit = min(max(limit, 0), MAX_LIMIT)
+        before_n = limit // 2
+        after_n = limit - before_n
+        before_rows = await self._timeline.get_room_events(
+            room_id, start=position - 1, end=None, limit=before_n, backwards=True
+        )
+        after_rows = await self._timeline.get_room_events(
+            room_id, start=position, end=self._current_position(), limit=after_n, backwards=False
+        )
+        before = [
+            e for e in await self._visible(requester, membership, await self._client_events.load([r[0] for r in before_rows]))
+            if event_filter.matches(e)
+        ]
+        after = [
+            e for e in await self._visible(requester, membership, await self._client_events.load([r[0] for r in after_rows]))
+            if event_filter.matches(e)
+        ]
+        token = requester.access_token_id
+        last_id = after_rows[-1][0] if after_rows else event_id
+        state_ids = await self._client_events.state_after(last_id)
+        if event_filter.lazy_load_members:
+            senders = {e.sender for e in [*before, loaded[0], *after]}
+            state_ids = {k: v for k, v in state_ids.items() if k[0] != C.MEMBER or k[1] in senders}
+        state = await self._client_events.load(sorted(state_ids.values()))
+        return {
+            "event": (await self._client_events.serialize(loaded, access_token_id=token))[0],
+            "events_before": await self._client_events.serialize(before, access_token_id=token),
+            "events_after": await self._client_events.serialize(after, access_token_id=token),
+            "start": room_token((before_rows[-1][1] - 1) if before_rows else position - 1),
+            "end": room_token(after_rows[-1][1] if after_rows else position),
+            "state": await self._client_events.serialize(state),
+        }

@@ -1,0 +1,99 @@
+"""Read receipts and read markers: stored per (room, type, user) on the receipts stream.
+
+``m.read`` and ``m.read.private`` receipts are kept; ``m.read.private`` is only
+ever shown to its owner. ``m.fully_read`` (from ``/read_markers``) is room
+account data, written through the account data handler.
+"""
+
+# tests: tests/integration/test_client_rooms.py
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+from homeserver.handlers.auth import Requester
+from homeserver.http.errors import forbidden, invalid_param, not_found
+from storage.id_generators import StreamIdGenerator
+from storage.stores.account_data import AccountDataStore
+from storage.stores.timeline import TimelineStore
+
+RECEIPT_TYPES = frozenset({"m.read", "m.read.private"})
+
+
+class ReceiptsHandler:
+    def __init__(
+        self,
+        *,
+        stream: StreamIdGenerator,
+        timeline: TimelineStore,
+        is_joined: Callable[[str, str], Awaitable[bool]],
+        event_room: Callable[[str], Awaitable[str | None]],
+        clock_ms: Callable[[], int],
+        account_data: AccountDataStore,
+        account_data_stream: StreamIdGenerator,
+    ) -> None:
+        self._account_data = account_data
+        self._account_data_stream = account_data_stream
+        self._stream = stream
+        self._timeline = timeline
+        self._is_joined = is_joined
+        self._event_room = event_room
+        self._clock_ms = clock_ms
+
+    def current_position(self) -> int:
+        return self._stream.get_current_token()
+
+    async def receipt(
+        self, requester: Requester, room_id: str, receipt_type: str, event_id: str, thread_id: str | None
+    ) -> None:
+        if receipt_type not in RECEIPT_TYPES:
+            raise invalid_param(f"Unsupported receipt type {receipt_type[:100]!r}")
+        if not await self._is_joined(requester.user_id, room_id):
+            raise forbidden("You are not in this room")
+        if await self._event_room(event_id) != room_id:
+            raise not_found("Event not found in this room")
+        data: dict[str, Any] = {"ts": self._clock_ms()}
+        if thread_id is not None:
+            data["thread_id"] = thread_id
+        async with self._stream.get_next() as stream_id:
+            await self._timeline.put_receipt(
+                room_id,
+                receipt_type,
+                requester.user_id,
+                thread_id,
+                event_id,
+                json.dumps(data),
+                stream_id,
+                self._stream.instance_name or "master",
+            )
+
+    async def set_fully_read(self, requester: Requester, room_id: str, event_id: str) -> None:
+        """The ``m.fully_read`` marker: server-managed room account data, so written here, not via PUT."""
+        if not await self._is_joined(requester.user_id, room_id):
+            raise forbidden("You are not in this room")
+        if await self._event_room(event_id) != room_id:
+            raise not_found("Event not found in this room")
+        async with self._account_data_stream.get_next() as stream_id:
+            await self._account_data.put(
+                requester.user_id,
+                room_id,
+                "m.fully_read",
+                json.dumps({"event_id": event_id}),
+                stream_id=stream_id,
+                instance_name=self._account_data_stream.instance_name or "master",
+            )
+
+    async def ephemeral_for(
+        self, user_id: str, room_ids: Collection[str], since: int, upto: int
+    ) -> dict[str, dict[str, Any]]:
+        """room -> an ``m.receipt`` ephemeral event with the receipts that changed in (since, upto]."""
+        rows = await self._timeline.get_receipts(room_ids, since, upto)
+        out: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            if row.receipt_type == "m.read.private" and row.user_id != user_id:
+                continue
+            content = out.setdefault(row.room_id, {"type": "m.receipt", "content": {}})["content"]
+            content.setdefault(row.event_id, {}).setdefault(row.receipt_type, {})[row.user_id] = json.loads(row.data)
+        return out

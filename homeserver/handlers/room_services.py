@@ -1,0 +1,151 @@
+"""Builds the room, history, sync, typing and receipt handlers from the homeserver's parts.
+
+One place to wire them, so ``homeserver/app.py`` needs one call; nothing here
+decides anything.
+"""
+
+# tests: tests/integration/test_client_rooms.py
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred
+
+from homeserver.events import FrozenEvent
+from homeserver.events import constants as C
+from homeserver.handlers.account_services import AccountServices
+from homeserver.handlers.client_events import ClientEvents
+from homeserver.handlers.e2e import E2eHandler
+from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.messages import MessagesHandler
+from homeserver.handlers.presence import PresenceHandler
+from homeserver.handlers.receipts import ReceiptsHandler
+from homeserver.handlers.room_events import RoomEventCreator
+from homeserver.handlers.rooms import RoomHandler
+from homeserver.handlers.sync import SyncHandler
+from homeserver.handlers.typing import TypingHandler
+from storage.database import Database
+from storage.id_generators import StreamIdGenerator
+from storage.notifier import Notifier
+from storage.stores.account_data import AccountDataStore
+from storage.stores.e2e import E2eStore
+from storage.stores.events import EventsStore, PersistResult
+from storage.stores.presence import PresenceStore
+from storage.stores.timeline import TimelineStore
+from storage.streams import StreamName
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class RoomServices:
+    timeline: TimelineStore
+    client_events: ClientEvents
+    rooms: RoomHandler
+    messages: MessagesHandler
+    typing: TypingHandler
+    receipts: ReceiptsHandler
+    sync: SyncHandler
+    e2e: E2eHandler
+    presence: PresenceHandler
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        db: Database,
+        reactor: Any,
+        server_name: str,
+        streams: Mapping[StreamName, StreamIdGenerator],
+        notifier: Notifier,
+        events_store: EventsStore,
+        persister: EventPersister,
+        room_events: RoomEventCreator,
+        accounts: AccountServices,
+    ) -> RoomServices:
+        def clock_ms() -> int:
+            return int(reactor.seconds() * 1000)
+
+        timeline = TimelineStore(db)
+
+        def on_persisted(event: FrozenEvent, result: PersistResult) -> None:
+            # Redactions from any source (local sends, federation) are recorded so reads
+            # serve their targets pruned. Local sends also record synchronously.
+            if event.type == C.REDACTION and event.redacts is not None and not result.already_persisted:
+                redacts = event.redacts
+                d = Deferred.fromCoroutine(timeline.record_redaction(event.event_id, redacts, event.room_id))
+                d.addErrback(lambda f: logger.error("recording redaction %s failed: %s", event.event_id, f.value))
+
+        persister.add_listener(on_persisted)
+        client_events = ClientEvents(
+            persister=persister, events_store=events_store, timeline=timeline, clock_ms=clock_ms
+        )
+
+        async def is_joined(user_id: str, room_id: str) -> bool:
+            entry = (await timeline.get_rooms_for_user(user_id)).get(room_id)
+            return entry is not None and entry[0] == C.JOIN
+
+        async def event_room(event_id: str) -> str | None:
+            event: FrozenEvent | None = (await persister.load_events([event_id])).get(event_id)
+            return None if event is None else event.room_id
+
+        rooms = RoomHandler(
+            room_events=room_events,
+            persister=persister,
+            events_store=events_store,
+            timeline=timeline,
+            client_events=client_events,
+            profiles=accounts.profiles,
+            server_name=server_name,
+            clock_ms=clock_ms,
+            ratelimiters=accounts.ratelimiters,
+        )
+        accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
+        events_stream = streams[StreamName.EVENTS]
+        messages = MessagesHandler(
+            events_store=events_store,
+            timeline=timeline,
+            client_events=client_events,
+            current_position=events_stream.get_current_token,
+        )
+        typing = TypingHandler(stream=streams[StreamName.TYPING], clock=reactor, is_joined=is_joined)
+        receipts = ReceiptsHandler(
+            stream=streams[StreamName.RECEIPTS],
+            timeline=timeline,
+            is_joined=is_joined,
+            event_room=event_room,
+            clock_ms=clock_ms,
+            account_data=AccountDataStore(db),
+            account_data_stream=streams[StreamName.ACCOUNT_DATA],
+        )
+        async def device_ids(user_id: str) -> list[str]:
+            return [device.device_id for device in await accounts.devices.get_devices(user_id)]
+
+        e2e = E2eHandler(
+            store=E2eStore(db),
+            to_device_stream=streams[StreamName.TO_DEVICE],
+            server_name=server_name,
+            device_ids=device_ids,
+        )
+        presence = PresenceHandler(store=PresenceStore(db), stream=streams[StreamName.PRESENCE], clock_ms=clock_ms)
+        sync = SyncHandler(
+            streams=streams,
+            notifier=notifier,
+            clock=reactor,
+            events_store=events_store,
+            timeline=timeline,
+            client_events=client_events,
+            account_data=AccountDataStore(db),
+            typing=typing,
+            receipts=receipts,
+            e2e=e2e,
+        )
+        return cls(timeline, client_events, rooms, messages, typing, receipts, sync, e2e, presence)
+
+    def stop(self) -> None:
+        """Cancel timers; ``HomeServer.stop`` should call this before closing the database."""
+        self.typing.stop()

@@ -1,0 +1,98 @@
+"""Typing notifications: who is typing in which room, held in memory, on the typing stream.
+
+Each change takes the next ID of the ``typing`` stream, so ``/sync`` waiters
+wake and a sync token's typing component says which rooms changed since.
+Timeouts are timers on the injected clock; nothing here is persisted (typing
+state does not survive a restart, by design).
+"""
+
+# tests: tests/integration/test_client_rooms.py
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall
+
+from homeserver.handlers.auth import Requester
+from homeserver.http.errors import forbidden
+from storage.id_generators import StreamIdGenerator
+
+logger = logging.getLogger(__name__)
+
+MAX_TYPING_TIMEOUT_S = 120.0
+
+
+class TypingHandler:
+    def __init__(
+        self, *, stream: StreamIdGenerator, clock: Any, is_joined: Callable[[str, str], Awaitable[bool]]
+    ) -> None:
+        self._stream = stream
+        self._clock = clock
+        self._is_joined = is_joined
+        self._typing: dict[str, dict[str, float]] = {}
+        self._serial: dict[str, int] = {}
+        self._timers: dict[tuple[str, str], IDelayedCall] = {}
+        self._stopped = False
+
+    def current_position(self) -> int:
+        return self._stream.get_current_token()
+
+    async def set_typing(
+        self, requester: Requester, room_id: str, user_id: str, typing: bool, timeout_ms: int | None
+    ) -> None:
+        if requester.user_id != user_id:
+            raise forbidden("You cannot set typing for another user")
+        if not await self._is_joined(user_id, room_id):
+            raise forbidden("You are not in this room")
+        key = (room_id, user_id)
+        timer = self._timers.pop(key, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        if typing:
+            timeout = min(max((timeout_ms or 30_000) / 1000.0, 0.0), MAX_TYPING_TIMEOUT_S)
+            self._timers[key] = self._clock.callLater(timeout, self._expire, room_id, user_id)
+            await self._change(room_id, user_id, True)
+        else:
+            await self._change(room_id, user_id, False)
+
+    def stop(self) -> None:
+        """Cancel the expiry timers (on shutdown: they would write to a closed database)."""
+        self._stopped = True
+        for timer in self._timers.values():
+            if timer.active():
+                timer.cancel()
+        self._timers.clear()
+
+    def _expire(self, room_id: str, user_id: str) -> None:
+        self._timers.pop((room_id, user_id), None)
+        if self._stopped:
+            return
+        d = Deferred.fromCoroutine(self._change(room_id, user_id, False))
+        # A warning, not an error: after a shutdown without stop() the database is gone.
+        d.addErrback(lambda f: logger.warning("typing expiry in %s failed: %s", room_id, f.value))
+
+    async def _change(self, room_id: str, user_id: str, typing: bool) -> None:
+        users = self._typing.setdefault(room_id, {})
+        if not typing and user_id not in users:
+            return
+        async with self._stream.get_next() as stream_id:
+            if typing:
+                users[user_id] = self._clock.seconds()
+            else:
+                users.pop(user_id, None)
+            self._serial[room_id] = stream_id
+
+    def changed_rooms(self, room_ids: Collection[str], since: int) -> dict[str, list[str]]:
+        """Rooms among ``room_ids`` whose typing set changed after ``since``: room -> typing users."""
+        return {
+            room_id: sorted(self._typing.get(room_id, {}))
+            for room_id in room_ids
+            if self._serial.get(room_id, 0) > since
+        }
+
+    def typing_in(self, room_id: str) -> list[str]:
+        return sorted(self._typing.get(room_id, {}))

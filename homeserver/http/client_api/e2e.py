@@ -1,0 +1,71 @@
+"""Servlets for sendToDevice, /keys/upload|query|claim|changes and /presence/{userId}/status."""
+
+# tests: tests/integration/test_client_e2e.py, tests/integration/test_client_rooms_fuzz.py
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from twisted.web.server import Request
+
+from homeserver.handlers.auth import Auth
+from homeserver.handlers.e2e import E2eHandler
+from homeserver.handlers.presence import PRESENCE_STATES, PresenceHandler
+from homeserver.handlers.validation import check_text, check_user_id
+from homeserver.http.client_api._base import client_path, empty, optional_string, required_string
+from homeserver.http.errors import invalid_param
+from homeserver.http.server import JsonRouter, parse_json_object
+
+MAX_ID_LENGTH: Final = 255
+
+
+def register_e2e_servlets(router: JsonRouter, *, auth: Auth, e2e: E2eHandler, presence: PresenceHandler) -> None:
+    async def send_to_device(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        event_type = check_text(params["event_type"], "eventType", max_length=MAX_ID_LENGTH, allow_empty=False)
+        txn_id = check_text(params["txn_id"], "txnId", max_length=MAX_ID_LENGTH, allow_empty=False)
+        await e2e.send_to_device(requester, event_type, txn_id, parse_json_object(request))
+        return empty()
+
+    async def upload(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        return 200, await e2e.upload_keys(requester, parse_json_object(request))
+
+    async def query(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        return 200, await e2e.query_keys(parse_json_object(request))
+
+    async def claim(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        return 200, await e2e.claim_keys(parse_json_object(request))
+
+    async def changes(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        return 200, {"changed": [], "left": []}
+
+    async def get_presence(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        return 200, await presence.get_status(check_user_id(params["user_id"]))
+
+    async def put_presence(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object(request)
+        state = required_string(body, "presence", max_length=32)
+        if state not in PRESENCE_STATES:
+            raise invalid_param(f"'presence' must be one of {sorted(PRESENCE_STATES)}")
+        status_msg = optional_string(body, "status_msg", max_length=1024)
+        await presence.set_status(requester, check_user_id(params["user_id"]), state, status_msg)
+        return empty()
+
+    router.register(
+        ["PUT"], client_path(r"/sendToDevice/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"), send_to_device,
+        "client_send_to_device",
+    )  # fmt: skip
+    router.register(["POST"], client_path(r"/keys/upload"), upload, "client_keys_upload")
+    router.register(["POST"], client_path(r"/keys/query"), query, "client_keys_query")
+    router.register(["POST"], client_path(r"/keys/claim"), claim, "client_keys_claim")
+    router.register(["GET"], client_path(r"/keys/changes"), changes, "client_keys_changes")
+    presence_path = client_path(r"/presence/(?P<user_id>[^/]+)/status")
+    router.register(["GET"], presence_path, get_presence, "client_presence")
+    router.register(["PUT"], presence_path, put_presence, "client_presence_put")

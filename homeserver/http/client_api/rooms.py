@@ -1,0 +1,309 @@
+"""Room servlets: create, aliases, membership, send, state, events, history, redaction, typing, receipts.
+
+Each servlet authenticates, parses path, query and body into typed values
+(``MatrixError`` for anything malformed) and calls ``RoomHandler``,
+``MessagesHandler``, ``TypingHandler`` or ``ReceiptsHandler``.
+"""
+
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_fuzz.py
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+from twisted.web.server import Request
+
+from homeserver.events import constants as C
+from homeserver.handlers.auth import Auth
+from homeserver.handlers.messages import MessagesHandler, parse_event_filter
+from homeserver.handlers.receipts import ReceiptsHandler
+from homeserver.handlers.rooms import MEMBERSHIP_ACTIONS, RoomHandler
+from homeserver.handlers.typing import TypingHandler
+from homeserver.handlers.validation import check_text, check_user_id
+from homeserver.http.client_api._base import (
+    client_path,
+    empty,
+    optional_bool,
+    optional_string,
+    parse_optional_json_object,
+    query_string,
+    required_string,
+)
+from homeserver.http.errors import bad_json, invalid_param
+from homeserver.http.server import JsonRouter, parse_json_object
+
+MAX_ID_LENGTH: Final = 255
+MAX_REASON_LENGTH: Final = 2048
+ROOM: Final = r"/rooms/(?P<room_id>[^/]+)"
+
+
+def _room_id(params: Mapping[str, str]) -> str:
+    room_id = check_text(params["room_id"], "roomId", max_length=MAX_ID_LENGTH)
+    if not room_id.startswith("!") or len(room_id) > MAX_ID_LENGTH:
+        raise invalid_param(f"Invalid room ID {room_id[:100]!r}")
+    return room_id
+
+
+def _event_id(value: str) -> str:
+    check_text(value, "eventId", max_length=MAX_ID_LENGTH)
+    if not value.startswith("$") or len(value) > MAX_ID_LENGTH:
+        raise invalid_param(f"Invalid event ID {value[:100]!r}")
+    return value
+
+
+def _short(value: str, name: str) -> str:
+    return check_text(value, name, max_length=MAX_ID_LENGTH, allow_empty=False)
+
+
+def _query_int(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:
+    text = query_string(request, name)
+    if text is None:
+        return default
+    if not text.isascii() or not text.lstrip("-").isdigit() or len(text) > 12:
+        raise invalid_param(f"Query parameter '{name}' must be an integer, got {text[:50]!r}")
+    return max(minimum, min(int(text), maximum))
+
+
+def _query_json(request: Request, name: str) -> Any:
+    text = query_string(request, name)
+    if text is None:
+        return None
+    if len(text) > 8192:
+        raise invalid_param(f"Query parameter '{name}' is too long")
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise invalid_param(f"Query parameter '{name}' must be JSON") from None
+
+
+def register_room_servlets(
+    router: JsonRouter,
+    *,
+    auth: Auth,
+    rooms: RoomHandler,
+    messages: MessagesHandler,
+    typing: TypingHandler,
+    receipts: ReceiptsHandler,
+) -> None:
+    async def create_room(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_optional_json_object(request)
+        room_id, alias = await rooms.create_room(requester, body)
+        out: dict[str, Any] = {"room_id": room_id}
+        if alias is not None:
+            out["room_alias"] = alias
+        return 200, out
+
+    async def get_alias(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, await rooms.get_alias(params["alias"])
+
+    async def put_alias(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object(request)
+        room_id = required_string(body, "room_id", max_length=MAX_ID_LENGTH)
+        await rooms.put_alias(requester, params["alias"], await rooms.resolve_room(room_id))
+        return empty()
+
+    async def delete_alias(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        await rooms.delete_alias(requester, params["alias"])
+        return empty()
+
+    async def join_by_id_or_alias(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_optional_json_object(request)
+        reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
+        room_id = await rooms.resolve_room(params["room"])
+        await rooms.update_membership(requester, room_id, requester.user_id, C.JOIN, reason=reason)
+        return 200, {"room_id": room_id}
+
+    async def membership(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        room_id = _room_id(params)
+        action = params["action"]
+        body = parse_optional_json_object(request)
+        reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
+        if action == "join":
+            await rooms.update_membership(requester, room_id, requester.user_id, C.JOIN, reason=reason)
+            return 200, {"room_id": room_id}
+        if action == "leave":
+            await rooms.update_membership(requester, room_id, requester.user_id, C.LEAVE, reason=reason)
+            return empty()
+        if action == "forget":
+            await rooms.forget(requester, room_id)
+            return empty()
+        target = check_user_id(required_string(body, "user_id", max_length=MAX_ID_LENGTH))
+        extra: dict[str, Any] = {}
+        if action == "invite" and optional_bool(body, "is_direct", False):
+            extra["is_direct"] = True
+        await rooms.update_membership(
+            requester, room_id, target, MEMBERSHIP_ACTIONS[action], reason=reason, extra=extra
+        )
+        return empty()
+
+    async def joined_rooms(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        return 200, {"joined_rooms": await rooms.joined_rooms(requester.user_id)}
+
+    async def members(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        chunk = await rooms.get_members(
+            requester,
+            _room_id(params),
+            membership=query_string(request, "membership"),
+            not_membership=query_string(request, "not_membership"),
+        )
+        return 200, {"chunk": chunk}
+
+    async def joined_members(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        return 200, await rooms.get_joined_members(requester, _room_id(params))
+
+    async def send(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        room_id = _room_id(params)
+        event_type = _short(params["event_type"], "eventType")
+        txn_id = _short(params["txn_id"], "txnId")
+        body = parse_json_object(request)
+        event_id = await rooms.send_event(requester, room_id, event_type, body, txn_id)
+        return 200, {"event_id": event_id}
+
+    async def put_state(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        room_id = _room_id(params)
+        event_type = _short(params["event_type"], "eventType")
+        state_key = check_text(params.get("state_key", ""), "stateKey", max_length=MAX_ID_LENGTH)
+        body = parse_json_object(request)
+        return 200, {"event_id": await rooms.send_state(requester, room_id, event_type, state_key, body)}
+
+    async def get_state(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        return 200, await rooms.get_state(requester, _room_id(params))
+
+    async def get_state_event(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        event_type = _short(params["event_type"], "eventType")
+        state_key = check_text(params.get("state_key", ""), "stateKey", max_length=MAX_ID_LENGTH)
+        return 200, await rooms.get_state_event(requester, _room_id(params), event_type, state_key)
+
+    async def get_event(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        return 200, await rooms.get_event(requester, _room_id(params), _event_id(params["event_id"]))
+
+    async def get_messages(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        direction = query_string(request, "dir") or "b"
+        if direction not in ("b", "f"):
+            raise invalid_param("'dir' must be 'b' or 'f'")
+        event_filter = parse_event_filter(_query_json(request, "filter"))
+        limit = _query_int(request, "limit", event_filter.limit if event_filter.limit is not None else 10)
+        return 200, await messages.get_messages(
+            requester,
+            _room_id(params),
+            from_token=query_string(request, "from"),
+            to_token=query_string(request, "to"),
+            direction=direction,
+            limit=limit,
+            event_filter=event_filter,
+        )
+
+    async def get_context(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        event_filter = parse_event_filter(_query_json(request, "filter"))
+        return 200, await messages.get_context(
+            requester,
+            _room_id(params),
+            _event_id(params["event_id"]),
+            limit=_query_int(request, "limit", 10),
+            event_filter=event_filter,
+        )
+
+    async def redact(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_optional_json_object(request)
+        reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
+        event_id = await rooms.redact(
+            requester, _room_id(params), _event_id(params["event_id"]), _short(params["txn_id"], "txnId"), reason
+        )
+        return 200, {"event_id": event_id}
+
+    async def put_typing(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object(request)
+        is_typing = body.get("typing")
+        if not isinstance(is_typing, bool):
+            raise bad_json("'typing' must be true or false")
+        timeout = body.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)):
+            raise bad_json("'timeout' must be an integer")
+        user_id = check_user_id(params["user_id"])
+        await typing.set_typing(requester, _room_id(params), user_id, is_typing, timeout)
+        return empty()
+
+    async def post_receipt(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_optional_json_object(request)
+        thread_id = optional_string(body, "thread_id", max_length=MAX_ID_LENGTH)
+        room_id = _room_id(params)
+        event_id = _event_id(params["event_id"])
+        receipt_type = params["receipt_type"]
+        if receipt_type == "m.fully_read":
+            await _fully_read(requester, room_id, event_id)
+            return empty()
+        await receipts.receipt(requester, room_id, receipt_type, event_id, thread_id)
+        return empty()
+
+    async def _fully_read(requester: Any, room_id: str, event_id: str) -> None:
+        await receipts.set_fully_read(requester, room_id, event_id)
+
+    async def read_markers(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        room_id = _room_id(params)
+        body = parse_json_object(request)
+        fully_read = optional_string(body, "m.fully_read", max_length=MAX_ID_LENGTH)
+        if fully_read is not None:
+            await _fully_read(requester, room_id, _event_id(fully_read))
+        for receipt_type in ("m.read", "m.read.private"):
+            event_id = optional_string(body, receipt_type, max_length=MAX_ID_LENGTH)
+            if event_id is not None:
+                await receipts.receipt(requester, room_id, receipt_type, _event_id(event_id), None)
+        return empty()
+
+    alias_path = client_path(r"/directory/room/(?P<alias>[^/]+)")
+    router.register(["POST"], client_path(r"/createRoom"), create_room, "client_create_room")
+    router.register(["GET"], alias_path, get_alias, "client_room_alias")
+    router.register(["PUT"], alias_path, put_alias, "client_room_alias_put")
+    router.register(["DELETE"], alias_path, delete_alias, "client_room_alias_delete")
+    router.register(["POST"], client_path(r"/join/(?P<room>[^/]+)"), join_by_id_or_alias, "client_join")
+    router.register(
+        ["POST"],
+        client_path(ROOM + r"/(?P<action>join|leave|invite|kick|ban|unban|forget)"),
+        membership,
+        "client_room_membership",
+    )
+    router.register(["GET"], client_path(r"/joined_rooms"), joined_rooms, "client_joined_rooms")
+    router.register(["GET"], client_path(ROOM + r"/members"), members, "client_room_members")
+    router.register(["GET"], client_path(ROOM + r"/joined_members"), joined_members, "client_room_joined_members")
+    router.register(
+        ["PUT"], client_path(ROOM + r"/send/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"), send, "client_room_send"
+    )
+    state_path = client_path(ROOM + r"/state/(?P<event_type>[^/]+)(?:/(?P<state_key>[^/]*))?")
+    router.register(["PUT"], state_path, put_state, "client_room_state_put")
+    router.register(["GET"], state_path, get_state_event, "client_room_state_event")
+    router.register(["GET"], client_path(ROOM + r"/state"), get_state, "client_room_state")
+    router.register(["GET"], client_path(ROOM + r"/event/(?P<event_id>[^/]+)"), get_event, "client_room_event")
+    router.register(["GET"], client_path(ROOM + r"/messages"), get_messages, "client_room_messages")
+    router.register(["GET"], client_path(ROOM + r"/context/(?P<event_id>[^/]+)"), get_context, "client_room_context")
+    router.register(
+        ["PUT"], client_path(ROOM + r"/redact/(?P<event_id>[^/]+)/(?P<txn_id>[^/]+)"), redact, "client_room_redact"
+    )
+    router.register(["PUT"], client_path(ROOM + r"/typing/(?P<user_id>[^/]+)"), put_typing, "client_room_typing")
+    router.register(
+        ["POST"],
+        client_path(ROOM + r"/receipt/(?P<receipt_type>[^/]+)/(?P<event_id>[^/]+)"),
+        post_receipt,
+        "client_room_receipt",
+    )
+    router.register(["POST"], client_path(ROOM + r"/read_markers"), read_markers, "client_room_read_markers")

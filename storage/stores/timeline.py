@@ -1,0 +1,339 @@
+"""Room timelines and client-API room bookkeeping: aliases, txn IDs, redactions, memberships, receipts.
+
+Reads a room's events in stream order for ``/messages``, ``/context`` and
+``/sync``, and keeps the small tables of schema 0005. It knows nothing of
+visibility rules or the client event format; handlers decide those.
+"""
+
+# tests: tests/integration/test_client_rooms.py
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import attrs
+
+from storage.database import Database, Transaction
+
+
+@attrs.frozen
+class MembershipRow:
+    room_id: str
+    user_id: str
+    membership: str
+    event_id: str
+    stream_ordering: int
+
+
+@attrs.frozen
+class ReceiptRow:
+    room_id: str
+    receipt_type: str
+    user_id: str
+    event_id: str
+    data: str
+    stream_id: int
+
+
+_LIVE = "NOT outlier AND rejection_reason IS NULL"
+
+
+def _room_events_txn(
+    txn: Transaction, room_id: str, *, start: int, end: int | None, limit: int, backwards: bool
+) -> list[tuple[str, int]]:
+    """Event IDs with stream orderings. Backwards: ``end < so <= start`` newest first; forwards: ``start < so <= end``."""
+    if backwards:
+        txn.execute(
+            f"SELECT event_id, stream_ordering FROM events WHERE room_id = %s AND {_LIVE} "
+            "AND stream_ordering <= %s AND stream_ordering > %s ORDER BY stream_ordering DESC LIMIT %s",
+            (room_id, start, end if end is not None else -(2**62), limit),
+        )
+    else:
+        txn.execute(
+            f"SELECT event_id, stream_ordering FROM events WHERE room_id = %s AND {_LIVE} "
+            "AND stream_ordering > %s AND stream_ordering <= %s ORDER BY stream_ordering ASC LIMIT %s",
+            (room_id, start, end if end is not None else 2**62, limit),
+        )
+    return [(str(row[0]), int(row[1])) for row in txn.fetchall()]
+
+
+class TimelineStore:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    # --- aliases ------------------------------------------------------------------------
+
+    async def create_alias(self, alias: str, room_id: str, creator: str) -> bool:
+        """False when the alias is taken."""
+
+        def txn_fn(txn: Transaction) -> bool:
+            txn.execute(
+                "INSERT INTO room_aliases (room_alias, room_id, creator) VALUES (%s, %s, %s) "
+                "ON CONFLICT (room_alias) DO NOTHING RETURNING room_alias",
+                (alias, room_id, creator),
+            )
+            return txn.fetchone() is not None
+
+        return await self._db.run_interaction("create_room_alias", txn_fn)
+
+    async def get_alias(self, alias: str) -> tuple[str, str] | None:
+        """(room_id, creator) of the alias."""
+
+        def txn_fn(txn: Transaction) -> tuple[str, str] | None:
+            txn.execute("SELECT room_id, creator FROM room_aliases WHERE room_alias = %s", (alias,))
+            row = txn.fetchone()
+            return None if row is None else (str(row[0]), str(row[1]))
+
+        return await self._db.run_interaction("get_room_alias", txn_fn)
+
+    async def delete_alias(self, alias: str) -> bool:
+        def txn_fn(txn: Transaction) -> bool:
+            txn.execute("DELETE FROM room_aliases WHERE room_alias = %s RETURNING room_id", (alias,))
+            return txn.fetchone() is not None
+
+        return await self._db.run_interaction("delete_room_alias", txn_fn)
+
+    # --- send idempotency ---------------------------------------------------------------
+
+    async def get_txn_event(self, access_token_id: int, txn_id: str) -> str | None:
+        def txn_fn(txn: Transaction) -> str | None:
+            txn.execute(
+                "SELECT event_id FROM event_txn_ids WHERE access_token_id = %s AND txn_id = %s",
+                (access_token_id, txn_id),
+            )
+            row = txn.fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._db.run_interaction("get_txn_event", txn_fn)
+
+    async def get_txn_ids(self, access_token_id: int, event_ids: Collection[str]) -> dict[str, str]:
+        """event_id -> txn_id for those of ``event_ids`` sent with this access token."""
+        if not event_ids:
+            return {}
+
+        def txn_fn(txn: Transaction) -> dict[str, str]:
+            txn.execute(
+                "SELECT event_id, txn_id FROM event_txn_ids WHERE access_token_id = %s AND event_id = ANY(%s)",
+                (access_token_id, list(event_ids)),
+            )
+            return {str(row[0]): str(row[1]) for row in txn.fetchall()}
+
+        return await self._db.run_interaction("get_txn_ids", txn_fn)
+
+    async def store_txn_event(
+        self, access_token_id: int, txn_id: str, room_id: str, event_id: str, user_id: str, now_ms: int
+    ) -> None:
+        def txn_fn(txn: Transaction) -> None:
+            txn.execute(
+                "INSERT INTO event_txn_ids (access_token_id, txn_id, room_id, event_id, user_id, inserted_ts) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (access_token_id, txn_id, room_id, event_id, user_id, now_ms),
+            )
+
+        await self._db.run_interaction("store_txn_event", txn_fn)
+
+    # --- redactions ---------------------------------------------------------------------
+
+    async def record_redaction(self, redaction_id: str, redacts: str, room_id: str) -> None:
+        def txn_fn(txn: Transaction) -> None:
+            txn.execute(
+                "INSERT INTO event_redactions (redaction_id, redacts, room_id) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING",
+                (redaction_id, redacts, room_id),
+            )
+
+        await self._db.run_interaction("record_redaction", txn_fn)
+
+    async def get_redactions(self, event_ids: Collection[str]) -> dict[str, list[str]]:
+        """redacted event ID -> redaction event IDs (same room only)."""
+        if not event_ids:
+            return {}
+
+        def txn_fn(txn: Transaction) -> dict[str, list[str]]:
+            txn.execute(
+                "SELECT r.redacts, r.redaction_id FROM event_redactions r "
+                "JOIN events e ON e.event_id = r.redacts "
+                "JOIN events red ON red.event_id = r.redaction_id "
+                "WHERE r.redacts = ANY(%s) AND e.room_id = r.room_id "
+                "AND red.rejection_reason IS NULL AND NOT red.outlier ORDER BY r.redaction_id",
+                (list(event_ids),),
+            )
+            out: dict[str, list[str]] = {}
+            for redacts, redaction_id in txn.fetchall():
+                out.setdefault(str(redacts), []).append(str(redaction_id))
+            return out
+
+        return await self._db.run_interaction("get_redactions", txn_fn)
+
+    # --- memberships --------------------------------------------------------------------
+
+    async def get_rooms_for_user(self, user_id: str) -> dict[str, tuple[str, str]]:
+        """room_id -> (membership, member event ID) from the rooms' current state."""
+
+        def txn_fn(txn: Transaction) -> dict[str, tuple[str, str]]:
+            txn.execute(
+                "SELECT room_id, membership, event_id FROM current_state_events "
+                "WHERE type = 'm.room.member' AND state_key = %s AND membership IS NOT NULL",
+                (user_id,),
+            )
+            return {str(r[0]): (str(r[1]), str(r[2])) for r in txn.fetchall()}
+
+        return await self._db.run_interaction("get_rooms_for_user", txn_fn)
+
+    async def get_rooms_for_user_at(self, user_id: str) -> dict[str, tuple[str, str, int]]:
+        """room_id -> (membership, member event ID, its stream ordering) from the rooms' current state."""
+
+        def txn_fn(txn: Transaction) -> dict[str, tuple[str, str, int]]:
+            txn.execute(
+                "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering FROM current_state_events c "
+                "JOIN events e ON e.event_id = c.event_id "
+                "WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership IS NOT NULL",
+                (user_id,),
+            )
+            return {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in txn.fetchall()}
+
+        return await self._db.run_interaction("get_rooms_for_user_at", txn_fn)
+
+    async def get_current_members(self, room_id: str) -> list[tuple[str, str, str]]:
+        """(user_id, membership, event_id) of every member event in the room's current state."""
+
+        def txn_fn(txn: Transaction) -> list[tuple[str, str, str]]:
+            txn.execute(
+                "SELECT state_key, membership, event_id FROM current_state_events "
+                "WHERE room_id = %s AND type = 'm.room.member' ORDER BY state_key",
+                (room_id,),
+            )
+            return [(str(r[0]), str(r[1]), str(r[2])) for r in txn.fetchall()]
+
+        return await self._db.run_interaction("get_current_members", txn_fn)
+
+    async def get_joined_profiles(self, room_id: str) -> dict[str, tuple[str | None, str | None]]:
+        """user_id -> (displayname, avatar_url) of the room's joined members."""
+
+        def txn_fn(txn: Transaction) -> dict[str, tuple[str | None, str | None]]:
+            txn.execute(
+                "SELECT c.state_key, m.display_name, m.avatar_url FROM current_state_events c "
+                "LEFT JOIN room_memberships m ON m.event_id = c.event_id "
+                "WHERE c.room_id = %s AND c.type = 'm.room.member' AND c.membership = 'join'",
+                (room_id,),
+            )
+            return {str(r[0]): (r[1], r[2]) for r in txn.fetchall()}
+
+        return await self._db.run_interaction("get_joined_profiles", txn_fn)
+
+    async def get_membership_changes(self, user_id: str, after: int, upto: int) -> list[MembershipRow]:
+        """The user's membership events with ``after < stream_ordering <= upto``, oldest first."""
+
+        def txn_fn(txn: Transaction) -> list[MembershipRow]:
+            txn.execute(
+                "SELECT room_id, user_id, membership, event_id, stream_ordering FROM room_memberships "
+                "WHERE user_id = %s AND stream_ordering > %s AND stream_ordering <= %s ORDER BY stream_ordering",
+                (user_id, after, upto),
+            )
+            return [MembershipRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in txn.fetchall()]
+
+        return await self._db.run_interaction("get_membership_changes", txn_fn)
+
+    async def forget_room(self, user_id: str, room_id: str) -> None:
+        def txn_fn(txn: Transaction) -> None:
+            txn.execute(
+                "INSERT INTO room_forgotten (user_id, room_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                (user_id, room_id),
+            )
+
+        await self._db.run_interaction("forget_room", txn_fn)
+
+    async def get_forgotten_rooms(self, user_id: str) -> set[str]:
+        def txn_fn(txn: Transaction) -> set[str]:
+            txn.execute("SELECT room_id FROM room_forgotten WHERE user_id = %s", (user_id,))
+            return {str(r[0]) for r in txn.fetchall()}
+
+        return await self._db.run_interaction("get_forgotten_rooms", txn_fn)
+
+    async def unforget_room(self, user_id: str, room_id: str) -> None:
+        def txn_fn(txn: Transaction) -> None:
+            txn.execute("DELETE FROM room_forgotten WHERE user_id = %s AND room_id = %s", (user_id, room_id))
+
+        await self._db.run_interaction("unforget_room", txn_fn)
+
+    # --- timelines ----------------------------------------------------------------------
+
+    async def get_room_events(
+        self, room_id: str, *, start: int, end: int | None, limit: int, backwards: bool
+    ) -> list[tuple[str, int]]:
+        return await self._db.run_interaction(
+            "get_room_events", _room_events_txn, room_id, start=start, end=end, limit=limit, backwards=backwards
+        )
+
+    async def get_recent_events_for_rooms(
+        self, room_ids: Collection[str], *, after: int, upto: int, limit: int
+    ) -> dict[str, list[tuple[str, int]]]:
+        """Per room, up to ``limit`` newest events with ``after < so <= upto``, newest first."""
+
+        def txn_fn(txn: Transaction) -> dict[str, list[tuple[str, int]]]:
+            if not room_ids:
+                return {}
+            active: list[str] = list(room_ids)
+            if after > 0:
+                txn.execute(
+                    f"SELECT DISTINCT room_id FROM events WHERE room_id = ANY(%s) AND {_LIVE} "
+                    "AND stream_ordering > %s AND stream_ordering <= %s",
+                    (active, after, upto),
+                )
+                active = [str(r[0]) for r in txn.fetchall()]
+            return {
+                room_id: _room_events_txn(txn, room_id, start=upto, end=after, limit=limit, backwards=True)
+                for room_id in active
+            }
+
+        return await self._db.run_interaction("get_recent_events_for_rooms", txn_fn)
+
+    async def get_stream_orderings(self, event_ids: Collection[str]) -> dict[str, int]:
+        def txn_fn(txn: Transaction) -> dict[str, int]:
+            txn.execute(
+                "SELECT event_id, stream_ordering FROM events WHERE event_id = ANY(%s)", (list(event_ids),)
+            )
+            return {str(r[0]): int(r[1]) for r in txn.fetchall()}
+
+        return await self._db.run_interaction("get_stream_orderings", txn_fn)
+
+    # --- receipts -----------------------------------------------------------------------
+
+    async def put_receipt(
+        self,
+        room_id: str,
+        receipt_type: str,
+        user_id: str,
+        thread_id: str | None,
+        event_id: str,
+        data: str,
+        stream_id: int,
+        instance_name: str,
+    ) -> None:
+        def txn_fn(txn: Transaction) -> None:
+            txn.execute(
+                "INSERT INTO receipts (stream_id, instance_name, room_id, receipt_type, user_id, thread_id, "
+                "event_id, data) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (room_id, receipt_type, user_id, thread_id) DO UPDATE "
+                "SET event_id = EXCLUDED.event_id, data = EXCLUDED.data, stream_id = EXCLUDED.stream_id, "
+                "instance_name = EXCLUDED.instance_name",
+                (stream_id, instance_name, room_id, receipt_type, user_id, thread_id, event_id, data),
+            )
+
+        await self._db.run_interaction("put_receipt", txn_fn)
+
+    async def get_receipts(self, room_ids: Collection[str], after: int, upto: int) -> list[ReceiptRow]:
+        if not room_ids:
+            return []
+
+        def txn_fn(txn: Transaction) -> list[ReceiptRow]:
+            txn.execute(
+                "SELECT room_id, receipt_type, user_id, event_id, data, stream_id FROM receipts "
+                "WHERE room_id = ANY(%s) AND stream_id > %s AND stream_id <= %s",
+                (list(room_ids), after, upto),
+            )
+            rows: list[Any] = txn.fetchall()
+            return [ReceiptRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5])) for r in rows]
+
+        return await self._db.run_interaction("get_receipts", txn_fn)
