@@ -36,6 +36,8 @@ from homeserver.handlers.event_persistence import EventPersister, PersistenceMet
 from homeserver.handlers.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
 from homeserver.http.client_api.sync import register_room_api_servlets
+from homeserver.federation.metrics import FederationMetrics
+from homeserver.federation.servlets import FederationServices, register_federation_servlets
 from replication.commands import JsonValue
 from replication.handler import CacheInvalidationHandler
 from replication.stream_sources import connect_streams, stream_sources
@@ -45,6 +47,7 @@ from storage.database import Database
 from storage.id_generators import StreamIdGenerator
 from storage.notifier import Notifier
 from storage.stores.events import EventsStore
+from storage.stores.federation import FederationStore
 from storage.streams import STREAMS, StreamName, create_id_generator
 from storage.embedded import EmbeddedPostgres, find_binaries
 from storage.metrics import StorageMetrics
@@ -77,6 +80,9 @@ class HomeServer:
         self.http_metrics = HttpMetrics.create(self.registry)
         self.storage_metrics = StorageMetrics.create(self.registry)
         self.router = JsonRouter(self.http_metrics)
+        # Served on listeners with the federation or keys resource (homeserver/federation/).
+        self.federation_router = JsonRouter(self.http_metrics)
+        self.federation: FederationServices | None = None
         self.embedded_db: EmbeddedPostgres | None = None
         self.db: Database | None = None
         self.signing_key: SigningKey | None = None
@@ -212,6 +218,17 @@ class HomeServer:
             room_events=self.room_events,
             accounts=self.accounts,
         )
+        self.federation = FederationServices.build(
+            self.config,
+            self.reactor,
+            signing_key=self.signing_key,
+            store=self.events_store,
+            persister=self.persister,
+            stream_ids=self.streams[StreamName.EVENTS],
+            instance_name=self.instance_name,
+            federation_store=FederationStore(self.db),
+            metrics=FederationMetrics.create(self.registry),
+        )
 
     def _register_servlets(self) -> None:
         assert self.accounts is not None
@@ -219,6 +236,13 @@ class HomeServer:
         register_client_api_servlets(self.router, self.config, self.accounts)
         assert self.rooms is not None
         register_room_api_servlets(self.router, self.rooms, self.accounts)
+        assert self.federation is not None
+        register_federation_servlets(
+            self.federation_router,
+            self.federation,
+            profile_lookup=self.accounts.profiles.get_profile,
+            alias_lookup=self.rooms.timeline.get_alias,
+        )
 
     def _listen(self, listener: ListenerConfig) -> None:
         if listener.type == "replication":
@@ -243,7 +267,10 @@ class HomeServer:
             root.putChild(b"health", HealthResource(self))
             return root
         if listener.type == "http":
-            return RootResource(self.router, HealthResource(self) if "health" in listener.resources else None)
+            federation = self.federation_router if {"federation", "keys"} & set(listener.resources) else None
+            # A listener without the client resource serves no client API paths.
+            main = self.router if "client" in listener.resources else self.federation_router
+            return RootResource(main, HealthResource(self) if "health" in listener.resources else None, federation)
         raise ValueError(f"{listener.type} listeners are served by the replication package")
 
     def _tls_context(self) -> Any:
@@ -282,6 +309,8 @@ class HomeServer:
                 logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
         if self.rooms is not None:
             self.rooms.stop()  # typing timers must not fire into a closed database
+        if self.federation is not None:
+            await self.federation.stop()
         if self.replication is not None:
             replication, self.replication = self.replication, None
             await replication.stop()
@@ -318,16 +347,21 @@ class HealthResource(Resource):
 
 
 class RootResource(Resource):
-    """Sends ``/health`` to the health check and everything else to the JSON router."""
+    """Sends ``/health`` to the health check, ``/_matrix/federation`` and ``/_matrix/key``
+    to the federation router (when this listener serves them) and everything else to the JSON router."""
 
-    def __init__(self, router: JsonRouter, health: Resource | None) -> None:
+    def __init__(self, router: JsonRouter, health: Resource | None, federation: JsonRouter | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._router = router
         self._health = health
+        self._federation = federation
 
     def getChildWithDefault(self, path: bytes, request: Request) -> Resource:
         if path == b"health" and self._health is not None and not request.postpath:
             return self._health
+        if (self._federation is not None and path == b"_matrix" and request.postpath
+                and request.postpath[0] in (b"federation", b"key")):
+            return self._federation
         # The router matches on request.path as a whole; the traversal state is unused.
         return self._router
 

@@ -271,6 +271,8 @@ def _redis(path: str, raw: object) -> RedisConfig:
 class FederationConfig:
     verify_certificates: bool = True
     ip_range_whitelist: tuple[str, ...] = ()
+    # Notaries asked for a server's keys when the server itself does not answer.
+    trusted_key_servers: tuple[str, ...] = ()
 
 
 def _federation(path: str, raw: object) -> FederationConfig:
@@ -289,9 +291,13 @@ def _federation(path: str, raw: object) -> FederationConfig:
             out.append(text)
         return tuple(out)
 
+    def server_names(p: str, v: object) -> tuple[str, ...]:
+        return tuple(_expect_server_name(f"{p}[{i}]", item) for i, item in enumerate(_expect_list(p, v)))
+
     result = FederationConfig(
         verify_certificates=s.get("verify_certificates", _expect_bool, True),
         ip_range_whitelist=s.get("ip_range_whitelist", cidrs, ()),
+        trusted_key_servers=s.get("trusted_key_servers", server_names, ()),
     )
     s.finish()
     return result

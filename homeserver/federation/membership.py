@@ -1,0 +1,423 @@
+"""Joining rooms across servers: serving and calling make_join / send_join (v2).
+
+Serving: ``make_join`` hands a remote server an unsigned join template built on
+our forward extremities and current state; ``send_join`` checks the signed join
+(signatures, auth against the state before it), signs it too, persists it and
+answers with the state before the join and its auth chain.
+
+Calling: ``join_remote`` asks each candidate server in turn, verifies what comes
+back, stores the state and auth chain as outliers and then the join itself with
+that state as the state before it. That last write needs "persist with a given
+state", which the ``EventPersister`` does not offer, so ``_persist_join`` writes
+it through the events store's one persistence transaction (see the note in
+docs/federation.md).
+"""
+
+# tests: tests/integration/test_federation.py
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+from signedjson.sign import sign_json
+from signedjson.types import SigningKey
+
+from homeserver.events import (
+    KNOWN_ROOM_VERSIONS,
+    EventTemplate,
+    FrozenEvent,
+    RoomVersion,
+    auth_types_for,
+    build_pdu,
+    compute_depth,
+    get_room_version,
+    make_event,
+    select_auth_event_ids,
+    select_prev_events,
+    sign_pdu,
+)
+from homeserver.events import constants as C
+from homeserver.events.canonical import thaw
+from homeserver.events.errors import AuthError, EventsError, InvalidEvent, SignatureError
+from homeserver.events.identifiers import server_name_of
+from homeserver.events.redaction import prune_event_dict
+from homeserver.federation.client import FederationClient, FederationClientError
+from homeserver.federation.keys import Keyring
+from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.handlers.event_persistence import EventPersister, StreamIdAllocator
+from homeserver.http.errors import MatrixError, bad_json, forbidden, not_found
+from storage.stores.events import EventsStore, PersistRequest, StateKey, persist_event_txn
+
+logger = logging.getLogger(__name__)
+
+
+def quote_path(value: str) -> str:
+    return quote(value, safe="")
+
+
+class JoinError(Exception):
+    """No server could get us into the room; the message says why for each."""
+
+
+class MembershipHandler:
+    def __init__(
+        self,
+        *,
+        server_name: str,
+        signing_key: SigningKey,
+        store: EventsStore,
+        persister: EventPersister,
+        stream_ids: StreamIdAllocator,
+        keyring: Keyring,
+        client: FederationClient,
+        clock_ms: Callable[[], int],
+        instance_name: str,
+    ) -> None:
+        self._instance_name = instance_name
+        self._server_name = server_name
+        self._signing_key = signing_key
+        self._store = store
+        self._persister = persister
+        self._stream_ids = stream_ids
+        self._keyring = keyring
+        self._client = client
+        self._clock_ms = clock_ms
+        # Called with each remote membership event we accepted and its origin (set by the sender).
+        self.forward: Callable[[FrozenEvent, str], None] | None = None
+        # Invites of our users to rooms this server is not in: (room ID, user ID) -> event.
+        self.pending_invites: dict[tuple[str, str], FrozenEvent] = {}
+
+    # --- serving ---------------------------------------------------------------------------
+
+    async def _room_version(self, room_id: str) -> RoomVersion:
+        identifier = await self._store.get_room_version(room_id)
+        if identifier is None:
+            raise not_found(f"Room {room_id} is not known to this server")
+        return get_room_version(identifier)
+
+    async def make_join(self, origin: str, room_id: str, user_id: str, versions: Iterable[str]) -> dict[str, Any]:
+        return await self.make_membership(origin, room_id, user_id, C.JOIN, versions)
+
+    async def make_leave(self, origin: str, room_id: str, user_id: str) -> dict[str, Any]:
+        return await self.make_membership(origin, room_id, user_id, C.LEAVE, None)
+
+    async def make_membership(self, origin: str, room_id: str, user_id: str, membership: str,
+                              versions: Iterable[str] | None) -> dict[str, Any]:
+        """A membership event template (``make_join``/``make_leave``) built on our view of the room."""
+        if server_name_of(user_id) != origin:
+            raise forbidden(f"{origin} may not make a {membership} for {user_id}")
+        room_version = await self._room_version(room_id)
+        if versions is not None and room_version.identifier not in set(versions):
+            raise MatrixError(
+                400, "M_INCOMPATIBLE_ROOM_VERSION",
+                f"room {room_id} is version {room_version.identifier}, which your server does not support",
+                room_version=room_version.identifier,
+            )
+        if self._server_name not in await self._store.get_joined_servers(room_id):
+            raise not_found(f"this server is not in room {room_id}")
+        template = EventTemplate(type=C.MEMBER, content={"membership": membership}, state_key=user_id)
+        keys = set(auth_types_for(room_version, C.MEMBER, user_id, user_id, {"membership": membership}))
+        keys.add((C.CREATE, ""))
+        context = await self._store.get_send_context(room_id, keys)
+        prevs = select_prev_events(context.forward_extremities)
+        pdu = build_pdu(
+            room_version, template, sender=user_id, room_id=room_id, prev_event_ids=prevs,
+            auth_event_ids=select_auth_event_ids(room_version, template, user_id, context.auth_state),
+            depth=compute_depth(context.forward_extremities[e] for e in prevs),
+            origin_server_ts=self._clock_ms(),
+        )
+        pdu["origin"] = self._server_name
+        return {"event": pdu, "room_version": room_version.identifier}
+
+    async def send_join(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
+        return await self._send_membership(origin, room_id, event_id, body, C.JOIN)
+
+    async def send_leave(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
+        await self._send_membership(origin, room_id, event_id, body, C.LEAVE)
+        return {}
+
+    async def _send_membership(self, origin: str, room_id: str, event_id: str, body: object,
+                               membership: str) -> dict[str, Any]:
+        room_version = await self._room_version(room_id)
+        try:
+            event = await parse_and_verify(self._keyring, room_version, body)
+        except (InvalidEvent, SignatureError) as e:
+            raise bad_json(f"join event rejected: {e}") from None
+        if event.event_id != event_id or event.room_id != room_id:
+            raise bad_json(f"event ID/room ID in the path do not match the event ({event.event_id})")
+        if event.type != C.MEMBER or event.membership != membership or event.state_key != event.sender:
+            raise bad_json(f"send_{membership} takes an m.room.member {membership} event for its sender")
+        if server_name_of(event.sender) != origin:
+            raise forbidden(f"{origin} may not send a {membership} for {event.sender}")
+        try:
+            await check_against_auth_events(self._persister, room_version, event)
+            state_before = await self._persister.state_before_event(room_version, event)
+            await check_against_state(self._persister, room_version, event, state_before)
+        except EventsError as e:
+            raise forbidden(f"{membership} not allowed: {e}") from None
+        signed = self._cosign(room_version, event)
+        result = await self._persister.persist(room_version, signed, is_local=False)
+        if self.forward is not None and not result.already_persisted:
+            self.forward(signed, origin)
+        state_ids = set(state_before.values())
+        chain_ids = await self._store.get_auth_chain_ids(state_ids | set(event.auth_event_ids))
+        loaded = await self._persister.load_events(state_ids | chain_ids)
+        return {
+            "origin": self._server_name,
+            "event": signed.get_pdu_json(),
+            "state": [loaded[i].get_pdu_json() for i in sorted(state_ids) if i in loaded],
+            "auth_chain": [loaded[i].get_pdu_json() for i in sorted(chain_ids) if i in loaded],
+            "members_omitted": False,
+        }
+
+    def _cosign(self, room_version: RoomVersion, event: FrozenEvent) -> FrozenEvent:
+        """``event`` with our signature added beside the sender's."""
+        pdu = event.get_pdu_json()
+        redacted = prune_event_dict(room_version, pdu)
+        redacted.pop("unsigned", None)
+        ours = sign_json(redacted, self._server_name, self._signing_key)["signatures"][self._server_name]
+        signatures = thaw(pdu.get("signatures", {}))
+        signatures.setdefault(self._server_name, {}).update(ours)
+        pdu["signatures"] = signatures
+        return make_event(room_version, pdu, trusted_event_id=event.event_id)
+
+    # --- calling ---------------------------------------------------------------------------
+
+    async def servers_in_room(self, room_id: str) -> set[str]:
+        return await self._store.get_joined_servers(room_id)
+
+    async def resolve_alias(self, alias: str) -> tuple[str, list[str]]:
+        """Room ID and candidate servers of a room alias on another server (``GET /query/directory``)."""
+        server = alias.split(":", 1)[1] if alias.startswith("#") and ":" in alias else ""
+        if not server:
+            raise JoinError(f"{alias[:255]!r} is not a room alias")
+        answer = await self._client.get_json(server, "/_matrix/federation/v1/query/directory",
+                                              query={"room_alias": alias})
+        room_id = answer.get("room_id") if isinstance(answer, dict) else None
+        servers = answer.get("servers") if isinstance(answer, dict) else None
+        if not isinstance(room_id, str):
+            raise JoinError(f"{server} sent a directory answer without a room_id")
+        candidates = [s for s in servers if isinstance(s, str)] if isinstance(servers, list) else []
+        return room_id, [server, *candidates]
+
+    async def join_by_alias(self, alias: str, user_id: str) -> FrozenEvent:
+        room_id, servers = await self.resolve_alias(alias)
+        return await self.join_remote(room_id, user_id, servers)
+
+    async def join_remote(self, room_id: str, user_id: str, servers: Iterable[str],
+                          content: Mapping[str, object] | None = None) -> FrozenEvent:
+        """Join ``user_id`` to a room this server is not in, via the first of ``servers`` that works."""
+        errors: list[str] = []
+        for server in dict.fromkeys(servers):
+            if server == self._server_name:
+                continue
+            try:
+                return await self._join_via(server, room_id, user_id, content or {})
+            except (FederationClientError, EventsError, JoinError) as e:
+                logger.warning("[%s] joining %s via %s failed: %s", room_id, user_id, server, e)
+                errors.append(f"{server}: {e}")
+        raise JoinError("; ".join(errors) or "no server to join through")
+
+    async def _join_via(self, server: str, room_id: str, user_id: str, content: Mapping[str, object]) -> FrozenEvent:
+        versions = sorted(KNOWN_ROOM_VERSIONS)
+        made = await self._client.get_json(
+            server,
+            f"/_matrix/federation/v1/make_join/{quote_path(room_id)}/{quote_path(user_id)}",
+            query={"ver": versions},
+        )
+        if not isinstance(made, dict) or not isinstance(made.get("event"), dict):
+            raise JoinError(f"{server} sent a make_join response without an event")
+        room_version = get_room_version(str(made.get("room_version", "1")))
+        pdu = made["event"]
+        if (pdu.get("type"), pdu.get("state_key"), pdu.get("sender"), pdu.get("room_id")) != (
+            C.MEMBER, user_id, user_id, room_id
+        ):
+            raise JoinError(f"{server} sent a join template for another user or room")
+        pdu["content"] = {**{k: v for k, v in content.items() if k != "membership"}, "membership": C.JOIN}
+        pdu["origin_server_ts"] = self._clock_ms()
+        pdu.pop("hashes", None)
+        pdu.pop("signatures", None)
+        join = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
+        response = await self._client.put_json(
+            server,
+            f"/_matrix/federation/v2/send_join/{quote_path(room_id)}/{quote_path(join.event_id)}",
+            join.get_pdu_json(),
+        )
+        if not isinstance(response, dict):
+            raise JoinError(f"{server} sent a send_join response that is not an object")
+        returned = response.get("event")
+        if isinstance(returned, dict):
+            try:
+                cosigned = await parse_and_verify(self._keyring, room_version, returned)
+                if cosigned.event_id == join.event_id:
+                    join = cosigned
+            except EventsError as e:
+                logger.warning("[%s] %s returned a join we cannot verify (%s); keeping ours", room_id, server, e)
+        state = await self._verified_events(room_version, room_id, response.get("state"))
+        chain = await self._verified_events(room_version, room_id, response.get("auth_chain"))
+        everything = {e.event_id: e for e in [*chain, *state]}
+        creates = [e for e in everything.values() if e.type == C.CREATE and e.state_key == ""]
+        if len(creates) != 1:
+            raise JoinError(f"{server}'s send_join state has {len(creates)} create events")
+        for event in by_depth(everything.values()):
+            await self._persister.persist(room_version, event, is_local=False, outlier=True)
+        state_map: dict[StateKey, str] = {}
+        for event in state:
+            key = event.state_key_tuple
+            if key is not None:
+                state_map[key] = event.event_id
+        try:
+            await check_against_state(self._persister, room_version, join, state_map)
+        except AuthError as e:
+            raise JoinError(f"our join does not pass auth against {server}'s state: {e}") from None
+        joined = {
+            server_name_of(e.state_key) for e in state
+            if e.type == C.MEMBER and e.membership == C.JOIN and e.state_key
+        }
+        await self._persist_join(join, state_map, frozenset(joined | {server}) - {self._server_name})
+        logger.info("[%s] %s joined via %s", room_id, user_id, server)
+        return join
+
+    async def _verified_events(self, room_version: RoomVersion, room_id: str, raw: object) -> list[FrozenEvent]:
+        if not isinstance(raw, list):
+            raise JoinError("send_join response lacks a list of events")
+        events = []
+        for pdu in raw:
+            try:
+                event = await parse_and_verify(self._keyring, room_version, pdu)
+            except EventsError as e:
+                logger.warning("[%s] dropping an event of the send_join response: %s", room_id, e)
+                continue
+            if event.room_id != room_id:
+                raise JoinError(f"send_join response holds event {event.event_id} of another room")
+            events.append(event)
+        return events
+
+    async def _persist_join(self, join: FrozenEvent, state: Mapping[StateKey, str], servers: frozenset[str]) -> None:
+        """Persist our join with ``state`` as the state before it (see the module docstring)."""
+        key = (C.MEMBER, join.sender)
+        async with self._persister.room_lock(join.room_id):
+            group = await self._store.new_state_group(join.room_id, None, state)
+            content = join.content
+            request = PersistRequest(
+                event_id=join.event_id, room_id=join.room_id, type=join.type, state_key=join.state_key,
+                sender=join.sender, depth=join.depth, origin_server_ts=join.origin_server_ts,
+                prev_event_ids=join.prev_event_ids, auth_event_ids=join.auth_event_ids,
+                pdu_json=json.dumps(join.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
+                instance_name=self._instance_name, is_local=True, membership=C.JOIN,
+                display_name=content.get("displayname") if isinstance(content.get("displayname"), str) else None,  # type: ignore[arg-type]
+                avatar_url=content.get("avatar_url") if isinstance(content.get("avatar_url"), str) else None,  # type: ignore[arg-type]
+                state_before=group, state_after_delta={key: join.event_id},
+                new_current_state={**state, key: join.event_id}, remote_servers=servers,
+            )
+            await self._stream_ids.run_interaction(
+                "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
+            )
+            self._persister.remember(join)
+
+    # --- leaving a room we are not in (rejecting an invite) ------------------------------
+
+    async def leave_remote(self, room_id: str, user_id: str, servers: Iterable[str]) -> FrozenEvent:
+        """Leave (or reject an invite to) a room this server is not in, via make_leave/send_leave."""
+        errors: list[str] = []
+        for server in dict.fromkeys(servers):
+            if server == self._server_name:
+                continue
+            try:
+                made = await self._client.get_json(
+                    server, f"/_matrix/federation/v1/make_leave/{quote_path(room_id)}/{quote_path(user_id)}"
+                )
+                if not isinstance(made, dict) or not isinstance(made.get("event"), dict):
+                    raise JoinError(f"{server} sent a make_leave response without an event")
+                room_version = get_room_version(str(made.get("room_version", "1")))
+                pdu = made["event"]
+                if (pdu.get("type"), pdu.get("state_key"), pdu.get("sender")) != (C.MEMBER, user_id, user_id):
+                    raise JoinError(f"{server} sent a leave template for another user")
+                pdu["content"] = {"membership": C.LEAVE}
+                pdu["origin_server_ts"] = self._clock_ms()
+                pdu.pop("hashes", None)
+                pdu.pop("signatures", None)
+                leave = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
+                await self._client.put_json(
+                    server,
+                    f"/_matrix/federation/v2/send_leave/{quote_path(room_id)}/{quote_path(leave.event_id)}",
+                    leave.get_pdu_json(),
+                )
+                self.pending_invites.pop((room_id, user_id), None)
+                return leave
+            except (FederationClientError, EventsError, JoinError) as e:
+                logger.warning("[%s] leaving %s via %s failed: %s", room_id, user_id, server, e)
+                errors.append(f"{server}: {e}")
+        raise JoinError("; ".join(errors) or "no server to leave through")
+
+    # --- invites ---------------------------------------------------------------------------
+
+    async def on_invite(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
+        """``PUT /_matrix/federation/v2/invite``: check an invite of one of our users, cosign it."""
+        if not isinstance(body, dict) or not isinstance(body.get("event"), dict):
+            raise bad_json("invite body must hold an 'event' object")
+        identifier = body.get("room_version")
+        if not isinstance(identifier, str) or identifier not in KNOWN_ROOM_VERSIONS:
+            raise MatrixError(400, "M_INCOMPATIBLE_ROOM_VERSION", f"room version {identifier!r} is not supported",
+                              room_version=str(identifier))
+        room_version = get_room_version(identifier)
+        try:
+            event = await parse_and_verify(self._keyring, room_version, body["event"])
+        except EventsError as e:
+            raise bad_json(f"invite event rejected: {e}") from None
+        if event.event_id != event_id or event.room_id != room_id:
+            raise bad_json("event ID/room ID in the path do not match the event")
+        if event.type != C.MEMBER or event.membership != C.INVITE or not event.state_key:
+            raise bad_json("invite takes an m.room.member invite event")
+        if server_name_of(event.state_key) != self._server_name:
+            raise bad_json(f"{event.state_key} is not a user of this server")
+        if server_name_of(event.sender) != origin:
+            raise forbidden(f"{origin} may not send an invite from {event.sender}")
+        signed = self._cosign(room_version, event)
+        if self._server_name not in await self._store.get_joined_servers(room_id):
+            # Not in the room: nothing in our graph to put it in; held for the client API.
+            self.pending_invites[(room_id, event.state_key)] = signed
+        return {"event": signed.get_pdu_json()}
+
+    async def invite_remote(self, room_id: str, inviter: str, invitee: str) -> FrozenEvent:
+        """Invite a user of another server: build and check the invite, have the invitee's server
+        cosign it (``PUT /invite`` v2), then persist it; it reaches the room's servers as usual."""
+        room_version = await self._room_version(room_id)
+        template = EventTemplate(type=C.MEMBER, content={"membership": C.INVITE}, state_key=invitee)
+        async with self._persister.room_lock(room_id):
+            keys = set(auth_types_for(room_version, C.MEMBER, invitee, inviter, {"membership": C.INVITE}))
+            keys.add((C.CREATE, ""))
+            context = await self._store.get_send_context(room_id, keys)
+            prevs = select_prev_events(context.forward_extremities)
+            pdu = build_pdu(
+                room_version, template, sender=inviter, room_id=room_id, prev_event_ids=prevs,
+                auth_event_ids=select_auth_event_ids(room_version, template, inviter, context.auth_state),
+                depth=compute_depth(context.forward_extremities[e] for e in prevs),
+                origin_server_ts=self._clock_ms(),
+            )
+            invite = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
+            await check_against_state(self._persister, room_version, invite, context.auth_state)
+            stripped = []
+            for key in ((C.CREATE, ""), (C.JOIN_RULES, ""), ("m.room.name", "")):
+                event_id = context.auth_state.get(key)
+                if event_id is not None:
+                    loaded = (await self._persister.load_events([event_id])).get(event_id)
+                    if loaded is not None:
+                        stripped.append({"type": loaded.type, "state_key": loaded.state_key,
+                                         "sender": loaded.sender, "content": thaw(loaded.content)})
+            response = await self._client.put_json(
+                server_name_of(invitee),
+                f"/_matrix/federation/v2/invite/{quote_path(room_id)}/{quote_path(invite.event_id)}",
+                {"event": invite.get_pdu_json(), "room_version": room_version.identifier,
+                 "invite_room_state": stripped},
+            )
+            returned = response.get("event") if isinstance(response, dict) else None
+            cosigned = await parse_and_verify(self._keyring, room_version, returned)
+            if cosigned.event_id != invite.event_id:
+                raise JoinError(f"{server_name_of(invitee)} returned another event than our invite")
+            await self._persister.persist_locked(room_version, cosigned, is_local=True)
+        return cosigned

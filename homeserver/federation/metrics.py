@@ -1,0 +1,50 @@
+"""Federation metrics: inbound transactions and PDUs by outcome, outbound requests by outcome."""
+
+# tests: tests/unit/federation/test_metrics.py
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter
+
+TRANSACTION_OUTCOMES: Final = ("processed", "repeat", "refused")
+PDU_OUTCOMES: Final = ("accepted", "rejected", "soft_failed", "invalid", "missing_events")
+REQUEST_OUTCOMES: Final = ("ok", "http_error", "network_error")
+METHODS: Final = ("GET", "PUT", "POST")
+
+
+@attrs.frozen
+class FederationMetrics:
+    transactions: Counter
+    pdus: Counter
+    requests: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> FederationMetrics:
+        metrics = cls(
+            transactions=Counter(
+                "tributary_federation_transactions_received_total",
+                "Inbound PUT /send transactions, by outcome (processed, a repeat answered from storage, refused).",
+                ["outcome"], registry=registry,
+            ),
+            pdus=Counter(
+                "tributary_federation_pdus_received_total",
+                "PDUs received in inbound transactions, by the outcome of their checks.",
+                ["outcome"], registry=registry,
+            ),
+            requests=Counter(
+                "tributary_federation_requests_sent_total",
+                "Outbound federation requests, by HTTP method and outcome.",
+                ["method", "outcome"], registry=registry,
+            ),
+        )
+        for outcome in TRANSACTION_OUTCOMES:
+            metrics.transactions.labels(outcome=outcome)
+        for outcome in PDU_OUTCOMES:
+            metrics.pdus.labels(outcome=outcome)
+        for method in METHODS:
+            for outcome in REQUEST_OUTCOMES:
+                metrics.requests.labels(method=method, outcome=outcome)
+        return metrics

@@ -1,0 +1,269 @@
+"""Routes under /_matrix/federation/v1|v2 and /_matrix/key/v2, and the services behind them.
+
+``FederationServices.build`` wires the keyring, client and handlers from the
+config; ``register_federation_servlets`` adds the routes to a router. Each
+authenticated route reads the body, checks ``X-Matrix`` (401 M_UNAUTHORIZED on
+any failure) and calls a handler with the origin.
+"""
+
+# tests: tests/integration/test_federation.py
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+from signedjson.sign import sign_json
+from signedjson.types import SigningKey
+from twisted.web.server import Request
+
+from homeserver import __version__
+from homeserver.config import HomeserverConfig
+from homeserver.federation.auth import authenticate_request
+from homeserver.federation.client import FederationClient
+from homeserver.federation.history import HistoryHandler
+from homeserver.federation.keys import Keyring, server_key_response
+from homeserver.federation.membership import MembershipHandler
+from homeserver.federation.metrics import FederationMetrics
+from homeserver.federation.sender import SimpleSender
+from homeserver.federation.transaction import TransactionHandler
+from homeserver.handlers.event_persistence import EventPersister, StreamIdAllocator
+from homeserver.http.errors import bad_json, not_found
+from homeserver.http.server import JsonRouter, parse_json_body, parse_json_object
+from storage.stores.events import EventsStore
+from storage.stores.federation import FederationStore
+
+FED_V1 = "/_matrix/federation/v1"
+FED_V2 = "/_matrix/federation/v2"
+KEY_V2 = "/_matrix/key/v2"
+_SEG = "[^/]+"
+
+
+@attrs.define
+class FederationServices:
+    server_name: str
+    signing_key: SigningKey
+    clock_ms: Callable[[], int]
+    client: FederationClient
+    keyring: Keyring
+    transactions: TransactionHandler
+    membership: MembershipHandler
+    history: HistoryHandler
+    sender: SimpleSender
+    # Called with the origin of every authenticated inbound request: the server is up
+    # (the federation sender clears its backoff and wakes its queue).
+    remote_up_hooks: list[Callable[[str], None]] = attrs.field(factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        config: HomeserverConfig,
+        reactor: Any,
+        *,
+        signing_key: SigningKey,
+        store: EventsStore,
+        persister: EventPersister,
+        stream_ids: StreamIdAllocator,
+        instance_name: str,
+        federation_store: FederationStore,
+        metrics: FederationMetrics,
+    ) -> FederationServices:
+        server_name = config.server_name
+
+        def clock_ms() -> int:
+            return int(reactor.seconds() * 1000)
+
+        client = FederationClient(
+            reactor, server_name=server_name, signing_key=signing_key,
+            verify_certificates=config.federation.verify_certificates,
+            ip_range_whitelist=config.federation.ip_range_whitelist, metrics=metrics,
+        )
+
+        async def fetch_direct(server: str) -> Any:
+            return await client.get_json(server, f"{KEY_V2}/server", signed=False, timeout=15)
+
+        async def fetch_notary(notary: str, server: str, key_ids: Any) -> Any:
+            body: dict[str, Any] = {"server_keys": {server: {k: {} for k in key_ids}}}
+            return await client.post_json(notary, f"{KEY_V2}/query", body, signed=False, timeout=15)
+
+        keyring = Keyring(server_name=server_name, signing_key=signing_key, clock_ms=clock_ms,
+                          fetch_direct=fetch_direct, fetch_notary=fetch_notary, key_store=federation_store,
+                          notaries=config.federation.trusted_key_servers)
+        services = cls(
+            server_name=server_name, signing_key=signing_key, clock_ms=clock_ms, client=client, keyring=keyring,
+            transactions=TransactionHandler(server_name=server_name, store=store, persister=persister,
+                                            keyring=keyring, client=client, txn_store=federation_store,
+                                            clock_ms=clock_ms, metrics=metrics),
+            membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
+                                         persister=persister, stream_ids=stream_ids, keyring=keyring,
+                                         client=client, clock_ms=clock_ms, instance_name=instance_name),
+            history=HistoryHandler(server_name=server_name, store=store, persister=persister, clock_ms=clock_ms),
+            sender=SimpleSender(server_name=server_name, store=store, client=client, clock_ms=clock_ms),
+        )
+        persister.add_listener(services.sender.on_persisted)
+        services.membership.forward = services.sender.forward
+        return services
+
+    async def stop(self) -> None:
+        await self.sender.wait_idle()
+        await self.client.close()
+
+    # --- key server --------------------------------------------------------------------
+
+    def key_response(self) -> dict[str, Any]:
+        return server_key_response(self.server_name, self.signing_key, self.clock_ms())
+
+    async def key_query(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /_matrix/key/v2/query``: what we know of each server's keys, with our signature added."""
+        wanted = body.get("server_keys")
+        if not isinstance(wanted, Mapping):
+            raise bad_json("'server_keys' must be an object")
+        results = []
+        for server, key_ids in list(wanted.items())[:100]:
+            if not isinstance(server, str):
+                continue
+            if server == self.server_name:
+                results.append(self.key_response())
+                continue
+            ids = list(key_ids) if isinstance(key_ids, Mapping) else []
+            try:
+                await self.keyring.get_server_keys(server, ids, at_ms=self.clock_ms())
+            except Exception:  # unreachable server: answer with what we have, possibly nothing
+                pass
+            cached = self.keyring.cached_response(server)
+            if cached is not None:
+                results.append(sign_json(dict(cached), self.server_name, self.signing_key))
+        return {"server_keys": results}
+
+
+Authed = Callable[[str, Request, Mapping[str, str], Any], Awaitable[tuple[int, Any]]]
+
+
+ProfileLookup = Callable[[str], Awaitable[Any]]
+"""``user_id -> row`` with ``displayname`` and ``avatar_url``; raises ``MatrixError`` 404 when unknown."""
+
+
+AliasLookup = Callable[[str], Awaitable[tuple[str, str] | None]]
+"""``#alias:server -> (room_id, creator)`` from the local alias directory, or None."""
+
+
+def register_federation_servlets(router: JsonRouter, fed: FederationServices, *,
+                                 profile_lookup: ProfileLookup | None = None,
+                                 alias_lookup: AliasLookup | None = None) -> None:
+    async def version(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, {"server": {"name": "Tributary", "version": __version__}}
+
+    async def key_server(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, fed.key_response()
+
+    async def key_query(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, await fed.key_query(parse_json_object(request))
+
+    router.register(["GET"], f"{FED_V1}/version", version, "federation_version")
+    router.register(["GET"], f"{KEY_V2}/server(?:/{_SEG})?", key_server, "key_server")
+    router.register(["POST"], f"{KEY_V2}/query", key_query, "key_query")
+
+    def authed(method: str, pattern: str, handler: Authed, servlet: str, *, has_body: bool = False) -> None:
+        async def wrapped(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+            content = parse_json_body(request) if has_body else None
+            origin = await authenticate_request(
+                request.requestHeaders.getRawHeaders(b"Authorization"),
+                method, request.uri.decode("ascii", "replace"), fed.server_name, content,
+                fed.keyring.get_verify_key,
+            )
+            for hook in fed.remote_up_hooks:
+                hook(origin)
+            return await handler(origin, request, params, content)
+
+        router.register([method], pattern, wrapped, servlet)
+
+    def args(request: Request, name: str) -> list[str]:
+        return [v.decode("utf-8", "replace") for v in (request.args or {}).get(name.encode(), [])]
+
+    async def send(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        if not isinstance(body, dict):
+            raise bad_json("a transaction must be a JSON object")
+        return 200, await fed.transactions.on_send(origin, p["txn_id"], body)
+
+    async def make_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return 200, await fed.membership.make_join(origin, p["room_id"], p["user_id"], args(request, "ver"))
+
+    async def send_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body)
+
+    async def get_event(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return 200, await fed.history.get_event(origin, p["event_id"])
+
+    def event_id_arg(request: Request) -> str:
+        ids = args(request, "event_id")
+        if not ids:
+            raise bad_json("missing the event_id query parameter")
+        return ids[0]
+
+    async def state_ids(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return 200, await fed.history.state_ids(origin, p["room_id"], event_id_arg(request))
+
+    async def state(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return 200, await fed.history.state(origin, p["room_id"], event_id_arg(request))
+
+    async def backfill(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        limits = args(request, "limit")
+        limit = int(limits[0]) if limits and limits[0].isdigit() and len(limits[0]) < 6 else 10
+        return 200, await fed.history.backfill(origin, p["room_id"], args(request, "v"), limit)
+
+    async def missing(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        if not isinstance(body, dict):
+            raise bad_json("body must be a JSON object")
+        return 200, await fed.history.get_missing_events(origin, p["room_id"], body)
+
+    async def make_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return 200, await fed.membership.make_leave(origin, p["room_id"], p["user_id"])
+
+    async def send_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return 200, await fed.membership.send_leave(origin, p["room_id"], p["event_id"], body)
+
+    async def invite(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        return 200, await fed.membership.on_invite(origin, p["room_id"], p["event_id"], body)
+
+    async def profile(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        user_ids = args(request, "user_id")
+        if not user_ids:
+            raise bad_json("missing the user_id query parameter")
+        if profile_lookup is None:
+            raise not_found("profiles are not served by this process")
+        row = await profile_lookup(user_ids[0])
+        result = {k: v for k, v in (("displayname", row.displayname), ("avatar_url", row.avatar_url)) if v is not None}
+        fields = args(request, "field")
+        if fields:
+            result = {k: v for k, v in result.items() if k == fields[0]}
+        return 200, result
+
+    authed("GET", f"{FED_V1}/make_leave/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", make_leave, "federation_make_leave")
+    authed("PUT", f"{FED_V2}/send_leave/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", send_leave,
+           "federation_send_leave", has_body=True)
+    authed("PUT", f"{FED_V2}/invite/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", invite, "federation_invite",
+           has_body=True)
+    async def directory(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        aliases = args(request, "room_alias")
+        if not aliases:
+            raise bad_json("missing the room_alias query parameter")
+        entry = await alias_lookup(aliases[0]) if alias_lookup is not None else None
+        if entry is None:
+            raise not_found(f"Room alias {aliases[0][:255]} not found")
+        servers = sorted(await fed.membership.servers_in_room(entry[0]) | {fed.server_name})
+        return 200, {"room_id": entry[0], "servers": [fed.server_name, *(s for s in servers if s != fed.server_name)]}
+
+    authed("GET", f"{FED_V1}/query/profile", profile, "federation_query_profile")
+    authed("GET", f"{FED_V1}/query/directory", directory, "federation_query_directory")
+    authed("PUT", f"{FED_V1}/send/(?P<txn_id>{_SEG})", send, "federation_send", has_body=True)
+    authed("GET", f"{FED_V1}/make_join/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", make_join, "federation_make_join")
+    authed("PUT", f"{FED_V2}/send_join/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", send_join,
+           "federation_send_join", has_body=True)
+    authed("GET", f"{FED_V1}/event/(?P<event_id>{_SEG})", get_event, "federation_event")
+    authed("GET", f"{FED_V1}/state_ids/(?P<room_id>{_SEG})", state_ids, "federation_state_ids")
+    authed("GET", f"{FED_V1}/state/(?P<room_id>{_SEG})", state, "federation_state")
+    authed("GET", f"{FED_V1}/backfill/(?P<room_id>{_SEG})", backfill, "federation_backfill")
+    authed("POST", f"{FED_V1}/get_missing_events/(?P<room_id>{_SEG})", missing, "federation_get_missing_events",
+           has_body=True)
+

@@ -1,0 +1,478 @@
+"""Two homeservers federating over real TLS on loopback, each with its own PostgreSQL database.
+
+Both servers run in this test process (``HomeServer`` objects, as in
+test_client_support.py) but talk to each other only through their federation
+listeners: self-signed certificates, server names ``localhost:PORT``,
+``verify_certificates: false`` and loopback whitelisted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import quote as _quote
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from signedjson.key import generate_signing_key
+from twisted.internet import task
+
+from homeserver.app import HomeServer
+from homeserver.config import parse_config
+from homeserver.events import EventTemplate, FrozenEvent, create_local_event, make_event, parse_create_room_request
+from homeserver.events.canonical import thaw
+from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError, Target
+from homeserver.federation.keys import parse_key_response
+from homeserver.federation.membership import JoinError
+from storage.stores.federation import FederationStore
+from tests.conftest import PG_ADMIN_DSN, _admin_connection, _with_dbname
+from tests.harness import free_port
+from tests.integration.test_client_support import GENEROUS, Client
+from tests.twisted_plugin import reactor
+
+
+def quote(value: str) -> str:
+    return _quote(value, safe="")
+
+FED = {"verify_certificates": False, "ip_range_whitelist": ["127.0.0.0/8"]}
+
+
+def _config(dsn: str, tmp_path: Path, port: int) -> dict[str, Any]:
+    return {
+        "server_name": f"localhost:{port}",
+        "data_dir": str(tmp_path),
+        "listeners": [
+            {"type": "http", "port": free_port(), "resources": ["client", "health"]},
+            {"type": "http", "port": port, "tls": True, "resources": ["federation", "keys"]},
+        ],
+        "database": {"url": dsn, "max_connections": 4},
+        "log_level": "WARNING",
+        "federation": FED,
+        "enable_registration": True,
+        "bcrypt_rounds": 4,
+        "rc_registration": GENEROUS,
+        "rc_message": {"per_second": 1000, "burst_count": 1000},
+    }
+
+
+@asynccontextmanager
+async def two_servers(dsn_a: str, dsn_b: str, tmp_path: Path) -> AsyncIterator[tuple[HomeServer, HomeServer]]:
+    servers = []
+    try:
+        for name, dsn in (("a", dsn_a), ("b", dsn_b)):
+            path = tmp_path / name
+            path.mkdir()
+            config = parse_config(_config(dsn, path, free_port()), config_path=path / "homeserver.yaml")
+            hs = HomeServer(config, reactor, registry=CollectorRegistry())
+            await hs.start()
+            servers.append(hs)
+        yield servers[0], servers[1]
+    finally:
+        for hs in reversed(servers):
+            await hs.stop()
+
+
+async def eventually(check: Any, timeout: float = 10.0) -> Any:
+    """Poll ``check()`` (async) until it returns something truthy."""
+    for _ in range(int(timeout / 0.05)):
+        result = await check()
+        if result:
+            return result
+        await task.deferLater(reactor, 0.05, lambda: None)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def name(hs: HomeServer) -> str:
+    return hs.config.server_name
+
+
+async def stored(hs: HomeServer, event_id: str) -> Any:
+    assert hs.events_store is not None
+    return await hs.events_store.get_event(event_id)
+
+
+async def crafted(b: HomeServer, room_id: str, template: EventTemplate, sender: str, *,
+                  signing_key: Any = None) -> FrozenEvent:
+    """An event B's user would send, built on B's view of the room and signed, but not stored on B."""
+    assert b.events_store is not None and b.room_events is not None and b.signing_key is not None
+    version = await b.room_events.room_version(room_id)
+    current = await b.events_store.get_current_state_ids(room_id)
+    extremities = await b.events_store.get_forward_extremities(room_id)
+    return create_local_event(
+        version, template, sender=sender, room_id=room_id, current_state=current,
+        forward_extremities=extremities, origin_server_ts=int(reactor.seconds() * 1000),
+        server_name=name(b), signing_key=signing_key or b.signing_key,
+    )
+
+
+async def send_txn(b: HomeServer, a: HomeServer, txn_id: str, pdus: list[Any]) -> Any:
+    assert b.federation is not None
+    return await b.federation.client.put_json(
+        name(a), f"/_matrix/federation/v1/send/{txn_id}", {"origin": name(b), "origin_server_ts": 0, "pdus": pdus, "edus": []}
+    )
+
+
+@pytest.fixture
+def second_dsn(postgres_template: str) -> Iterator[str]:
+    """Another fresh, migrated database: server B's."""
+    db_name = f"tributary_test_{uuid.uuid4().hex[:16]}"
+    conn = _admin_connection()
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{db_name}" TEMPLATE "{postgres_template}"')
+    try:
+        yield _with_dbname(PG_ADMIN_DSN, db_name)
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        conn.close()
+
+
+@pytest.mark.timeout(90)
+async def test_join_chat_and_reject_bad_input(database_dsn: str, second_dsn: str, tmp_path: Path) -> None:
+    """Bob on B joins Alice's room on A by room ID; messages flow both ways; then B misbehaves
+    in every way the spec names and A answers each with a 4xx or a per-PDU error, never a 5xx."""
+    async with two_servers(database_dsn, second_dsn, tmp_path) as (a, b):
+        await _scenario(a, b)
+
+
+@pytest.mark.timeout(90)
+async def test_invites_leave_history_and_profile(database_dsn: str, second_dsn: str, tmp_path: Path) -> None:
+    """Alice (A) invites Dave (B), who rejects through make_leave/send_leave, and Bob (B), who
+    joins the invite-only room; Bob then invites Carol (A) from B; B reads A's history
+    (state_ids, get_missing_events, backfill) and a profile; Bob leaves."""
+    async with two_servers(database_dsn, second_dsn, tmp_path) as (a, b):
+        assert a.room_events is not None and b.room_events is not None and b.federation is not None
+        assert a.federation is not None and a.events_store is not None and b.events_store is not None
+        alice, bob, carol, dave = f"@alice:{name(a)}", f"@bob:{name(b)}", f"@carol:{name(a)}", f"@dave:{name(b)}"
+        room_id = await a.room_events.create_room(alice, parse_create_room_request({"preset": "private_chat"}))
+
+        # Invite to a server not in the room: held by B, and rejected via make_leave/send_leave.
+        invite = await a.federation.membership.invite_remote(room_id, alice, dave)
+        assert b.federation.membership.pending_invites[(room_id, dave)].event_id == invite.event_id
+        assert name(b) in invite.signatures  # B cosigned it
+        leave = await b.federation.membership.leave_remote(room_id, dave, [name(a)])
+        a_state = await a.events_store.get_current_state_ids(room_id)
+        assert a_state[("m.room.member", dave)] == leave.event_id
+
+        # Invite, then join the invite-only room.
+        await a.federation.membership.invite_remote(room_id, alice, bob)
+        await b.federation.membership.join_remote(room_id, bob, [name(a)])
+        # Without an invite the join fails: a stranger cannot get in.
+        with pytest.raises(JoinError):
+            await b.federation.membership.join_remote(room_id, f"@eve:{name(b)}", [name(a)])
+
+        # Bob invites Carol from B: A cosigns, B persists, and the event reaches A by /send.
+        carol_invite = await b.federation.membership.invite_remote(room_id, bob, carol)
+        await eventually(lambda: stored(a, carol_invite.event_id))
+        assert (await a.events_store.get_current_state_ids(room_id))[("m.room.member", carol)] == carol_invite.event_id
+
+        # History served by A.
+        msgs = [await a.room_events.send(room_id, EventTemplate("m.room.message", {"body": str(i)}), alice)
+                for i in range(3)]
+        await eventually(lambda: stored(b, msgs[-1].event_id))
+        client = b.federation.client
+        state_ids = await client.get_json(name(a), f"/_matrix/federation/v1/state_ids/{quote(room_id)}",
+                                          query={"event_id": msgs[0].event_id})
+        assert set(state_ids["pdu_ids"]) == set((await a.events_store.get_current_state_ids(room_id)).values())
+        missing = await client.post_json(
+            name(a), f"/_matrix/federation/v1/get_missing_events/{quote(room_id)}",
+            {"earliest_events": [msgs[0].event_id], "latest_events": [msgs[2].event_id], "limit": 10},
+        )
+        assert [e["content"]["body"] for e in missing["events"]] == ["1"]
+        backfill = await client.get_json(name(a), f"/_matrix/federation/v1/backfill/{quote(room_id)}",
+                                         query={"v": msgs[2].event_id, "limit": 3})
+        assert [e["content"].get("body") for e in backfill["pdus"]] == ["2", "1", "0"]
+
+        # Profiles: an unknown user is a 404, not a 5xx.
+        with pytest.raises(HttpResponseError) as info:
+            await client.get_json(name(a), "/_matrix/federation/v1/query/profile", query={"user_id": alice})
+        assert info.value.code == 404
+
+        # Bob leaves from B; A sees it.
+        bye = await b.room_events.send(room_id, EventTemplate("m.room.member", {"membership": "leave"}, bob), bob)
+        await eventually(lambda: stored(a, bye.event_id))
+        assert (await a.events_store.get_current_state_ids(room_id))[("m.room.member", bob)] == bye.event_id
+
+
+@pytest.mark.timeout(90)
+async def test_messages_reach_the_other_sides_sync(database_dsn: str, second_dsn: str, tmp_path: Path) -> None:
+    """Registered users on each server: Bob (B) joins Alice's (A) room, and each one's /sync
+    shows the other's message."""
+    async with two_servers(database_dsn, second_dsn, tmp_path) as (a, b):
+        assert a.room_events is not None and b.room_events is not None and b.federation is not None
+        ca = Client(f"http://127.0.0.1:{a.config.listeners[0].port}")
+        cb = Client(f"http://127.0.0.1:{b.config.listeners[0].port}")
+        alice = await ca.register_ok("alice")
+        bob = await cb.register_ok("bob")
+        room_id = await a.room_events.create_room(alice["user_id"], parse_create_room_request({"preset": "public_chat"}))
+        await b.federation.membership.join_remote(room_id, bob["user_id"], [name(a)])
+        hello = await a.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Bob"}), alice["user_id"])
+        reply = await b.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Alice"}), bob["user_id"])
+        await eventually(lambda: stored(a, reply.event_id))
+        await eventually(lambda: stored(b, hello.event_id))
+
+        async def timeline_ids(client: Client, token: str) -> set[str]:
+            response = await client.request("GET", "sync?timeout=0", token=token)
+            assert response.status == 200, response
+            room = response.body.get("rooms", {}).get("join", {}).get(room_id, {})
+            return {e["event_id"] for e in room.get("timeline", {}).get("events", [])}
+
+        assert {hello.event_id, reply.event_id} <= await timeline_ids(cb, bob["access_token"])
+        assert {hello.event_id, reply.event_id} <= await timeline_ids(ca, alice["access_token"])
+
+
+async def test_ip_blacklist_refuses_loopback_unless_whitelisted(database_dsn: str, second_dsn: str,
+                                                               tmp_path: Path) -> None:
+    async with two_servers(database_dsn, second_dsn, tmp_path) as (a, b):
+        assert b.signing_key is not None
+        strict = FederationClient(reactor, server_name=name(b), signing_key=b.signing_key,
+                                  verify_certificates=False, ip_range_whitelist=())
+        try:
+            with pytest.raises(FederationClientError, match="blacklist"):
+                await strict.get_json(name(a), "/_matrix/federation/v1/version", signed=False)
+        finally:
+            await strict.close()
+
+
+async def _scenario(a: HomeServer, b: HomeServer) -> None:
+    assert a.room_events is not None and b.room_events is not None and b.federation is not None
+    assert a.events_store is not None and b.events_store is not None
+    alice, bob = f"@alice:{name(a)}", f"@bob:{name(b)}"
+
+    # Keys: B fetches A's signed key response over the federation listener.
+    body = await b.federation.client.get_json(name(a), "/_matrix/key/v2/server", signed=False)
+    keys = parse_key_response(name(a), body, int(reactor.seconds() * 1000))
+    assert list(keys) == [f"ed25519:{a.signing_key.version}"]  # type: ignore[union-attr]
+    version = await b.federation.client.get_json(name(a), "/_matrix/federation/v1/version", signed=False)
+    assert version["server"]["name"] == "Tributary"
+
+    # Join: Bob joins Alice's public room by its alias on A (GET /query/directory, then make/send_join).
+    room_id = await a.room_events.create_room(alice, parse_create_room_request({"preset": "public_chat"}))
+    alias = f"#lobby:{name(a)}"
+    assert await a.rooms.timeline.create_alias(alias, room_id, alice)
+    with pytest.raises(HttpResponseError) as info:
+        await b.federation.membership.resolve_alias(f"#nope:{name(a)}")
+    assert info.value.code == 404
+    join = await b.federation.membership.join_by_alias(alias, bob)
+    a_state = await a.events_store.get_current_state_ids(room_id)
+    b_state = await b.events_store.get_current_state_ids(room_id)
+    assert a_state[("m.room.member", bob)] == join.event_id
+    assert b_state == a_state
+    assert await b.events_store.get_joined_servers(room_id) == {name(a), name(b)}
+
+    # Messages both ways reach the other side's database.
+    hello = await a.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Bob"}), alice)
+    row = await eventually(lambda: stored(b, hello.event_id))
+    assert not row.outlier and row.rejection_reason is None
+    reply = await b.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Alice"}), bob)
+    row = await eventually(lambda: stored(a, reply.event_id))
+    assert not row.outlier and row.rejection_reason is None
+    await eventually(lambda: stored(b, reply.event_id))
+
+    # A gap: B is unreachable from A for two messages; the third arrives with unknown prev_events,
+    # and B fetches the two with get_missing_events before storing it.
+    assert a.federation is not None
+    resolver = a.federation.client.resolver
+    real_target = await resolver.resolve(name(b))
+    await a.federation.client.close()  # no pooled connection to B survives
+    resolver._cache[name(b)] = Target("127.0.0.1", free_port(), "localhost")  # nothing listens there
+    lost = [await a.room_events.send(room_id, EventTemplate("m.room.message", {"body": f"lost {i}"}), alice)
+            for i in range(2)]
+    await a.federation.sender.wait_idle()
+    assert await stored(b, lost[0].event_id) is None
+    resolver._cache[name(b)] = real_target
+    third = await a.room_events.send(room_id, EventTemplate("m.room.message", {"body": "third"}), alice)
+    row = await eventually(lambda: stored(b, third.event_id))
+    assert not row.outlier
+    for event in lost:
+        row = await stored(b, event.event_id)
+        assert row is not None and not row.outlier and row.rejection_reason is None
+
+    # A forged signature: signed by a key that is not B's.
+    forged = await crafted(b, room_id, EventTemplate("m.room.message", {"body": "forged"}), bob,
+                           signing_key=generate_signing_key(b.signing_key.version))  # type: ignore[union-attr]
+    result = await send_txn(b, a, "forged", [forged.get_pdu_json()])
+    assert "error" in result["pdus"][forged.event_id]
+    assert await stored(a, forged.event_id) is None
+
+    # A wrong content hash: the signature (over the redacted form) holds, so A keeps the redacted copy.
+    good = await crafted(b, room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "original"}), bob)
+    tampered = thaw(good.get_pdu_json())
+    tampered["content"]["body"] = "tampered"
+    result = await send_txn(b, a, "hash", [tampered])
+    assert result["pdus"][good.event_id] == {}
+    row = await stored(a, good.event_id)
+    assert row is not None and row.pdu()["content"] == {}
+
+    # An event that fails auth: Bob (power 0) changes the power levels; stored as rejected.
+    pl_id = a_state[("m.room.power_levels", "")]
+    pl = (await a.persister.load_events([pl_id]))[pl_id]  # type: ignore[union-attr]
+    grab = await crafted(b, room_id, EventTemplate("m.room.power_levels", {**thaw(pl.content), "users": {bob: 100}}, ""), bob)
+    result = await send_txn(b, a, "auth", [grab.get_pdu_json()])
+    assert "error" in result["pdus"][grab.event_id]
+    row = await stored(a, grab.event_id)
+    assert row is not None and row.rejection_reason
+    assert (await a.events_store.get_current_state_ids(room_id))[("m.room.power_levels", "")] == pl_id
+
+    # A replayed txnId: answered from the stored response, the new PDU is not processed.
+    first = await crafted(b, room_id, EventTemplate("m.room.message", {"body": "once"}), bob)
+    r1 = await send_txn(b, a, "replay", [first.get_pdu_json()])
+    second = await crafted(b, room_id, EventTemplate("m.room.message", {"body": "twice"}), bob)
+    r2 = await send_txn(b, a, "replay", [second.get_pdu_json()])
+    assert r1 == r2 == {"pdus": {first.event_id: {}}}
+    assert await stored(a, second.event_id) is None
+    # Both survive a restart: the response and A's verified key response are in the databases.
+    assert a.db is not None and b.db is not None
+    assert await FederationStore(a.db).get_transaction_response(name(b), "replay") == r1
+    stored_keys = await FederationStore(b.db).get_key_response(name(a))
+    assert stored_keys is not None and stored_keys.response["server_name"] == name(a)
+
+    # Malformed PDUs get per-PDU errors (or are dropped when they name no room), not a 5xx.
+    junk: list[Any] = [1, "x", None, {"room_id": room_id}, {"room_id": room_id, "type": 5, "content": []},
+                       {**good.get_pdu_json(), "prev_events": "nope"}, {"room_id": "!unknown:nowhere"}]
+    result = await send_txn(b, a, "junk", junk)
+    assert all("error" in r for r in result["pdus"].values())
+    for path, body in (("/_matrix/federation/v1/send/bad1", {"pdus": "no"}),
+                       (f"/_matrix/federation/v2/send_join/{quote(room_id)}/$x", {"type": "m.room.member"}),
+                       (f"/_matrix/federation/v2/invite/{quote(room_id)}/$x", {"event": {}, "room_version": "12"})):
+        with pytest.raises(HttpResponseError) as info:
+            await b.federation.client.put_json(name(a), path, body)
+        assert 400 <= info.value.code < 500, (path, info.value)
+
+    # 51 PDUs: the whole transaction is refused with 400.
+    with pytest.raises(HttpResponseError) as info:
+        await send_txn(b, a, "big", [first.get_pdu_json()] * 51)
+    assert info.value.code == 400
+    sample = a.registry.get_sample_value
+    assert sample("tributary_federation_transactions_received_total", {"outcome": "repeat"}) == 1
+    assert sample("tributary_federation_transactions_received_total", {"outcome": "refused"}) == 2  # "pdus" not a list, and 51 PDUs
+    assert sample("tributary_federation_pdus_received_total", {"outcome": "rejected"}) == 1
+    assert (sample("tributary_federation_pdus_received_total", {"outcome": "invalid"}) or 0) >= 2
+
+    # X-Matrix for a key A cannot find for B: 401 M_UNAUTHORIZED.
+    impostor = FederationClient(reactor, server_name=name(b), signing_key=generate_signing_key("other"),
+                                verify_certificates=False, ip_range_whitelist=["127.0.0.0/8"])
+    # X-Matrix naming the right key, signed by another: 401 too.
+    wrong_sig = FederationClient(reactor, server_name=name(b),
+                                 signing_key=generate_signing_key(b.signing_key.version),  # type: ignore[union-attr]
+                                 verify_certificates=False, ip_range_whitelist=["127.0.0.0/8"])
+    port = name(a).rsplit(":", 1)[1]
+    try:
+        for client, destination in ((impostor, name(a)), (wrong_sig, name(a)),
+                                    # right key, but signed for another destination (same listener)
+                                    (b.federation.client, f"127.0.0.1:{port}")):
+            with pytest.raises(HttpResponseError) as info:
+                await client.get_json(destination, f"/_matrix/federation/v1/event/{hello.event_id}")
+            assert (info.value.code, info.value.json["errcode"]) == (401, "M_UNAUTHORIZED")
+    finally:
+        await impostor.close()
+        await wrong_sig.close()
+    # The same request properly signed is served.
+    served = await b.federation.client.get_json(name(a), f"/_matrix/federation/v1/event/{hello.event_id}")
+    assert make_event(hello.room_version, served["pdus"][0]).event_id == hello.event_id
+
+
+def test_tributary_process_serves_keys_and_refuses_unsigned_requests(database_dsn: str, tmp_path: Path) -> None:
+    """The real ``tributary`` process: a TLS federation listener with a self-signed certificate,
+    the signed key response, /version, and 401 M_UNAUTHORIZED for a request signed by a stranger."""
+    from tests.harness import TributaryProcess
+
+    fed_port = free_port()
+    proc = TributaryProcess.configure(tmp_path, database_url=database_dsn, server_name=f"localhost:{fed_port}")
+    import yaml
+
+    config = yaml.safe_load(proc.config_path.read_text())
+    config["listeners"].append({"type": "http", "port": fed_port, "tls": True, "resources": ["federation", "keys"]})
+    config["federation"] = FED
+    proc.config_path.write_text(yaml.safe_dump(config))
+    proc.start()
+    try:
+        from tests.twisted_plugin import run_sync
+
+        async def check() -> None:
+            stranger = FederationClient(reactor, server_name="stranger.invalid", signing_key=generate_signing_key("s"),
+                                        verify_certificates=False, ip_range_whitelist=["127.0.0.0/8"])
+            try:
+                server = f"localhost:{fed_port}"
+                body = await stranger.get_json(server, "/_matrix/key/v2/server", signed=False)
+                assert parse_key_response(server, body, int(reactor.seconds() * 1000))
+                version = await stranger.get_json(server, "/_matrix/federation/v1/version", signed=False)
+                assert version["server"]["name"] == "Tributary"
+                with pytest.raises(HttpResponseError) as info:
+                    await stranger.put_json(server, "/_matrix/federation/v1/send/t1", {"pdus": [], "edus": []},
+                                            timeout=20)
+                assert (info.value.code, info.value.json["errcode"]) == (401, "M_UNAUTHORIZED")
+                # The client listener does not serve federation paths.
+                status, _ = proc.get("/_matrix/federation/v1/version")
+                assert status == 404
+                # ... and the federation listener does not serve the client API.
+                with pytest.raises(HttpResponseError) as info:
+                    await stranger.get_json(server, "/_matrix/client/versions", signed=False)
+                assert info.value.code == 404
+            finally:
+                await stranger.close()
+
+        run_sync(check())
+    finally:
+        assert proc.stop() == 0
+
+
+@pytest.mark.timeout(90)
+async def test_real_process_room_joined_by_alias(database_dsn: str, second_dsn: str, tmp_path: Path) -> None:
+    """A is a real ``tributary`` process driven through its client API (register, createRoom
+    with an alias, send, sync); B runs in this process. Bob on B joins Alice's room by alias,
+    and messages flow both ways into both databases and Alice's /sync."""
+    from tests.harness import TributaryProcess
+
+    fed_port = free_port()
+    (tmp_path / "a").mkdir()
+    proc = TributaryProcess.configure(tmp_path / "a", database_url=database_dsn, server_name=f"localhost:{fed_port}",
+                                      extra={"federation": FED})
+    import yaml
+
+    config = yaml.safe_load(proc.config_path.read_text())
+    config["listeners"].append({"type": "http", "port": fed_port, "tls": True, "resources": ["federation", "keys"]})
+    proc.config_path.write_text(yaml.safe_dump(config))
+    a_name = f"localhost:{fed_port}"
+    proc.start()
+    try:
+        (tmp_path / "b").mkdir()
+        b_config = parse_config(_config(second_dsn, tmp_path / "b", free_port()),
+                                config_path=tmp_path / "b" / "homeserver.yaml")
+        b = HomeServer(b_config, reactor, registry=CollectorRegistry())
+        await b.start()
+        try:
+            assert b.federation is not None and b.room_events is not None
+            ca = Client(proc.base_url)
+            alice = await ca.register_ok("alice")
+            created = await ca.request("POST", "createRoom", {"preset": "public_chat", "room_alias_name": "lobby"},
+                                       token=alice["access_token"])
+            assert created.status == 200, created
+            room_id = created.body["room_id"]
+            bob = f"@bob:{name(b)}"
+            join = await b.federation.membership.join_by_alias(f"#lobby:{a_name}", bob)
+            assert join.room_id == room_id
+
+            sent = await ca.request("PUT", f"rooms/{quote(room_id)}/send/m.room.message/t1",
+                                    {"msgtype": "m.text", "body": "hi Bob"}, token=alice["access_token"])
+            assert sent.status == 200, sent
+            row = await eventually(lambda: stored(b, sent.body["event_id"]))
+            assert not row.outlier and row.rejection_reason is None
+
+            reply = await b.room_events.send(
+                room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Alice"}), bob
+            )
+
+            async def alice_sees_reply() -> bool:
+                response = await ca.request("GET", "sync?timeout=0", token=alice["access_token"])
+                room = response.body.get("rooms", {}).get("join", {}).get(room_id, {})
+                return reply.event_id in {e["event_id"] for e in room.get("timeline", {}).get("events", [])}
+
+            await eventually(alice_sees_reply)
+        finally:
+            await b.stop()
+    finally:
+        assert proc.stop() == 0

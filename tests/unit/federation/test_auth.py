@@ -1,0 +1,96 @@
+"""X-Matrix request signing and verification, without a network."""
+
+from __future__ import annotations
+
+import pytest
+from signedjson.key import generate_signing_key, get_verify_key
+
+from homeserver.federation.auth import (
+    XMatrixError,
+    authenticate_request,
+    parse_x_matrix,
+    sign_request,
+    verify_request_signature,
+)
+from homeserver.http.errors import MatrixError
+from tests.twisted_plugin import run_sync
+
+KEY = generate_signing_key("k1")
+URI = "/_matrix/federation/v1/send/txn1?x=1"
+BODY = {"pdus": [], "edus": [{"edu_type": "m.typing", "content": {"typing": True}}]}
+
+
+def _header(**overrides: str) -> str:
+    return sign_request(
+        overrides.get("method", "PUT"), overrides.get("uri", URI), "origin.test",
+        overrides.get("destination", "dest.test"), BODY, KEY,
+    )
+
+
+def test_parse_round_trip() -> None:
+    auth = parse_x_matrix(_header())
+    assert (auth.origin, auth.destination, auth.key) == ("origin.test", "dest.test", "ed25519:k1")
+
+
+def test_parse_accepts_unquoted_values_and_spaces() -> None:
+    auth = parse_x_matrix('X-Matrix origin=a.test, key="ed25519:k", sig="abc"')
+    assert (auth.origin, auth.destination, auth.key, auth.sig) == ("a.test", None, "ed25519:k", "abc")
+
+
+@pytest.mark.parametrize("header", ["Bearer abc", "X-Matrix origin=a.test", "X-Matrix ,,,", "X-Matrix " + "a" * 5000])
+def test_parse_rejects(header: str) -> None:
+    with pytest.raises(XMatrixError):
+        parse_x_matrix(header)
+
+
+def test_signature_verifies_for_the_signed_request() -> None:
+    verify_request_signature(parse_x_matrix(_header()), "PUT", URI, "dest.test", BODY, get_verify_key(KEY))
+
+
+@pytest.mark.parametrize(
+    "method,uri,destination,body",
+    [
+        ("POST", URI, "dest.test", BODY),                      # another method
+        ("PUT", URI + "&y=2", "dest.test", BODY),               # another URI
+        ("PUT", URI, "other.test", BODY),                       # another destination
+        ("PUT", URI, "dest.test", {"pdus": []}),                # another body
+        ("PUT", URI, "dest.test", None),                        # body dropped
+    ],
+)
+def test_signature_fails_for_anything_else(method: str, uri: str, destination: str, body: object) -> None:
+    with pytest.raises(XMatrixError):
+        verify_request_signature(parse_x_matrix(_header()), method, uri, destination, body, get_verify_key(KEY))
+
+
+def test_signature_fails_with_another_key() -> None:
+    other = generate_signing_key("k1")
+    with pytest.raises(XMatrixError):
+        verify_request_signature(parse_x_matrix(_header()), "PUT", URI, "dest.test", BODY, get_verify_key(other))
+
+
+def _authenticate(headers: list[bytes] | None, keys: dict[tuple[str, str], object]) -> str:
+    async def lookup(server: str, key_id: str) -> object:
+        return keys.get((server, key_id))
+
+    return run_sync(authenticate_request(headers, "PUT", URI, "dest.test", BODY, lookup))  # type: ignore[arg-type]
+
+
+def test_authenticate_returns_the_origin() -> None:
+    keys = {("origin.test", "ed25519:k1"): get_verify_key(KEY)}
+    assert _authenticate([_header().encode()], keys) == "origin.test"
+
+
+@pytest.mark.parametrize(
+    "headers,keys",
+    [
+        (None, {}),                                                             # no header
+        ([_header().encode()], {}),                                             # unknown origin / key
+        ([_header(destination="other.test").encode()], {("origin.test", "ed25519:k1"): get_verify_key(KEY)}),
+        ([_header().encode()], {("origin.test", "ed25519:k1"): get_verify_key(generate_signing_key("x"))}),
+        ([b"\xff\xfe"], {}),                                                    # not UTF-8
+    ],
+)
+def test_authenticate_failures_are_401(headers: list[bytes] | None, keys: dict[tuple[str, str], object]) -> None:
+    with pytest.raises(MatrixError) as info:
+        _authenticate(headers, keys)
+    assert (info.value.status, info.value.errcode) == (401, "M_UNAUTHORIZED")

@@ -1,0 +1,52 @@
+"""Server-name parsing and the outbound IP blacklist."""
+
+from __future__ import annotations
+
+import pytest
+
+from homeserver.federation.client import IpFilter, ServerName, parse_server_name
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("example.org", ServerName("example.org", None)),
+        ("example.org:8448", ServerName("example.org", 8448)),
+        ("localhost:1234", ServerName("localhost", 1234)),
+        ("1.2.3.4", ServerName("1.2.3.4", None)),
+        ("[::1]:80", ServerName("::1", 80)),
+        ("[2001:db8::1]", ServerName("2001:db8::1", None)),
+    ],
+)
+def test_parse_server_name(name: str, expected: ServerName) -> None:
+    assert parse_server_name(name) == expected
+
+
+@pytest.mark.parametrize("name", ["", ":80", "host:", "host:99999", "host:8a", "[::1", "[nope]"])
+def test_parse_server_name_rejects(name: str) -> None:
+    with pytest.raises(ValueError):
+        parse_server_name(name)
+
+
+def test_blacklist_refuses_private_ranges_by_default() -> None:
+    ips = IpFilter(())
+    for address in ("127.0.0.1", "10.1.2.3", "192.168.0.1", "169.254.1.1", "::1", "fd00::1"):
+        assert not ips.allowed(address), address
+    assert ips.allowed("8.8.8.8")
+    assert ips.allowed("2001:4860:4860::8888")
+
+
+def test_whitelist_overrides_the_blacklist() -> None:
+    ips = IpFilter(("127.0.0.0/8",))
+    assert ips.allowed("127.0.0.1")
+    assert not ips.allowed("10.0.0.1")
+
+
+def test_trusted_key_servers_config() -> None:
+    from homeserver.config import ConfigError, parse_config
+
+    base = {"server_name": "example.org", "listeners": [{"type": "http", "port": 8008}]}
+    config = parse_config({**base, "federation": {"trusted_key_servers": ["notary.example:8448"]}})
+    assert config.federation.trusted_key_servers == ("notary.example:8448",)
+    with pytest.raises(ConfigError, match=r"federation\.trusted_key_servers\[0\]"):
+        parse_config({**base, "federation": {"trusted_key_servers": ["not a name"]}})
