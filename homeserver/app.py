@@ -224,8 +224,6 @@ class HomeServer:
             signing_key=self.signing_key,
             store=self.events_store,
             persister=self.persister,
-            stream_ids=self.streams[StreamName.EVENTS],
-            instance_name=self.instance_name,
             federation_store=FederationStore(self.db),
             metrics=FederationMetrics.create(self.registry),
         )

@@ -17,7 +17,6 @@ docs/federation.md).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -48,9 +47,9 @@ from homeserver.events.redaction import prune_event_dict
 from homeserver.federation.client import FederationClient, FederationClientError
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
-from homeserver.handlers.event_persistence import EventPersister, StreamIdAllocator
+from homeserver.handlers.event_persistence import EventPersister
 from homeserver.http.errors import MatrixError, bad_json, forbidden, not_found
-from storage.stores.events import EventsStore, PersistRequest, StateKey, persist_event_txn
+from storage.stores.events import EventsStore, StateKey
 
 logger = logging.getLogger(__name__)
 
@@ -71,18 +70,14 @@ class MembershipHandler:
         signing_key: SigningKey,
         store: EventsStore,
         persister: EventPersister,
-        stream_ids: StreamIdAllocator,
         keyring: Keyring,
         client: FederationClient,
         clock_ms: Callable[[], int],
-        instance_name: str,
     ) -> None:
-        self._instance_name = instance_name
         self._server_name = server_name
         self._signing_key = signing_key
         self._store = store
         self._persister = persister
-        self._stream_ids = stream_ids
         self._keyring = keyring
         self._client = client
         self._clock_ms = clock_ms
@@ -278,7 +273,7 @@ class MembershipHandler:
             server_name_of(e.state_key) for e in state
             if e.type == C.MEMBER and e.membership == C.JOIN and e.state_key
         }
-        await self._persist_join(join, state_map, frozenset(joined | {server}) - {self._server_name})
+        await self._persist_join(room_version, join, state_map, frozenset(joined | {server}) - {self._server_name})
         logger.info("[%s] %s joined via %s", room_id, user_id, server)
         return join
 
@@ -297,27 +292,13 @@ class MembershipHandler:
             events.append(event)
         return events
 
-    async def _persist_join(self, join: FrozenEvent, state: Mapping[StateKey, str], servers: frozenset[str]) -> None:
-        """Persist our join with ``state`` as the state before it (see the module docstring)."""
-        key = (C.MEMBER, join.sender)
-        async with self._persister.room_lock(join.room_id):
-            group = await self._store.new_state_group(join.room_id, None, state)
-            content = join.content
-            request = PersistRequest(
-                event_id=join.event_id, room_id=join.room_id, type=join.type, state_key=join.state_key,
-                sender=join.sender, depth=join.depth, origin_server_ts=join.origin_server_ts,
-                prev_event_ids=join.prev_event_ids, auth_event_ids=join.auth_event_ids,
-                pdu_json=json.dumps(join.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
-                instance_name=self._instance_name, is_local=True, membership=C.JOIN,
-                display_name=content.get("displayname") if isinstance(content.get("displayname"), str) else None,  # type: ignore[arg-type]
-                avatar_url=content.get("avatar_url") if isinstance(content.get("avatar_url"), str) else None,  # type: ignore[arg-type]
-                state_before=group, state_after_delta={key: join.event_id},
-                new_current_state={**state, key: join.event_id}, remote_servers=servers,
-            )
-            await self._stream_ids.run_interaction(
-                "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
-            )
-            self._persister.remember(join)
+    async def _persist_join(
+        self, room_version: RoomVersion, join: FrozenEvent, state: Mapping[StateKey, str], servers: frozenset[str]
+    ) -> None:
+        """Persist our join with ``state`` (from send_join) as the state before it."""
+        await self._persister.persist(
+            room_version, join, is_local=True, state_before=state, destinations=servers
+        )
 
     # --- leaving a room we are not in (rejecting an invite) ------------------------------
 

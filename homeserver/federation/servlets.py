@@ -28,7 +28,7 @@ from homeserver.federation.membership import MembershipHandler
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.sender import SimpleSender
 from homeserver.federation.transaction import TransactionHandler
-from homeserver.handlers.event_persistence import EventPersister, StreamIdAllocator
+from homeserver.handlers.event_persistence import EventPersister
 from homeserver.http.errors import bad_json, not_found
 from homeserver.http.server import JsonRouter, parse_json_body, parse_json_object
 from storage.stores.events import EventsStore
@@ -64,8 +64,6 @@ class FederationServices:
         signing_key: SigningKey,
         store: EventsStore,
         persister: EventPersister,
-        stream_ids: StreamIdAllocator,
-        instance_name: str,
         federation_store: FederationStore,
         metrics: FederationMetrics,
     ) -> FederationServices:
@@ -96,8 +94,7 @@ class FederationServices:
                                             keyring=keyring, client=client, txn_store=federation_store,
                                             clock_ms=clock_ms, metrics=metrics),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
-                                         persister=persister, stream_ids=stream_ids, keyring=keyring,
-                                         client=client, clock_ms=clock_ms, instance_name=instance_name),
+                                         persister=persister, keyring=keyring, client=client, clock_ms=clock_ms),
             history=HistoryHandler(server_name=server_name, store=store, persister=persister, clock_ms=clock_ms),
             sender=SimpleSender(server_name=server_name, store=store, client=client, clock_ms=clock_ms),
         )

@@ -150,10 +150,21 @@ class EventPersister:
         is_local: bool,
         outlier: bool = False,
         rejection_reason: str | None = None,
+        state_before: Mapping[StateKey, str] | None = None,
+        destinations: frozenset[str] | None = None,
     ) -> PersistResult:
+        """Persist ``event``; see the module docstring.
+
+        ``state_before``: the state the event was sent on, when the caller
+        learned it elsewhere (joining a room over federation: the state from
+        send_join) rather than from the event's predecessors, which we do not
+        have. ``destinations``: the servers a local event is for, when the
+        caller knows them better than the room's current members here.
+        """
         async with self.room_lock(event.room_id):
             return await self.persist_locked(
-                room_version, event, is_local=is_local, outlier=outlier, rejection_reason=rejection_reason
+                room_version, event, is_local=is_local, outlier=outlier, rejection_reason=rejection_reason,
+                state_before=state_before, destinations=destinations,
             )
 
     async def persist_locked(
@@ -164,10 +175,14 @@ class EventPersister:
         is_local: bool,
         outlier: bool = False,
         rejection_reason: str | None = None,
+        state_before: Mapping[StateKey, str] | None = None,
+        destinations: frozenset[str] | None = None,
     ) -> PersistResult:
         """``persist``, for a caller already holding ``room_lock(event.room_id)``."""
         start = time.perf_counter()
-        result = await self._persist_locked(room_version, event, is_local, outlier, rejection_reason)
+        result = await self._persist_locked(
+            room_version, event, is_local, outlier, rejection_reason, state_before, destinations
+        )
         if not result.already_persisted:
             self._metrics.persisted.labels(origin="local" if is_local else "remote").inc()
             self._metrics.duration.observe(time.perf_counter() - start)
@@ -185,6 +200,8 @@ class EventPersister:
         is_local: bool,
         outlier: bool,
         rejection_reason: str | None,
+        given_state_before: Mapping[StateKey, str] | None,
+        destinations: frozenset[str] | None,
     ) -> PersistResult:
         ctx = await self._store.get_persist_context(event.room_id, event.event_id, event.prev_event_ids)
         if ctx.existing_stream_ordering is not None:
@@ -200,7 +217,12 @@ class EventPersister:
                 delta = {key: event.event_id}
             extremities = set(ctx.forward_extremities)
             prevs = set(event.prev_event_ids)
-            if prevs and extremities == prevs:
+            if given_state_before is not None:
+                state_before_group = await self._store.new_state_group(event.room_id, None, given_state_before)
+                new_current = await self._new_current_state(
+                    room_version, event, {**given_state_before, **delta}, extremities - prevs
+                )
+            elif prevs and extremities == prevs:
                 # The common, linear case: the event follows every extremity, so
                 # the room's current state (resolved over exactly those) changes
                 # by what this event changes, and no state map need be loaded.
@@ -217,7 +239,9 @@ class EventPersister:
         display_name = content.get("displayname") if membership else None
         avatar_url = content.get("avatar_url") if membership else None
         remote_servers: frozenset[str] = frozenset()
-        if is_local and not outlier:
+        if destinations is not None:
+            remote_servers = destinations - {self._server_name}
+        elif is_local and not outlier:
             servers = set(ctx.joined_servers)
             if event.type == "m.room.member" and event.state_key:
                 # The target of a kick, ban or invite hears of it though not joined.

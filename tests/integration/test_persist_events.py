@@ -189,3 +189,24 @@ async def test_two_rooms_persist_concurrently(persister: EventPersister, store: 
         assert room.room_id is not None
         assert set(await store.get_forward_extremities(room.room_id)) == set(room.last)
         assert await store.get_current_state_ids(room.room_id) == room.state
+
+
+async def test_join_with_state_from_elsewhere(persister: EventPersister, store: EventsStore) -> None:
+    """Joining a room over federation: we have the room's state (from send_join)
+    but not the join's predecessors; the join is stored on that state, becomes
+    the only extremity, and its destinations are the ones we were given."""
+    room = standard_room(V12)
+    room.join(BOB)
+    history = _events_in_order(room)
+    # Only the state events are known here, as outliers, not the graph.
+    for event in history:
+        await persister.persist(V12, event, is_local=False, outlier=True)
+    join = room.join("@carol:" + SERVER)
+    state = {k: v for k, v in room.state.items() if k != ("m.room.member", "@carol:" + SERVER)}
+    result = await persister.persist(V12, join, is_local=True, state_before=state,
+                                     destinations=frozenset({"b.test", SERVER}))
+    assert room.room_id is not None
+    assert set(await store.get_forward_extremities(room.room_id)) == {join.event_id}
+    assert await store.get_current_state_ids(room.room_id) == room.state
+    assert await store.get_destination_rooms("b.test") == {room.room_id: result.stream_ordering}
+    assert await store.get_destination_rooms(SERVER) == {}
