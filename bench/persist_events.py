@@ -45,8 +45,32 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def txn_breakdown(registry: CollectorRegistry) -> dict[str, tuple[float, float]]:
+    """Transaction name -> (count, total seconds) so far."""
+    result: dict[str, tuple[float, float]] = {}
+    for metric in registry.collect():
+        if metric.name == "tributary_storage_txn_duration_seconds":
+            sums = {s.labels["txn"]: s.value for s in metric.samples if s.name.endswith("_sum")}
+            counts = {s.labels["txn"]: s.value for s in metric.samples if s.name.endswith("_count")}
+            result = {txn: (counts[txn], sums[txn]) for txn in sums}
+    return result
+
+
+def print_breakdown(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], events: int) -> None:
+    print("  database time per event, by transaction:")
+    rows = []
+    for txn, (count, total) in after.items():
+        count -= before.get(txn, (0, 0))[0]
+        total -= before.get(txn, (0, 0))[1]
+        if count:
+            rows.append((total, txn, count))
+    for total, txn, count in sorted(rows, reverse=True)[:6]:
+        print(f"    {txn:28} {count / events:5.2f} per event, {total / count * 1000:6.2f} ms each")
+
+
 async def run(dsn: str, events: int) -> None:
-    db = Database(reactor, dsn, metrics=StorageMetrics.create(CollectorRegistry()), max_connections=10)
+    registry = CollectorRegistry()
+    db = Database(reactor, dsn, metrics=StorageMetrics.create(registry), max_connections=10)
     db.start()
     try:
         await prepare_database(db)
@@ -74,11 +98,13 @@ async def run(dsn: str, events: int) -> None:
         room = await creator.create_room(ALICE, parse_create_room_request({"preset": "public_chat"}))
         await send_many(room, 50, [])  # warm up
         latencies: list[float] = []
+        before = txn_breakdown(registry)
         start = time.perf_counter()
         await send_many(room, events, latencies)
         elapsed = time.perf_counter() - start
         print(f"one room, sequential: {events / elapsed:,.0f} events/s; "
               f"p50 {percentile(latencies, 0.5) * 1000:.2f} ms, p99 {percentile(latencies, 0.99) * 1000:.2f} ms")
+        print_breakdown(before, txn_breakdown(registry), events)
 
         rooms = [await creator.create_room(ALICE, parse_create_room_request({})) for _ in range(16)]
         latencies = []

@@ -710,9 +710,11 @@ class StreamIdGenerator:
                 )
                 self._persisted = position
                 if self._clock is not None and self._persist_interval > 0 and not self._flushing:
-                    if self._tracker.get_position(local) > position:
-                        # Busy: coalesce what follows into one write per interval.
-                        await deferLater(self._clock, self._persist_interval, lambda: None)
+                    # Space writes at least an interval apart: whatever the
+                    # position does meanwhile is coalesced into the next one.
+                    # (Waiting only when busy let a steady writer persist on
+                    # every single fact.)
+                    await deferLater(self._clock, self._persist_interval, lambda: None)
         except Exception as e:
             # The next position change (or flush) tries again; a stale persisted
             # position is only ever behind, never wrong.

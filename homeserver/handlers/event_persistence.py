@@ -177,11 +177,16 @@ class EventPersister:
         rejection_reason: str | None = None,
         state_before: Mapping[StateKey, str] | None = None,
         destinations: frozenset[str] | None = None,
+        context: PersistContext | None = None,
     ) -> PersistResult:
-        """``persist``, for a caller already holding ``room_lock(event.room_id)``."""
+        """``persist``, for a caller already holding ``room_lock(event.room_id)``.
+
+        ``context``: the room as the caller read it under that lock (a local
+        send reads it while building the event), saving a second read.
+        """
         start = time.perf_counter()
         result = await self._persist_locked(
-            room_version, event, is_local, outlier, rejection_reason, state_before, destinations
+            room_version, event, is_local, outlier, rejection_reason, state_before, destinations, context
         )
         if not result.already_persisted:
             self._metrics.persisted.labels(origin="local" if is_local else "remote").inc()
@@ -202,8 +207,9 @@ class EventPersister:
         rejection_reason: str | None,
         given_state_before: Mapping[StateKey, str] | None,
         destinations: frozenset[str] | None,
+        context: PersistContext | None = None,
     ) -> PersistResult:
-        ctx = await self._store.get_persist_context(event.room_id, event.event_id, event.prev_event_ids)
+        ctx = context or await self._store.get_persist_context(event.room_id, event.event_id, event.prev_event_ids)
         if ctx.existing_stream_ordering is not None:
             return PersistResult(ctx.existing_stream_ordering, None, already_persisted=True)
 

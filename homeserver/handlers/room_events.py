@@ -86,7 +86,9 @@ class RoomEventCreator:
                 signing_key=self._signing_key,
             )
             await self._check_auth(room_version, event, current)
-            await self._persister.persist_locked(room_version, event, is_local=True)
+            await self._persister.persist_locked(
+                room_version, event, is_local=True, context=context.persist_context(event.prev_event_ids)
+            )
         return event
 
     async def create_room(self, creator: str, request: CreateRoomRequest, *,

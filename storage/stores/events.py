@@ -99,10 +99,23 @@ class PersistContext:
 
 @attrs.frozen
 class SendContext:
-    """What building a local event must know of its room, read in one transaction."""
+    """What building and persisting a local event must know of its room, in one read:
+    the extremities it will follow (with their state groups), the auth state, and
+    the servers joined to the room."""
 
     forward_extremities: dict[str, int]
     auth_state: dict[StateKey, str]
+    extremity_state_groups: dict[str, int]
+    joined_servers: set[str]
+
+    def persist_context(self, prev_event_ids: Collection[str]) -> PersistContext:
+        """The persist context of a new event built on these extremities."""
+        return PersistContext(
+            None,
+            dict(self.forward_extremities),
+            {e: g for e, g in self.extremity_state_groups.items() if e in prev_event_ids},
+            set(self.joined_servers),
+        )
 
 
 @attrs.frozen
@@ -170,8 +183,17 @@ class EventsStore:
 
     async def get_send_context(self, room_id: str, keys: Collection[StateKey]) -> SendContext:
         def query(txn: Transaction) -> SendContext:
+            extremities = get_forward_extremities_txn(txn, room_id)
+            txn.execute(
+                "SELECT event_id, state_group_after FROM event_state_groups WHERE event_id = ANY(%s)",
+                (list(extremities),),
+            )
+            groups = {row[0]: int(row[1]) for row in txn.fetchall()}
             return SendContext(
-                get_forward_extremities_txn(txn, room_id), get_current_state_for_keys_txn(txn, room_id, keys)
+                extremities,
+                get_current_state_for_keys_txn(txn, room_id, keys),
+                groups,
+                get_joined_servers_txn(txn, room_id),
             )
 
         return await self._db.run_interaction("get_send_context", query)
