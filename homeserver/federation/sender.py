@@ -37,24 +37,29 @@ class SimpleSender:
         """EventPersister listener: send new local, non-outlier events."""
         if result.state_group_after is None or server_name_of(event.sender) != self._server_name:
             return
-        self._start(event, frozenset())
+        if result.destinations:
+            # The persister worked out who the event is for; no need to read the room again.
+            self._start(event, frozenset(), result.destinations)
 
     def forward(self, event: FrozenEvent, origin: str) -> None:
         """Send a remote server's event we accepted (a ``send_join``/``send_leave``) to the room's
         other servers: as the resident server, we are the only one that has it."""
         self._start(event, frozenset({origin}))
 
-    def _start(self, event: FrozenEvent, exclude: frozenset[str]) -> None:
-        d = Deferred.fromCoroutine(self._send(event, exclude))
+    def _start(self, event: FrozenEvent, exclude: frozenset[str], destinations: frozenset[str] | None = None) -> None:
+        d = Deferred.fromCoroutine(self._send(event, exclude, destinations))
         self._pending.add(d)
         d.addBoth(lambda _: self._pending.discard(d))
 
-    async def _send(self, event: FrozenEvent, exclude: frozenset[str]) -> None:
-        try:
-            servers = await self._store.get_joined_servers(event.room_id)
-        except Exception:
-            logger.exception("could not read the servers of %s", event.room_id)
-            return
+    async def _send(self, event: FrozenEvent, exclude: frozenset[str], destinations: frozenset[str] | None) -> None:
+        if destinations is not None:
+            servers = set(destinations)
+        else:
+            try:
+                servers = await self._store.get_joined_servers(event.room_id)
+            except Exception:
+                logger.exception("could not read the servers of %s", event.room_id)
+                return
         if event.type == "m.room.member" and event.state_key:
             servers.add(server_name_of(event.state_key))
         servers.discard(self._server_name)

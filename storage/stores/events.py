@@ -123,6 +123,8 @@ class PersistResult:
     stream_ordering: int
     state_group_after: int | None
     already_persisted: bool
+    # The remote servers this (local) event is for, as recorded in destination_rooms.
+    destinations: frozenset[str] = frozenset()
 
 
 _EVENT_COLUMNS = (
@@ -488,7 +490,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
             """,
             [(d, r.room_id, stream_ordering) for d in destinations],
         )
-    return PersistResult(stream_ordering, after, already_persisted=False)
+    return PersistResult(stream_ordering, after, already_persisted=False, destinations=r.remote_servers)
 
 
 def _update_current_state_txn(txn: Transaction, room_id: str, new_state: StateMap) -> None:
