@@ -15,6 +15,7 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg2
@@ -90,34 +91,40 @@ def _new_database(dsn: str) -> Database:
     return db
 
 
-@pytest.fixture
-def database_dsn(postgres_template: str) -> Iterator[str]:
-    """A fresh, fully migrated database for this test; dropped afterwards."""
+@contextmanager
+def scratch_database(template: str | None) -> Iterator[str]:
+    """A new database (a copy of ``template``, or empty), dropped on exit; yields its DSN."""
     name = f"tributary_test_{uuid.uuid4().hex[:16]}"
     conn = _admin_connection()
     with conn.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"')
+        cur.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     try:
         yield _with_dbname(PG_ADMIN_DSN, name)
     finally:
         with conn.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.close()
+
+
+@pytest.fixture
+def database_dsn(postgres_template: str) -> Iterator[str]:
+    """A fresh, fully migrated database for this test; dropped afterwards."""
+    with scratch_database(postgres_template) as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def second_database_dsn(postgres_template: str) -> Iterator[str]:
+    """Another fresh, migrated database, for a second server in the same test."""
+    with scratch_database(postgres_template) as dsn:
+        yield dsn
 
 
 @pytest.fixture
 def empty_database_dsn() -> Iterator[str]:
     """A fresh database with no schema at all (for migration tests)."""
-    name = f"tributary_test_{uuid.uuid4().hex[:16]}"
-    conn = _admin_connection()
-    with conn.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield _with_dbname(PG_ADMIN_DSN, name)
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.close()
+    with scratch_database(None) as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ listeners: self-signed certificates, server names ``localhost:PORT``,
 
 from __future__ import annotations
 
-import uuid
 from urllib.parse import quote as _quote
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -28,7 +27,6 @@ from homeserver.federation.client import FederationClient, FederationClientError
 from homeserver.federation.keys import parse_key_response
 from homeserver.federation.membership import JoinError
 from storage.stores.federation import FederationStore
-from tests.conftest import PG_ADMIN_DSN, _admin_connection, _with_dbname
 from tests.harness import free_port
 from tests.integration.test_client_support import GENEROUS, Client
 from tests.twisted_plugin import reactor
@@ -115,35 +113,20 @@ async def send_txn(b: HomeServer, a: HomeServer, txn_id: str, pdus: list[Any]) -
     )
 
 
-@pytest.fixture
-def second_dsn(postgres_template: str) -> Iterator[str]:
-    """Another fresh, migrated database: server B's."""
-    db_name = f"tributary_test_{uuid.uuid4().hex[:16]}"
-    conn = _admin_connection()
-    with conn.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{db_name}" TEMPLATE "{postgres_template}"')
-    try:
-        yield _with_dbname(PG_ADMIN_DSN, db_name)
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
-        conn.close()
-
-
 @pytest.mark.timeout(90)
-async def test_join_chat_and_reject_bad_input(database_dsn: str, second_dsn: str, tmp_path: Path) -> None:
+async def test_join_chat_and_reject_bad_input(database_dsn: str, second_database_dsn: str, tmp_path: Path) -> None:
     """Bob on B joins Alice's room on A by room ID; messages flow both ways; then B misbehaves
     in every way the spec names and A answers each with a 4xx or a per-PDU error, never a 5xx."""
-    async with two_servers(database_dsn, second_dsn, tmp_path) as (a, b):
+    async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
         await _scenario(a, b)
 
 
 @pytest.mark.timeout(90)
-async def test_invites_leave_history_and_profile(database_dsn: str, second_dsn: str, tmp_path: Path) -> None:
+async def test_invites_leave_history_and_profile(database_dsn: str, second_database_dsn: str, tmp_path: Path) -> None:
     """Alice (A) invites Dave (B), who rejects through make_leave/send_leave, and Bob (B), who
     joins the invite-only room; Bob then invites Carol (A) from B; B reads A's history
     (state_ids, get_missing_events, backfill) and a profile; Bob leaves."""
-    async with two_servers(database_dsn, second_dsn, tmp_path) as (a, b):
+    async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
         assert a.room_events is not None and b.room_events is not None and b.federation is not None
         assert a.federation is not None and a.events_store is not None and b.events_store is not None
         alice, bob, carol, dave = f"@alice:{name(a)}", f"@bob:{name(b)}", f"@carol:{name(a)}", f"@dave:{name(b)}"
@@ -198,10 +181,10 @@ async def test_invites_leave_history_and_profile(database_dsn: str, second_dsn: 
 
 
 @pytest.mark.timeout(90)
-async def test_messages_reach_the_other_sides_sync(database_dsn: str, second_dsn: str, tmp_path: Path) -> None:
+async def test_messages_reach_the_other_sides_sync(database_dsn: str, second_database_dsn: str, tmp_path: Path) -> None:
     """Registered users on each server: Bob (B) joins Alice's (A) room, and each one's /sync
     shows the other's message."""
-    async with two_servers(database_dsn, second_dsn, tmp_path) as (a, b):
+    async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
         assert a.room_events is not None and b.room_events is not None and b.federation is not None
         ca = Client(f"http://127.0.0.1:{a.config.listeners[0].port}")
         cb = Client(f"http://127.0.0.1:{b.config.listeners[0].port}")
@@ -224,9 +207,9 @@ async def test_messages_reach_the_other_sides_sync(database_dsn: str, second_dsn
         assert {hello.event_id, reply.event_id} <= await timeline_ids(ca, alice["access_token"])
 
 
-async def test_ip_blacklist_refuses_loopback_unless_whitelisted(database_dsn: str, second_dsn: str,
+async def test_ip_blacklist_refuses_loopback_unless_whitelisted(database_dsn: str, second_database_dsn: str,
                                                                tmp_path: Path) -> None:
-    async with two_servers(database_dsn, second_dsn, tmp_path) as (a, b):
+    async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
         assert b.signing_key is not None
         strict = FederationClient(reactor, server_name=name(b), signing_key=b.signing_key,
                                   verify_certificates=False, ip_range_whitelist=())
@@ -421,7 +404,7 @@ def test_tributary_process_serves_keys_and_refuses_unsigned_requests(database_ds
 
 
 @pytest.mark.timeout(90)
-async def test_real_process_room_joined_by_alias(database_dsn: str, second_dsn: str, tmp_path: Path) -> None:
+async def test_real_process_room_joined_by_alias(database_dsn: str, second_database_dsn: str, tmp_path: Path) -> None:
     """A is a real ``tributary`` process driven through its client API (register, createRoom
     with an alias, send, sync); B runs in this process. Bob on B joins Alice's room by alias,
     and messages flow both ways into both databases and Alice's /sync."""
@@ -440,7 +423,7 @@ async def test_real_process_room_joined_by_alias(database_dsn: str, second_dsn: 
     proc.start()
     try:
         (tmp_path / "b").mkdir()
-        b_config = parse_config(_config(second_dsn, tmp_path / "b", free_port()),
+        b_config = parse_config(_config(second_database_dsn, tmp_path / "b", free_port()),
                                 config_path=tmp_path / "b" / "homeserver.yaml")
         b = HomeServer(b_config, reactor, registry=CollectorRegistry())
         await b.start()

@@ -9,13 +9,10 @@ the next test resets the tables.
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import attrs
-import psycopg2
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -23,9 +20,9 @@ from storage.database import Database, Transaction
 from storage.id_generators import StreamIdGenerator
 from storage.metrics import StorageMetrics
 from storage.streams import STREAMS, StreamDefinition, StreamName, create_id_generator
+from tests.conftest import scratch_database
 from tests.twisted_plugin import reactor, run_sync
 
-PG_ADMIN_DSN = os.environ.get("TRIBUTARY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 _STREAM_TABLES = sorted(
     {source.table for stream in STREAMS.values() for source in stream.sources if not source.may_be_missing}
@@ -33,25 +30,11 @@ _STREAM_TABLES = sorted(
 _SEQUENCES = sorted({stream.sequence for stream in STREAMS.values()})
 
 
-def _with_dbname(dsn: str, dbname: str) -> str:
-    base, _, _ = dsn.rpartition("/")
-    return f"{base}/{dbname}"
-
-
 @pytest.fixture(scope="module")
 def module_database_dsn(postgres_template: str) -> Iterator[str]:
     """One fresh migrated database for a whole test module."""
-    name = f"tributary_test_{uuid.uuid4().hex[:16]}"
-    admin = psycopg2.connect(PG_ADMIN_DSN)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"')
-    try:
-        yield _with_dbname(PG_ADMIN_DSN, name)
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
+    with scratch_database(postgres_template) as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="module")
