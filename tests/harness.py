@@ -59,6 +59,11 @@ class TributaryProcess:
                 "account": {"per_second": 1000, "burst_count": 1000},
                 "failed_attempts": {"per_second": 1000, "burst_count": 1000},
             },
+            "rc_joins": {"local": {"per_second": 1000, "burst_count": 1000},
+                         "remote": {"per_second": 1000, "burst_count": 1000}},
+            "rc_invites": {"per_room": {"per_second": 1000, "burst_count": 1000},
+                           "per_user": {"per_second": 1000, "burst_count": 1000},
+                           "per_issuer": {"per_second": 1000, "burst_count": 1000}},
             "bcrypt_rounds": 4,
         }
         if database_url is not None:

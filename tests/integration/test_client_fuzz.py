@@ -96,15 +96,20 @@ BROKEN_BODIES: Final = [
 ]
 
 
-def _odd_value(rng: random.Random, depth: int = 0) -> Any:
+def odd_value(rng: random.Random, fields: list[str], strings: list[str], depth: int = 0) -> Any:
+    """A random JSON value of wrong types, odd strings from ``strings`` and objects keyed by ``fields``."""
     roll = rng.random()
     if roll < 0.45:
-        return rng.choice(ODD_STRINGS)
+        return rng.choice(strings)
     if roll < 0.75 or depth > 2:
         return rng.choice(ODD_VALUES)
     if roll < 0.9:
-        return {rng.choice(FIELDS): _odd_value(rng, depth + 1) for _ in range(rng.randint(1, 4))}
-    return [_odd_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(fields): odd_value(rng, fields, strings, depth + 1) for _ in range(rng.randint(1, 4))}
+    return [odd_value(rng, fields, strings, depth + 1) for _ in range(rng.randint(0, 3))]
+
+
+def _odd_value(rng: random.Random) -> Any:
+    return odd_value(rng, FIELDS, ODD_STRINGS)
 
 
 def _random_body(rng: random.Random, user_id: str) -> dict[str, Any]:
@@ -134,12 +139,19 @@ def _paths(template: str, user_id: str, rng: random.Random) -> Iterator[str]:
 
 
 class ErrorLogCounter(logging.Handler):
+    """Collects ERROR records of the server's own code (and Twisted's, which logs
+    unhandled errors of request processing). Other libraries' records, such as an
+    earlier test's HTTP client being garbage-collected, are not the server's."""
+
+    OURS = ("homeserver", "storage", "replication", "federation_sender", "workers", "twisted")
+
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+        if record.name.split(".")[0] in self.OURS:
+            self.records.append(record)
 
 
 def _url(path: str) -> str:

@@ -23,7 +23,6 @@ from tests.harness import TributaryProcess
 pytestmark = pytest.mark.e2e
 
 T = TypeVar("T")
-GENEROUS = {"per_second": 1000, "burst_count": 1000}
 
 
 async def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -33,15 +32,8 @@ async def run(coro: Coroutine[Any, Any, T]) -> T:
 
 @pytest.fixture
 def server(tmp_path: Path, database_dsn: str) -> Iterator[TributaryProcess]:
-    hs = TributaryProcess.configure(
-        tmp_path,
-        database_url=database_dsn,
-        extra={
-            "bcrypt_rounds": 4,
-            "rc_registration": GENEROUS,
-            "rc_login": {"address": GENEROUS, "account": GENEROUS, "failed_attempts": GENEROUS},
-        },
-    )
+    # The harness's config already sets cheap bcrypt and generous rate limits.
+    hs = TributaryProcess.configure(tmp_path, database_url=database_dsn)
     config = yaml.safe_load(hs.config_path.read_text())
     config["public_baseurl"] = hs.base_url
     hs.config_path.write_text(yaml.safe_dump(config))
