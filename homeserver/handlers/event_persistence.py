@@ -26,6 +26,7 @@ from twisted.internet.defer import Deferred
 
 from homeserver.events import FrozenEvent, RoomVersion, make_event, resolve_state
 from homeserver.events.errors import MissingEventsError
+from homeserver.events.identifiers import server_name_of
 from homeserver.events.room_versions import get_room_version
 from storage.caches import DictCache
 from storage.database import Transaction
@@ -251,7 +252,7 @@ class EventPersister:
             servers = set(ctx.joined_servers)
             if event.type == "m.room.member" and event.state_key:
                 # The target of a kick, ban or invite hears of it though not joined.
-                servers.add(_server_of(event.state_key))
+                servers.add(server_name_of(event.state_key))
             servers.discard(self._server_name)
             remote_servers = frozenset(servers)
 
@@ -363,10 +364,6 @@ class EventPersister:
         if lock is None:
             lock = self._room_locks[room_id] = _RoomLock(self._room_locks, room_id)
         return lock
-
-
-def _server_of(user_id: str) -> str:
-    return user_id.split(":", 1)[1] if ":" in user_id else ""
 
 
 class _RoomLock:

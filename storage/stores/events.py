@@ -186,15 +186,10 @@ class EventsStore:
     async def get_send_context(self, room_id: str, keys: Collection[StateKey]) -> SendContext:
         def query(txn: Transaction) -> SendContext:
             extremities = get_forward_extremities_txn(txn, room_id)
-            txn.execute(
-                "SELECT event_id, state_group_after FROM event_state_groups WHERE event_id = ANY(%s)",
-                (list(extremities),),
-            )
-            groups = {row[0]: int(row[1]) for row in txn.fetchall()}
             return SendContext(
                 extremities,
                 get_current_state_for_keys_txn(txn, room_id, keys),
-                groups,
+                get_state_groups_txn(txn, extremities),
                 get_joined_servers_txn(txn, room_id),
             )
 
@@ -205,34 +200,18 @@ class EventsStore:
         return await self._db.run_interaction("get_forward_extremities", get_forward_extremities_txn, room_id)
 
     async def get_state_groups_after(self, event_ids: Collection[str]) -> dict[str, int]:
-        def query(txn: Transaction) -> dict[str, int]:
-            txn.execute(
-                "SELECT event_id, state_group_after FROM event_state_groups WHERE event_id = ANY(%s)",
-                (list(event_ids),),
-            )
-            return {row[0]: int(row[1]) for row in txn.fetchall()}
-
-        return await self._db.run_interaction("get_state_groups_after", query)
+        return await self._db.run_interaction("get_state_groups_after", get_state_groups_txn, event_ids)
 
     async def get_state_groups_before(self, event_ids: Collection[str]) -> dict[str, int]:
-        def query(txn: Transaction) -> dict[str, int]:
-            txn.execute(
-                "SELECT event_id, state_group_before FROM event_state_groups WHERE event_id = ANY(%s)",
-                (list(event_ids),),
-            )
-            return {row[0]: int(row[1]) for row in txn.fetchall()}
-
-        return await self._db.run_interaction("get_state_groups_before", query)
+        return await self._db.run_interaction(
+            "get_state_groups_before", get_state_groups_txn, event_ids, after=False
+        )
 
     async def get_state_for_group(self, state_group: int) -> dict[StateKey, str]:
         return await self._db.run_interaction("get_state_for_group", get_state_for_group_txn, state_group)
 
     async def get_current_state_ids(self, room_id: str) -> dict[StateKey, str]:
-        def query(txn: Transaction) -> dict[StateKey, str]:
-            txn.execute("SELECT type, state_key, event_id FROM current_state_events WHERE room_id = %s", (room_id,))
-            return {(row[0], row[1]): row[2] for row in txn.fetchall()}
-
-        return await self._db.run_interaction("get_current_state_ids", query)
+        return await self._db.run_interaction("get_current_state_ids", get_current_state_ids_txn, room_id)
 
     async def get_current_state_for_keys(self, room_id: str, keys: Collection[StateKey]) -> dict[StateKey, str]:
         """The current state events of just ``keys`` (for auth: a few rows, not the member list)."""
@@ -276,6 +255,18 @@ class EventsStore:
 
 
 
+def get_state_groups_txn(txn: Transaction, event_ids: Collection[str], *, after: bool = True) -> dict[str, int]:
+    """Event ID -> the state group after (or before) it, for the events that have one."""
+    column = "state_group_after" if after else "state_group_before"
+    txn.execute(f"SELECT event_id, {column} FROM event_state_groups WHERE event_id = ANY(%s)", (list(event_ids),))
+    return {row[0]: int(row[1]) for row in txn.fetchall()}
+
+
+def get_current_state_ids_txn(txn: Transaction, room_id: str) -> dict[StateKey, str]:
+    txn.execute("SELECT type, state_key, event_id FROM current_state_events WHERE room_id = %s", (room_id,))
+    return {(row[0], row[1]): row[2] for row in txn.fetchall()}
+
+
 def get_current_state_for_keys_txn(txn: Transaction, room_id: str, keys: Collection[StateKey]) -> dict[StateKey, str]:
     if not keys:
         return {}
@@ -309,12 +300,7 @@ def get_persist_context_txn(txn: Transaction, room_id: str, event_id: str, prev_
     row = txn.fetchone()
     if row is not None:
         return PersistContext(int(row[0]), {}, {}, set())
-    groups: dict[str, int] = {}
-    if prev_event_ids:
-        txn.execute(
-            "SELECT event_id, state_group_after FROM event_state_groups WHERE event_id = ANY(%s)", (prev_event_ids,)
-        )
-        groups = {r[0]: int(r[1]) for r in txn.fetchall()}
+    groups = get_state_groups_txn(txn, prev_event_ids) if prev_event_ids else {}
     return PersistContext(None, get_forward_extremities_txn(txn, room_id), groups, get_joined_servers_txn(txn, room_id))
 
 
@@ -495,8 +481,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
 
 def _update_current_state_txn(txn: Transaction, room_id: str, new_state: StateMap) -> None:
     """Make ``current_state_events`` equal ``new_state``, touching only what changed."""
-    txn.execute("SELECT type, state_key, event_id FROM current_state_events WHERE room_id = %s", (room_id,))
-    old = {(row[0], row[1]): row[2] for row in txn.fetchall()}
+    old = get_current_state_ids_txn(txn, room_id)
     removed = [key for key in old if key not in new_state]
     changed = {key: event_id for key, event_id in new_state.items() if old.get(key) != event_id}
     if removed:
