@@ -206,18 +206,8 @@ class Database:
         **kwargs: P.kwargs,
     ) -> R:
         """Run ``func(txn, *args, **kwargs)`` in a transaction on the pool; return its result."""
-        with self._counts_lock:
-            self._waiting += 1
-            self._metrics.pool_waiting.set(self._waiting)
-        outcome: _Outcome = await delay_cancellation(
-            deferToThreadPool(self._reactor, self._pool, self._run_on_thread, name, func, args, kwargs, False)
-        )
-        for callback, cb_args in outcome.callbacks:
-            try:
-                callback(*cb_args)
-            except Exception:
-                logger.exception("[%s] after-commit callback %r failed", name, callback)
-        return outcome.result  # type: ignore[no-any-return]
+        result: R = await self._submit(name, func, args, kwargs, autocommit=False)
+        return result
 
     async def run_autocommit(
         self,
@@ -231,13 +221,31 @@ class Database:
         For work that needs no atomicity, such as ``nextval`` (which no rollback
         undoes anyway): one round trip per statement instead of three.
         """
+        result: R = await self._submit(name, func, args, kwargs, autocommit=True)
+        return result
+
+    async def _submit(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        *,
+        autocommit: bool,
+    ) -> Any:
+        """Queue ``func`` on the pool, wait for it (cancellation-safely), run its after-callbacks."""
         with self._counts_lock:
             self._waiting += 1
             self._metrics.pool_waiting.set(self._waiting)
         outcome: _Outcome = await delay_cancellation(
-            deferToThreadPool(self._reactor, self._pool, self._run_on_thread, name, func, args, kwargs, True)
+            deferToThreadPool(self._reactor, self._pool, self._run_on_thread, name, func, args, kwargs, autocommit)
         )
-        return outcome.result  # type: ignore[no-any-return]
+        for callback, cb_args in outcome.callbacks:
+            try:
+                callback(*cb_args)
+            except Exception:
+                logger.exception("[%s] after-commit callback %r failed", name, callback)
+        return outcome.result
 
     # --- on pool threads ----------------------------------------------------------
 

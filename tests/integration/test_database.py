@@ -169,3 +169,18 @@ async def test_cancelled_caller_waits_for_its_transaction(database: Database) ->
 
     # By the time the cancellation was delivered, the insert had committed.
     assert await database.run_interaction("count", count) == 1
+
+
+async def test_autocommit_runs_statements_and_after_callbacks(database: Database) -> None:
+    ran: list[str] = []
+
+    def work(txn: Transaction) -> int:
+        txn.execute("CREATE SEQUENCE s")
+        txn.execute("SELECT nextval('s')")
+        row = txn.fetchone()
+        assert row is not None
+        txn.call_after(ran.append, "after")
+        return int(row[0])
+
+    assert await database.run_autocommit("work", work) == 1
+    assert ran == ["after"]
