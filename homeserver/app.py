@@ -38,6 +38,8 @@ from homeserver.handlers.room_services import RoomServices
 from homeserver.http.client_api.sync import register_room_api_servlets
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.servlets import FederationServices, register_federation_servlets
+from federation_sender.metrics import FederationSenderMetrics
+from federation_sender.sender import FederationSender, client_transport
 from replication.commands import JsonValue
 from replication.handler import CacheInvalidationHandler
 from replication.stream_sources import connect_streams, stream_sources
@@ -48,6 +50,7 @@ from storage.id_generators import StreamIdGenerator
 from storage.notifier import Notifier
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
+from storage.stores.federation_sender import FederationSenderStore
 from storage.streams import STREAMS, StreamName, create_id_generator
 from storage.embedded import EmbeddedPostgres, find_binaries
 from storage.metrics import StorageMetrics
@@ -83,6 +86,7 @@ class HomeServer:
         # Served on listeners with the federation or keys resource (homeserver/federation/).
         self.federation_router = JsonRouter(self.http_metrics)
         self.federation: FederationServices | None = None
+        self.federation_sender: FederationSender | None = None
         self.embedded_db: EmbeddedPostgres | None = None
         self.db: Database | None = None
         self.signing_key: SigningKey | None = None
@@ -115,6 +119,7 @@ class HomeServer:
         await self._start_streams()
         await self._start_replication()
         self._build_services()
+        await self._start_federation_sender()
         self._register_servlets()
         for listener in self.config.listeners:
             self._listen(listener)
@@ -228,6 +233,30 @@ class HomeServer:
             metrics=FederationMetrics.create(self.registry),
         )
 
+    async def _start_federation_sender(self) -> None:
+        """Outbound federation in this process (``send_federation``; workers may take it over)."""
+        assert self.db is not None and self.federation is not None and self.events_store is not None
+        if not self.config.send_federation:
+            return
+        events = self.streams[StreamName.EVENTS]
+        store = self.events_store
+        sender = FederationSender(
+            server_name=self.config.server_name,
+            config=self.config.federation_sender,
+            store=FederationSenderStore(self.db),
+            transport=client_transport(self.federation.client),
+            clock=self.reactor,
+            current_position=events.get_current_token,
+            metrics=FederationSenderMetrics.create(self.registry),
+            joined_servers=store.get_joined_servers,
+        )
+        self.federation_sender = sender
+        events.add_position_listener(lambda stream, instance, old, new: sender.notify_new_events(
+            events.get_current_token()))
+        self.federation.membership.forward = sender.forward
+        self.federation.remote_up_hooks.append(sender.notify_remote_server_up)
+        await sender.start()
+
     def _register_servlets(self) -> None:
         assert self.accounts is not None
         register_versions(self.router)
@@ -307,6 +336,8 @@ class HomeServer:
                 logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
         if self.rooms is not None:
             self.rooms.stop()  # typing timers must not fire into a closed database
+        if self.federation_sender is not None:
+            await self.federation_sender.stop()
         if self.federation is not None:
             await self.federation.stop()
         if self.replication is not None:

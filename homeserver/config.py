@@ -304,6 +304,130 @@ def _federation(path: str, raw: object) -> FederationConfig:
 
 
 @attrs.frozen
+class BackoffConfig:
+    """``federation_sender.backoff``: how long a failing destination is left alone.
+
+    The first failure waits ``initial``; each further one multiplies the wait by
+    ``multiplier`` and a random factor in ``jitter``, up to ``max``.
+    """
+
+    initial: timedelta = timedelta(minutes=10)
+    multiplier: float = 2.0
+    max: timedelta = timedelta(days=7)
+    jitter: tuple[float, float] = (0.8, 1.4)
+
+
+def _backoff(path: str, raw: object) -> BackoffConfig:
+    s = _Section(path, raw)
+    defaults = BackoffConfig()
+
+    def jitter(p: str, v: object) -> tuple[float, float]:
+        items = _expect_list(p, v)
+        if len(items) != 2:
+            raise ConfigError(p, f"expected [low, high], got {_describe(v)}")
+        low, high = (_expect_positive_number(f"{p}[{i}]", item) for i, item in enumerate(items))
+        if low > high:
+            raise ConfigError(p, f"low must not exceed high, got {_describe(v)}")
+        return low, high
+
+    result = BackoffConfig(
+        initial=s.get("initial", parse_duration, defaults.initial),
+        multiplier=s.get("multiplier", _expect_positive_number, defaults.multiplier),
+        max=s.get("max", parse_duration, defaults.max),
+        jitter=s.get("jitter", jitter, defaults.jitter),
+    )
+    if result.initial <= timedelta(0):
+        raise ConfigError(s.sub("initial"), "expected a positive duration")
+    if result.max < result.initial:
+        raise ConfigError(s.sub("max"), f"must not be shorter than initial ({result.initial.total_seconds():g}s)")
+    if result.multiplier < 1:
+        raise ConfigError(s.sub("multiplier"), f"expected a number >= 1, got {result.multiplier:g}")
+    s.finish()
+    return result
+
+
+@attrs.frozen
+class CatchUpConfig:
+    """``federation_sender.catch_up``: sending a destination what it missed."""
+
+    # A destination whose backoff grows past this drops its in-memory queue and catches up.
+    threshold: timedelta = timedelta(hours=1)
+    rooms_per_batch: int = 50
+    # Besides each room's latest events, send up to this many of the events it
+    # missed there, oldest first, so the destination need not fetch the gap (0: off).
+    missed_events_per_room: int = 20
+    # Destinations woken to catch up, at most this many per second (start-up and scans).
+    wakes_per_second: float = 10.0
+    # How often destinations needing catch-up whose backoff has ended are looked for.
+    scan_interval: timedelta = timedelta(minutes=1)
+
+
+def _catch_up(path: str, raw: object) -> CatchUpConfig:
+    s = _Section(path, raw)
+    d = CatchUpConfig()
+    result = CatchUpConfig(
+        threshold=s.get("threshold", parse_duration, d.threshold),
+        rooms_per_batch=s.get("rooms_per_batch", lambda p, v: _expect_int(p, v, 1, 1000), d.rooms_per_batch),
+        missed_events_per_room=s.get(
+            "missed_events_per_room", lambda p, v: _expect_int(p, v, 0, 1000), d.missed_events_per_room
+        ),
+        wakes_per_second=s.get("wakes_per_second", _expect_positive_number, d.wakes_per_second),
+        scan_interval=s.get("scan_interval", parse_duration, d.scan_interval),
+    )
+    if result.scan_interval <= timedelta(0):
+        raise ConfigError(s.sub("scan_interval"), "expected a positive duration")
+    s.finish()
+    return result
+
+
+@attrs.frozen
+class FederationSenderConfig:
+    """``federation_sender``: outbound federation (see docs/federation-sender.md)."""
+
+    # The spec's limits for one transaction.
+    max_pdus_per_transaction: int = 50
+    max_edus_per_transaction: int = 100
+    transaction_timeout: timedelta = timedelta(seconds=60)
+    # Outbound transactions in flight at once, across every destination.
+    max_concurrent_transactions: int = 100
+    # A destination with more PDUs than this waiting in memory drops them and catches up instead.
+    max_pending_pdus_per_destination: int = 10_000
+    # Receipts are gathered this long and sent per room in one EDU.
+    receipt_delay: timedelta = timedelta(milliseconds=500)
+    backoff: BackoffConfig = BackoffConfig()
+    catch_up: CatchUpConfig = CatchUpConfig()
+
+
+def _federation_sender(path: str, raw: object) -> FederationSenderConfig:
+    s = _Section(path, raw)
+    d = FederationSenderConfig()
+    result = FederationSenderConfig(
+        max_pdus_per_transaction=s.get(
+            "max_pdus_per_transaction", lambda p, v: _expect_int(p, v, 1, 50), d.max_pdus_per_transaction
+        ),
+        max_edus_per_transaction=s.get(
+            "max_edus_per_transaction", lambda p, v: _expect_int(p, v, 1, 100), d.max_edus_per_transaction
+        ),
+        transaction_timeout=s.get("transaction_timeout", parse_duration, d.transaction_timeout),
+        max_concurrent_transactions=s.get(
+            "max_concurrent_transactions", lambda p, v: _expect_int(p, v, 1, 100_000), d.max_concurrent_transactions
+        ),
+        max_pending_pdus_per_destination=s.get(
+            "max_pending_pdus_per_destination",
+            lambda p, v: _expect_int(p, v, 1, 10_000_000),
+            d.max_pending_pdus_per_destination,
+        ),
+        receipt_delay=s.get("receipt_delay", parse_duration, d.receipt_delay),
+        backoff=s.get("backoff", _backoff, d.backoff),
+        catch_up=s.get("catch_up", _catch_up, d.catch_up),
+    )
+    if result.transaction_timeout <= timedelta(0):
+        raise ConfigError(s.sub("transaction_timeout"), "expected a positive duration")
+    s.finish()
+    return result
+
+
+@attrs.frozen
 class ReplicationConfig:
     """``replication``: the TCP replication connections' keep-alive, timeout and congestion bound."""
 
@@ -423,6 +547,9 @@ class HomeserverConfig:
     rc_invites: InviteRateLimits = InviteRateLimits()
     replication: ReplicationConfig = ReplicationConfig()
     allow_unauthenticated_replication: bool = False
+    # Whether this process sends federation traffic (false when federation sender workers do).
+    send_federation: bool = True
+    federation_sender: FederationSenderConfig = FederationSenderConfig()
 
     @property
     def effective_signing_key_path(self) -> Path:
@@ -509,6 +636,8 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         rc_invites=s.get("rc_invites", _grouped_rate_limits(InviteRateLimits), InviteRateLimits()),
         replication=s.get("replication", _replication, ReplicationConfig()),
         allow_unauthenticated_replication=s.get("allow_unauthenticated_replication", _expect_bool, False),
+        send_federation=s.get("send_federation", _expect_bool, True),
+        federation_sender=s.get("federation_sender", _federation_sender, FederationSenderConfig()),
     )
     if not config.allow_unauthenticated_replication:
         for i, listener in enumerate(config.listeners):

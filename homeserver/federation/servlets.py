@@ -26,7 +26,6 @@ from homeserver.federation.history import HistoryHandler
 from homeserver.federation.keys import Keyring, server_key_response
 from homeserver.federation.membership import MembershipHandler
 from homeserver.federation.metrics import FederationMetrics
-from homeserver.federation.sender import SimpleSender
 from homeserver.federation.transaction import TransactionHandler
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.http.errors import bad_json, not_found
@@ -50,7 +49,6 @@ class FederationServices:
     transactions: TransactionHandler
     membership: MembershipHandler
     history: HistoryHandler
-    sender: SimpleSender
     # Called with the origin of every authenticated inbound request: the server is up
     # (the federation sender clears its backoff and wakes its queue).
     remote_up_hooks: list[Callable[[str], None]] = attrs.field(factory=list)
@@ -96,14 +94,10 @@ class FederationServices:
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
                                          persister=persister, keyring=keyring, client=client, clock_ms=clock_ms),
             history=HistoryHandler(server_name=server_name, store=store, persister=persister, clock_ms=clock_ms),
-            sender=SimpleSender(server_name=server_name, store=store, client=client, clock_ms=clock_ms),
         )
-        persister.add_listener(services.sender.on_persisted)
-        services.membership.forward = services.sender.forward
         return services
 
     async def stop(self) -> None:
-        await self.sender.wait_idle()
         await self.client.close()
 
     # --- key server --------------------------------------------------------------------

@@ -389,6 +389,8 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     if existing is not None:
         return PersistResult(int(existing[0]), None, already_persisted=True)
     stream_ordering = allocate(txn)
+    # The servers the federation sender fans this event out to (see 0007_federation_sender).
+    fanout = sorted(r.remote_servers) if r.is_local and not r.outlier and r.remote_servers else None
 
     if r.room_version is not None:
         txn.execute(
@@ -401,12 +403,13 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     txn.execute(
         """
         INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender,
-                            depth, origin_server_ts, is_local, outlier, rejection_reason, json)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                            depth, origin_server_ts, is_local, outlier, rejection_reason, json, destinations)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
         """,
         (
             stream_ordering, r.instance_name, r.event_id, r.room_id, r.type, r.state_key, r.sender,
             r.depth, r.origin_server_ts, r.is_local, r.outlier, r.rejection_reason, r.pdu_json,
+            fanout,
         ),
     )
     if r.prev_event_ids:

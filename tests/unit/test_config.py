@@ -99,6 +99,17 @@ def test_full_config() -> None:
         ({"server_name": "h", "shutdown_grace_period": 10}, "shutdown_grace_period: expected a duration with a unit"),
         ({"server_name": "h", "public_baseurl": "matrix.org"}, "public_baseurl: expected an http:// or https:// URL"),
         ({"server_name": "h", "enable_registration": 1}, "enable_registration: expected true or false, got 1"),
+        ({"server_name": "h", "federation_sender": {"max_pdus_per_transaction": 51}},
+         "federation_sender.max_pdus_per_transaction: expected an integer 1-50, got 51"),
+        ({"server_name": "h", "federation_sender": {"backoff": {"initial": "1h", "max": "10m"}}},
+         "federation_sender.backoff.max: must not be shorter than initial (3600s)"),
+        ({"server_name": "h", "federation_sender": {"backoff": {"jitter": [1.4, 0.8]}}},
+         "federation_sender.backoff.jitter: low must not exceed high"),
+        ({"server_name": "h", "federation_sender": {"catch_up": {"threshold": 60}}},
+         "federation_sender.catch_up.threshold: expected a duration with a unit"),
+        ({"server_name": "h", "federation_sender": {"catch_up": {"missed": 5}}},
+         "federation_sender.catch_up.missed: unknown key"),
+        ({"server_name": "h", "send_federation": "no"}, "send_federation: expected true or false, got 'no'"),
     ],
 )
 def test_errors_name_the_key_path(raw: dict[str, Any], message: str) -> None:
