@@ -38,6 +38,9 @@ from homeserver.handlers.room_services import RoomServices
 from homeserver.http.client_api.sync import register_room_api_servlets
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.servlets import FederationServices, register_federation_servlets
+from homeserver.federation.devices import FederationDeviceHandler
+from homeserver.federation.edus import register_edu_handlers
+from storage.stores.e2e import E2eStore
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender, client_transport
 from replication.commands import JsonValue
@@ -196,6 +199,7 @@ class HomeServer:
             server_name=self.config.server_name,
             instance_name=self.instance_name,
             metrics=self.persistence_metrics,
+            backfill_ids=self.streams[StreamName.BACKFILL],
         )
         self.room_events = RoomEventCreator(
             persister=self.persister,
@@ -232,6 +236,10 @@ class HomeServer:
             federation_store=FederationStore(self.db),
             metrics=FederationMetrics.create(self.registry),
         )
+        self.rooms.rooms.set_remote_membership(self.federation.membership)
+        self.rooms.messages.set_backfill(self.federation.backfill.backfill)
+        register_edu_handlers(self.federation.transactions, typing=self.rooms.typing, receipts=self.rooms.receipts,
+                              presence=self.rooms.presence, e2e=self.rooms.e2e)
 
     async def _start_federation_sender(self) -> None:
         """Outbound federation in this process (``send_federation``; workers may take it over)."""
@@ -264,11 +272,17 @@ class HomeServer:
         assert self.rooms is not None
         register_room_api_servlets(self.router, self.rooms, self.accounts)
         assert self.federation is not None
+        assert self.db is not None
         register_federation_servlets(
             self.federation_router,
             self.federation,
             profile_lookup=self.accounts.profiles.get_profile,
             alias_lookup=self.rooms.timeline.get_alias,
+            devices=FederationDeviceHandler(
+                server_name=self.config.server_name, store=E2eStore(self.db), e2e=self.rooms.e2e,
+                devices=self.accounts.devices.get_devices,
+                device_list_position=self.streams[StreamName.DEVICE_LISTS].get_current_token,
+            ),
         )
 
     def _listen(self, listener: ListenerConfig) -> None:

@@ -18,6 +18,9 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# Federation settings for servers on one machine: reach loopback, accept self-signed certificates.
+LOOPBACK_FEDERATION: dict[str, Any] = {"verify_certificates": False, "ip_range_whitelist": ["127.0.0.0/8"]}
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -35,6 +38,27 @@ class TributaryProcess:
     metrics_port: int
     process: subprocess.Popen[str] | None = None
     output: str = ""
+    federation_port: int | None = None
+
+    @classmethod
+    def configure_federating(cls, tmp_path: Path, *, database_url: str | None,
+                             extra: dict[str, Any] | None = None) -> TributaryProcess:
+        """A process that federates on loopback: server name ``localhost:PORT`` for a TLS
+        federation listener on PORT (self-signed certificate), loopback whitelisted and
+        certificates not verified, as two test servers on one machine need."""
+        port = free_port()
+        process = cls.configure(tmp_path, database_url=database_url, server_name=f"localhost:{port}",
+                                extra={"federation": dict(LOOPBACK_FEDERATION), **(extra or {})})
+        config = yaml.safe_load(process.config_path.read_text(encoding="utf-8"))
+        config["listeners"].append({"type": "http", "port": port, "tls": True, "resources": ["federation", "keys"]})
+        process.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        process.federation_port = port
+        return process
+
+    @property
+    def server_name(self) -> str:
+        config = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        return str(config["server_name"])
 
     @classmethod
     def configure(cls, tmp_path: Path, *, database_url: str | None, server_name: str = "localhost",

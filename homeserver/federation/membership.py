@@ -44,10 +44,11 @@ from homeserver.events.canonical import thaw
 from homeserver.events.errors import AuthError, EventsError, InvalidEvent, SignatureError
 from homeserver.events.identifiers import server_name_of
 from homeserver.events.redaction import prune_event_dict
-from homeserver.federation.client import FederationClient, FederationClientError
+from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.rooms import RemoteMembershipError
 from homeserver.http.errors import MatrixError, bad_json, forbidden, not_found
 from storage.stores.events import EventsStore, StateKey
 
@@ -58,8 +59,8 @@ def quote_path(value: str) -> str:
     return quote(value, safe="")
 
 
-class JoinError(Exception):
-    """No server could get us into the room; the message says why for each."""
+class JoinError(RemoteMembershipError):
+    """No server could get us into the room (or take our leave or invite); the message says why for each."""
 
 
 class MembershipHandler:
@@ -199,6 +200,17 @@ class MembershipHandler:
         candidates = [s for s in servers if isinstance(s, str)] if isinstance(servers, list) else []
         return room_id, [server, *candidates]
 
+    async def lookup_alias(self, alias: str) -> tuple[str, list[str]]:
+        """``resolve_alias`` for the client API: every failure is a ``JoinError``."""
+        try:
+            return await self.resolve_alias(alias)
+        except FederationClientError as e:
+            raise JoinError(str(e), forbidden=isinstance(e, HttpResponseError) and e.code == 403) from None
+
+    def pending_invite(self, room_id: str, user_id: str) -> FrozenEvent | None:
+        """The invite of a local user to a room this server is not in, if one came."""
+        return self.pending_invites.get((room_id, user_id))
+
     async def join_by_alias(self, alias: str, user_id: str) -> FrozenEvent:
         room_id, servers = await self.resolve_alias(alias)
         return await self.join_remote(room_id, user_id, servers)
@@ -207,15 +219,20 @@ class MembershipHandler:
                           content: Mapping[str, object] | None = None) -> FrozenEvent:
         """Join ``user_id`` to a room this server is not in, via the first of ``servers`` that works."""
         errors: list[str] = []
+        refused = False
         for server in dict.fromkeys(servers):
             if server == self._server_name:
                 continue
             try:
-                return await self._join_via(server, room_id, user_id, content or {})
+                joined = await self._join_via(server, room_id, user_id, content or {})
             except (FederationClientError, EventsError, JoinError) as e:
                 logger.warning("[%s] joining %s via %s failed: %s", room_id, user_id, server, e)
                 errors.append(f"{server}: {e}")
-        raise JoinError("; ".join(errors) or "no server to join through")
+                refused = refused or (isinstance(e, HttpResponseError) and e.code == 403)
+                continue
+            self.pending_invites.pop((room_id, user_id), None)
+            return joined
+        raise JoinError("; ".join(errors) or "no server to join through", forbidden=refused)
 
     async def _join_via(self, server: str, room_id: str, user_id: str, content: Mapping[str, object]) -> FrozenEvent:
         versions = sorted(KNOWN_ROOM_VERSIONS)
@@ -364,11 +381,14 @@ class MembershipHandler:
             self.pending_invites[(room_id, event.state_key)] = signed
         return {"event": signed.get_pdu_json()}
 
-    async def invite_remote(self, room_id: str, inviter: str, invitee: str) -> FrozenEvent:
+    async def invite_remote(self, room_id: str, inviter: str, invitee: str,
+                            content: Mapping[str, object] | None = None) -> FrozenEvent:
         """Invite a user of another server: build and check the invite, have the invitee's server
-        cosign it (``PUT /invite`` v2), then persist it; it reaches the room's servers as usual."""
+        cosign it (``PUT /invite`` v2), then persist it; it reaches the room's servers as usual.
+        ``content``: more of the invite's content (``reason``, ``is_direct``)."""
         room_version = await self._room_version(room_id)
-        template = EventTemplate(type=C.MEMBER, content={"membership": C.INVITE}, state_key=invitee)
+        extra = {k: v for k, v in (content or {}).items() if k != "membership"}
+        template = EventTemplate(type=C.MEMBER, content={**extra, "membership": C.INVITE}, state_key=invitee)
         async with self._persister.room_lock(room_id):
             keys = set(auth_types_for(room_version, C.MEMBER, invitee, inviter, {"membership": C.INVITE}))
             keys.add((C.CREATE, ""))
@@ -390,12 +410,17 @@ class MembershipHandler:
                     if loaded is not None:
                         stripped.append({"type": loaded.type, "state_key": loaded.state_key,
                                          "sender": loaded.sender, "content": thaw(loaded.content)})
-            response = await self._client.put_json(
-                server_name_of(invitee),
-                f"/_matrix/federation/v2/invite/{quote_path(room_id)}/{quote_path(invite.event_id)}",
-                {"event": invite.get_pdu_json(), "room_version": room_version.identifier,
-                 "invite_room_state": stripped},
-            )
+            try:
+                response = await self._client.put_json(
+                    server_name_of(invitee),
+                    f"/_matrix/federation/v2/invite/{quote_path(room_id)}/{quote_path(invite.event_id)}",
+                    {"event": invite.get_pdu_json(), "room_version": room_version.identifier,
+                     "invite_room_state": stripped},
+                )
+            except FederationClientError as e:
+                logger.warning("[%s] inviting %s failed: %s", room_id, invitee, e)
+                raise JoinError(f"{server_name_of(invitee)}: {e}",
+                                forbidden=isinstance(e, HttpResponseError) and e.code == 403) from None
             returned = response.get("event") if isinstance(response, dict) else None
             cosigned = await parse_and_verify(self._keyring, room_version, returned)
             if cosigned.event_id != invite.event_id:

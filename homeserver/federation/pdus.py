@@ -53,8 +53,19 @@ def _create_id(room_version: RoomVersion, event: FrozenEvent) -> str | None:
     return None
 
 
-async def check_against_auth_events(persister: EventPersister, room_version: RoomVersion, event: FrozenEvent) -> None:
-    """Auth rules against the event's own auth events; raises AuthError or MissingEventsError."""
+async def _load(persister: EventPersister, ids: set[str],
+                known: Mapping[str, FrozenEvent] | None) -> dict[str, FrozenEvent]:
+    """Events by ID from ``known`` (a batch not stored yet) or the persister."""
+    found = {i: known[i] for i in ids if i in known} if known else {}
+    found.update(await persister.load_events(ids - set(found)))
+    return found
+
+
+async def check_against_auth_events(persister: EventPersister, room_version: RoomVersion, event: FrozenEvent,
+                                    known: Mapping[str, FrozenEvent] | None = None) -> None:
+    """Auth rules against the event's own auth events; raises AuthError or MissingEventsError.
+
+    ``known``: events not stored yet that the auth events may be among (a backfill batch)."""
     if event.type == C.CREATE:
         check_auth_rules(room_version, event, {})
         return
@@ -62,7 +73,7 @@ async def check_against_auth_events(persister: EventPersister, room_version: Roo
     create_id = _create_id(room_version, event)
     if create_id is not None:
         wanted.add(create_id)
-    loaded = await persister.load_events(wanted)
+    loaded = await _load(persister, wanted, known)
     check_auth_events_list(room_version, event, loaded)
     create = loaded.get(create_id) if create_id is not None else None
     if create_id is not None and create is None:
@@ -74,13 +85,14 @@ async def check_against_auth_events(persister: EventPersister, room_version: Roo
 
 
 async def check_against_state(
-    persister: EventPersister, room_version: RoomVersion, event: FrozenEvent, state_ids: Mapping[StateKey, str]
+    persister: EventPersister, room_version: RoomVersion, event: FrozenEvent, state_ids: Mapping[StateKey, str],
+    known: Mapping[str, FrozenEvent] | None = None,
 ) -> None:
     """Auth rules against a state map (the state before the event, or the current state)."""
     keys = set(auth_types_for_event(room_version, event))
     keys.add((C.CREATE, ""))
     ids = {k: state_ids[k] for k in keys if k in state_ids}
-    loaded = await persister.load_events(set(ids.values()))
+    loaded = await _load(persister, set(ids.values()), known)
     auth_state = {k: loaded[i] for k, i in ids.items() if i in loaded}
     if (C.CREATE, "") not in auth_state:
         raise AuthError("no create event in the state the event is checked against")

@@ -21,7 +21,9 @@ from twisted.web.server import Request
 from homeserver import __version__
 from homeserver.config import HomeserverConfig
 from homeserver.federation.auth import authenticate_request
+from homeserver.federation.backfill import BackfillHandler
 from homeserver.federation.client import FederationClient
+from homeserver.federation.devices import FederationDeviceHandler
 from homeserver.federation.history import HistoryHandler
 from homeserver.federation.keys import Keyring, server_key_response
 from homeserver.federation.membership import MembershipHandler
@@ -49,6 +51,7 @@ class FederationServices:
     transactions: TransactionHandler
     membership: MembershipHandler
     history: HistoryHandler
+    backfill: BackfillHandler
     # Called with the origin of every authenticated inbound request: the server is up
     # (the federation sender clears its backoff and wakes its queue).
     remote_up_hooks: list[Callable[[str], None]] = attrs.field(factory=list)
@@ -94,6 +97,8 @@ class FederationServices:
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
                                          persister=persister, keyring=keyring, client=client, clock_ms=clock_ms),
             history=HistoryHandler(server_name=server_name, store=store, persister=persister, clock_ms=clock_ms),
+            backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, keyring=keyring,
+                                     client=client),
         )
         return services
 
@@ -141,7 +146,8 @@ AliasLookup = Callable[[str], Awaitable[tuple[str, str] | None]]
 
 def register_federation_servlets(router: JsonRouter, fed: FederationServices, *,
                                  profile_lookup: ProfileLookup | None = None,
-                                 alias_lookup: AliasLookup | None = None) -> None:
+                                 alias_lookup: AliasLookup | None = None,
+                                 devices: FederationDeviceHandler | None = None) -> None:
     async def version(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         return 200, {"server": {"name": "Tributary", "version": __version__}}
 
@@ -245,6 +251,28 @@ def register_federation_servlets(router: JsonRouter, fed: FederationServices, *,
         servers = sorted(await fed.membership.servers_in_room(entry[0]) | {fed.server_name})
         return 200, {"room_id": entry[0], "servers": [fed.server_name, *(s for s in servers if s != fed.server_name)]}
 
+    async def user_devices(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        if devices is None:
+            raise not_found("devices are not served by this process")
+        return 200, await devices.user_devices(p["user_id"])
+
+    async def user_keys_query(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        if devices is None:
+            raise not_found("keys are not served by this process")
+        if not isinstance(body, dict):
+            raise bad_json("body must be a JSON object")
+        return 200, await devices.query_keys(body)
+
+    async def user_keys_claim(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        if devices is None:
+            raise not_found("keys are not served by this process")
+        if not isinstance(body, dict):
+            raise bad_json("body must be a JSON object")
+        return 200, await devices.claim_keys(body)
+
+    authed("GET", f"{FED_V1}/user/devices/(?P<user_id>{_SEG})", user_devices, "federation_user_devices")
+    authed("POST", f"{FED_V1}/user/keys/query", user_keys_query, "federation_user_keys_query", has_body=True)
+    authed("POST", f"{FED_V1}/user/keys/claim", user_keys_claim, "federation_user_keys_claim", has_body=True)
     authed("GET", f"{FED_V1}/query/profile", profile, "federation_query_profile")
     authed("GET", f"{FED_V1}/query/directory", directory, "federation_query_directory")
     authed("PUT", f"{FED_V1}/send/(?P<txn_id>{_SEG})", send, "federation_send", has_body=True)

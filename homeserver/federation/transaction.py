@@ -6,8 +6,9 @@ flight waits for it. Limits come first (at most 50 PDUs and 100 EDUs, else
 400). Each PDU then goes through the checks in ``pdus``: format, signatures,
 content hash, auth against its auth events (fail: stored as rejected), against
 the state before it (fail: stored as rejected) and against the room's current
-state (fail: soft-failed: not stored, and reported as an error for that PDU,
-see docs/federation.md). Missing ``prev_events`` are fetched once with
+state (fail: soft-failed: stored in the room's graph but not as a forward
+extremity, not in current state, never shown to clients; the PDU's result is
+success, see docs/federation.md). Missing ``prev_events`` are fetched once with
 ``get_missing_events`` (at most ``MISSING_EVENTS_LIMIT``). EDUs go to hooks
 registered by type; types nobody handles are dropped.
 """
@@ -27,6 +28,7 @@ from twisted.internet.defer import Deferred
 from homeserver.events import FrozenEvent, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.federation.client import FederationClient, FederationClientError
+from homeserver.federation.edus import EduRejected
 from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
@@ -161,6 +163,10 @@ class TransactionHandler:
             return _event_id_guess(room_version, pdu), f"verification failed: {e}"
         try:
             await self._process_event(origin, room_version, event, fetch_missing=True)
+        except SoftFailed:
+            # Accepted and stored (spec: "handled as normal" apart from clients and extremities).
+            self._metrics.pdus.labels(outcome="soft_failed").inc()
+            return event.event_id, None
         except EventsError as e:
             self._metrics.pdus.labels(outcome=_outcome(e)).inc()
             return event.event_id, str(e)
@@ -185,16 +191,21 @@ class TransactionHandler:
         except AuthError as e:
             rejection = str(e)
             logger.warning("[%s] rejecting %s from %s: %s", event.room_id, event.event_id, origin, e)
+        soft_failed = False
         if rejection is None:
             current = await self._store.get_current_state_ids(event.room_id)
             try:
                 await check_against_state(self._persister, room_version, event, current)
             except AuthError as e:
                 logger.warning("[%s] soft-failing %s from %s: %s", event.room_id, event.event_id, origin, e)
-                raise SoftFailed(f"soft-failed against the current state: {e}") from None
-        await self._persister.persist(room_version, event, is_local=False, rejection_reason=rejection)
+                soft_failed = True
+        await self._persister.persist(
+            room_version, event, is_local=False, rejection_reason=rejection, soft_failed=soft_failed
+        )
         if rejection is not None:
             raise Rejected(f"rejected: {rejection}")
+        if soft_failed:
+            raise SoftFailed("soft-failed against the current state (stored, not shown to clients)")
 
     async def _fetch_missing(self, origin: str, room_version: RoomVersion, event: FrozenEvent) -> None:
         extremities = await self._store.get_forward_extremities(event.room_id)
@@ -238,6 +249,8 @@ class TransactionHandler:
             return
         try:
             await handler(origin, edu.get("content"))
+        except EduRejected as e:
+            logger.warning("TX [%s] %s EDU dropped: %s", origin, edu["edu_type"], e)
         except Exception:
             logger.exception("EDU handler for %s failed", edu["edu_type"])
 

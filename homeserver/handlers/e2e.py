@@ -12,12 +12,15 @@ no device-list tracking (``/keys/changes`` is always empty).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.validation import is_local_user_id, is_storable_text
 from homeserver.http.errors import bad_json, invalid_param
+from homeserver.events.identifiers import is_valid_user_id
 from storage.id_generators import StreamIdGenerator
 from storage.stores.e2e import E2eStore
 
@@ -39,11 +42,16 @@ class E2eHandler:
         to_device_stream: StreamIdGenerator,
         server_name: str,
         device_ids: Callable[[str], Awaitable[list[str]]],
+        device_lists_stream: StreamIdGenerator | None = None,
     ) -> None:
+        self._device_lists_stream = device_lists_stream
         self._store = store
         self._stream = to_device_stream
         self._server_name = server_name
         self._device_ids = device_ids
+        # Set when this process sends federation traffic: to-device messages and device
+        # changes for other servers go through it.
+        self.federation: OutboundEdus | None = None
 
     def current_position(self) -> int:
         return self._stream.get_current_token()
@@ -53,11 +61,17 @@ class E2eHandler:
         if not isinstance(messages, dict):
             raise bad_json("'messages' must be an object of user ID -> device ID -> content")
         rows: list[tuple[str, str, str]] = []
+        remote: dict[str, dict[str, Any]] = {}
         for user_id, by_device in messages.items():
             if not isinstance(by_device, dict):
                 raise bad_json("each user's messages must be an object of device ID -> content")
             if not is_local_user_id(user_id, self._server_name):
-                continue  # no to-device federation yet
+                if not is_valid_user_id(user_id):
+                    raise invalid_param(f"not a user ID: {user_id[:100]!r}")
+                if not all(isinstance(content, dict) for content in by_device.values()):
+                    raise bad_json("each message must be an object")
+                remote[user_id] = by_device
+                continue
             for device_id, content in by_device.items():
                 if not isinstance(content, dict):
                     raise bad_json("each message must be an object")
@@ -66,10 +80,56 @@ class E2eHandler:
                 rows.extend((user_id, target, payload) for target in targets)
         if not await self._store.claim_to_device_txn(requester.user_id, requester.device_id, txn_id):
             return
-        if not rows:
+        if self.federation is None:
+            remote.clear()  # nothing sends to other servers from this process
+        if not rows and not remote:
             return
+        instance = self._stream.instance_name or "master"
         async with self._stream.get_next() as stream_id:
-            await self._store.add_to_device(stream_id, self._stream.instance_name or "master", rows)
+            if rows:
+                await self._store.add_to_device(stream_id, instance, rows)
+            if remote and self.federation is not None:
+                await self.federation.to_device(stream_id, instance, requester.user_id, event_type, remote)
+
+    async def apply_remote_to_device(
+        self, sender: str, event_type: str, message_id: str, messages: Mapping[str, Any]
+    ) -> int:
+        """An ``m.direct_to_device`` EDU (checked by the caller): deliver to local devices,
+        once per (sender, message_id). How many device inboxes got the message."""
+        rows: list[tuple[str, str, str]] = []
+        for user_id, by_device in messages.items():
+            if not isinstance(by_device, dict) or not is_local_user_id(user_id, self._server_name):
+                continue
+            for device_id, content in by_device.items():
+                if not isinstance(content, dict) or not is_storable_text(device_id) or len(device_id) > 255:
+                    continue
+                targets = await self._device_ids(user_id) if device_id == "*" else [device_id]
+                payload = json.dumps({"type": event_type, "sender": sender, "content": content})
+                rows.extend((user_id, target, payload) for target in targets)
+        if not await self._store.claim_to_device_txn(sender, "*federation*", message_id):
+            return 0
+        if rows:
+            async with self._stream.get_next() as stream_id:
+                await self._store.add_to_device(stream_id, self._stream.instance_name or "master", rows)
+        return len(rows)
+
+    async def apply_remote_device_list_update(
+        self, user_id: str, device_id: str, *, deleted: bool, keys: Mapping[str, Any] | None
+    ) -> None:
+        """An ``m.device_list_update`` EDU (checked by the caller): cache the device's keys (so
+        ``/keys/query`` answers for it) and tell local users' ``/sync`` (``device_lists.changed``)."""
+        if deleted:
+            await self._store.delete_device_keys(user_id, device_id)
+        elif keys is not None:
+            await self._store.set_device_keys(user_id, device_id, json.dumps(keys))
+        if self._device_lists_stream is not None:
+            stream = self._device_lists_stream
+            async with stream.get_next() as stream_id:
+                await self._store.add_device_list_change(stream_id, stream.instance_name or "master", user_id, device_id)
+
+    async def device_list_changes(self, user_id: str, after: int, upto: int) -> list[str]:
+        """Users sharing a room with ``user_id`` whose devices changed in (after, upto]."""
+        return await self._store.get_device_list_changes(user_id, after, upto)
 
     async def to_device_for(self, requester: Requester, after: int, upto: int) -> list[Any]:
         return [json.loads(m) for m in await self._store.get_to_device(requester.user_id, requester.device_id, after, upto)]
@@ -82,6 +142,13 @@ class E2eHandler:
             if device_keys.get("user_id") != requester.user_id or device_keys.get("device_id") != requester.device_id:
                 raise invalid_param("device_keys must be for the requesting user and device")
             await self._store.set_device_keys(requester.user_id, requester.device_id, json.dumps(device_keys))
+            if self.federation is not None:
+                # No per-user device stream to chain updates on: an empty prev_id tells the
+                # receiver it cannot tell whether it missed any, so it refreshes the list.
+                await self.federation.device_list_update({
+                    "user_id": requester.user_id, "device_id": requester.device_id,
+                    "stream_id": time.time_ns() // 1000, "prev_id": [], "deleted": False, "keys": device_keys,
+                })
         one_time = body.get("one_time_keys")
         if one_time is not None:
             if not isinstance(one_time, dict) or len(one_time) > MAX_KEYS_PER_UPLOAD:

@@ -91,9 +91,12 @@ class EventPersister:
         server_name: str,
         instance_name: str,
         metrics: PersistenceMetrics,
+        backfill_ids: StreamIdAllocator | None = None,
     ) -> None:
         self._store = store
         self._stream_ids = stream_ids
+        # The backfill stream: history from other servers gets stream_ordering = -(its ID).
+        self._backfill_ids = backfill_ids
         self._server_name = server_name
         self._instance_name = instance_name
         self._metrics = metrics
@@ -153,6 +156,7 @@ class EventPersister:
         rejection_reason: str | None = None,
         state_before: Mapping[StateKey, str] | None = None,
         destinations: frozenset[str] | None = None,
+        soft_failed: bool = False,
     ) -> PersistResult:
         """Persist ``event``; see the module docstring.
 
@@ -161,11 +165,13 @@ class EventPersister:
         send_join) rather than from the event's predecessors, which we do not
         have. ``destinations``: the servers a local event is for, when the
         caller knows them better than the room's current members here.
+        ``soft_failed``: a remote event that failed auth against current state
+        (stored in the graph; not an extremity, no current-state change, hidden from clients).
         """
         async with self.room_lock(event.room_id):
             return await self.persist_locked(
                 room_version, event, is_local=is_local, outlier=outlier, rejection_reason=rejection_reason,
-                state_before=state_before, destinations=destinations,
+                state_before=state_before, destinations=destinations, soft_failed=soft_failed,
             )
 
     async def persist_locked(
@@ -179,6 +185,7 @@ class EventPersister:
         state_before: Mapping[StateKey, str] | None = None,
         destinations: frozenset[str] | None = None,
         context: PersistContext | None = None,
+        soft_failed: bool = False,
     ) -> PersistResult:
         """``persist``, for a caller already holding ``room_lock(event.room_id)``.
 
@@ -187,7 +194,8 @@ class EventPersister:
         """
         start = time.perf_counter()
         result = await self._persist_locked(
-            room_version, event, is_local, outlier, rejection_reason, state_before, destinations, context
+            room_version, event, is_local, outlier, rejection_reason, state_before, destinations, context,
+            soft_failed,
         )
         if not result.already_persisted:
             self._metrics.persisted.labels(origin="local" if is_local else "remote").inc()
@@ -209,6 +217,7 @@ class EventPersister:
         given_state_before: Mapping[StateKey, str] | None,
         destinations: frozenset[str] | None,
         context: PersistContext | None = None,
+        soft_failed: bool = False,
     ) -> PersistResult:
         ctx = context or await self._store.get_persist_context(event.room_id, event.event_id, event.prev_event_ids)
         if ctx.existing_stream_ordering is not None:
@@ -224,7 +233,10 @@ class EventPersister:
                 delta = {key: event.event_id}
             extremities = set(ctx.forward_extremities)
             prevs = set(event.prev_event_ids)
-            if given_state_before is not None:
+            if soft_failed:
+                # In the graph (its state groups), but the room's current state is untouched.
+                state_before_group, _ = await self._state_before(room_version, event, ctx)
+            elif given_state_before is not None:
                 state_before_group = await self._store.new_state_group(event.room_id, None, given_state_before)
                 new_current = await self._new_current_state(
                     room_version, event, {**given_state_before, **delta}, extremities - prevs
@@ -280,12 +292,80 @@ class EventPersister:
             current_state_delta=current_delta,
             remote_servers=remote_servers,
             room_version=room_version.identifier if event.type == "m.room.create" and event.state_key == "" else None,
+            soft_failed=soft_failed,
         )
         result = await self._stream_ids.run_interaction(
             "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
         )
         self.remember(event)
         return result
+
+    async def persist_backfilled(
+        self,
+        room_version: RoomVersion,
+        event: FrozenEvent,
+        *,
+        state_group_before: int,
+        state_group_after: int,
+        rejection_reason: str | None = None,
+    ) -> PersistResult:
+        """Persist history fetched with ``/backfill``, with the state groups the caller planned.
+
+        The event gets a negative stream ordering from the backfill stream (so it sorts
+        before the room's timeline) and leaves forward extremities and current state
+        alone. Callers persist a batch newest first, so that older events sort earlier.
+        """
+        if self._backfill_ids is None:
+            raise RuntimeError("this persister was built without the backfill stream")
+        backfill_ids = self._backfill_ids
+        membership = event.membership if event.type == "m.room.member" else None
+        content = event.content
+        display_name = content.get("displayname") if membership else None
+        avatar_url = content.get("avatar_url") if membership else None
+        request = PersistRequest(
+            event_id=event.event_id,
+            room_id=event.room_id,
+            type=event.type,
+            state_key=event.state_key,
+            sender=event.sender,
+            depth=event.depth,
+            origin_server_ts=event.origin_server_ts,
+            prev_event_ids=event.prev_event_ids,
+            auth_event_ids=event.auth_event_ids,
+            pdu_json=json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
+            instance_name=self._instance_name,
+            is_local=False,
+            rejection_reason=rejection_reason,
+            membership=membership,
+            display_name=display_name if isinstance(display_name, str) else None,
+            avatar_url=avatar_url if isinstance(avatar_url, str) else None,
+            state_before=state_group_before,
+            state_after=state_group_after,
+            backfilled=True,
+            room_version=room_version.identifier if event.type == "m.room.create" and event.state_key == "" else None,
+        )
+
+        def allocate(txn: Transaction) -> int:
+            return -backfill_ids.get_next_txn(txn)
+
+        start = time.perf_counter()
+        result = await backfill_ids.run_interaction("persist_backfilled_event", persist_event_txn, request, allocate)
+        self.remember(event)
+        if not result.already_persisted:
+            self._metrics.persisted.labels(origin="remote").inc()
+            self._metrics.duration.observe(time.perf_counter() - start)
+            for listener in self._listeners:
+                try:
+                    listener(event, result)
+                except Exception:
+                    logger.exception("persisted-event listener %r failed for %s", listener, event.event_id)
+        return result
+
+    async def resolve(
+        self, room_version: RoomVersion, room_id: str, state_sets: Sequence[Mapping[StateKey, str]]
+    ) -> dict[StateKey, str]:
+        """State resolution over ``state_sets`` (all of whose events are stored)."""
+        return await self._resolve(room_version, room_id, state_sets)
 
     # --- state -----------------------------------------------------------------------------
 

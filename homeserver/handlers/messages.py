@@ -11,8 +11,8 @@ component). Only events the history-visibility rules let the user see are return
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
 
 import attrs
 
@@ -27,6 +27,11 @@ from storage.stores.timeline import TimelineStore
 from storage.tokens import InvalidTokenError, RoomStreamToken, StreamToken
 
 MAX_LIMIT = 1000
+BACKFILL_ROUNDS: Final = 2
+"""Times one backwards ``/messages`` request may fetch history over federation."""
+
+Backfill = Callable[[str, int], Awaitable[int]]
+"""``(room_id, limit) -> events stored``: older history of the room from another server."""
 
 
 @attrs.frozen
@@ -86,7 +91,11 @@ def parse_event_filter(value: object) -> EventFilter:
 
 
 def parse_pagination_token(text: str) -> int:
-    """A stream position from a ``/messages`` or ``/sync`` token; 400 ``M_INVALID_PARAM`` otherwise."""
+    """A stream position from a ``/messages`` or ``/sync`` token; 400 ``M_INVALID_PARAM`` otherwise.
+
+    ``b{n}`` is position ``-n``: backfilled history, stored with negative stream orderings."""
+    if text.startswith("b") and 1 < len(text) <= 20 and text[1:].isascii() and text[1:].isdigit():
+        return -int(text[1:])
     try:
         if "_" in text:
             return StreamToken.parse(text).events.max_position
@@ -96,7 +105,9 @@ def parse_pagination_token(text: str) -> int:
 
 
 def room_token(position: int) -> str:
-    return RoomStreamToken.at(max(position, 0)).to_string()
+    if position < 0:
+        return f"b{-position}"
+    return RoomStreamToken.at(position).to_string()
 
 
 class MessagesHandler:
@@ -112,6 +123,11 @@ class MessagesHandler:
         self._timeline = timeline
         self._client_events = client_events
         self._current_position = current_position
+        self._backfill: Backfill | None = None
+
+    def set_backfill(self, backfill: Backfill) -> None:
+        """Where to get older history when a room's runs out here (federation's backfill)."""
+        self._backfill = backfill
 
     async def _membership(self, requester: Requester, room_id: str) -> str:
         """The user's current membership; 403 if they were never in the room."""
@@ -168,11 +184,23 @@ class MessagesHandler:
                 end = min(end, left_at) if end is not None else left_at
         limit = min(max(limit, 0), MAX_LIMIT)
         rows = await self._timeline.get_room_events(room_id, start=start, end=end, limit=limit, backwards=backwards)
+        backfilled = 0
+        if backwards and self._backfill is not None:
+            for _ in range(BACKFILL_ROUNDS):
+                if len(rows) >= limit or (end is not None and rows and rows[-1][1] <= end + 1):
+                    break
+                fetched = await self._backfill(room_id, limit - len(rows))
+                if not fetched:
+                    break
+                backfilled += fetched
+                rows = await self._timeline.get_room_events(
+                    room_id, start=start, end=end, limit=limit, backwards=True
+                )
         events = await self._client_events.load([event_id for event_id, _ in rows])
         events = [e for e in await self._visible(requester, membership, events) if event_filter.matches(e)]
         chunk = await self._client_events.serialize(events, access_token_id=requester.access_token_id)
         out: dict[str, Any] = {"chunk": chunk, "start": room_token(start)}
-        if len(rows) == limit and rows:
+        if (len(rows) == limit or backfilled) and rows:
             last = rows[-1][1]
             out["end"] = room_token(last - 1 if backwards else last)
         if event_filter.lazy_load_members:
@@ -184,7 +212,7 @@ class MessagesHandler:
     ) -> dict[str, Any]:
         membership = await self._membership(requester, room_id)
         loaded = await self._client_events.load([event_id])
-        if not loaded or loaded[0].room_id != room_id:
+        if not loaded or loaded[0].room_id != room_id or await self._timeline.get_hidden_events([event_id]):
             raise not_found("Event not found")
         if not await self._visible(requester, membership, loaded):
             raise not_found("Event not found")

@@ -1,7 +1,9 @@
 """``GET/PUT /presence/{userId}/status``: a user's own presence, stored on the presence stream.
 
-Minimal: no presence in ``/sync``, no idle timers, no federation; anyone
-authenticated may read a local user's status.
+Also applies remote users' presence from ``m.presence`` EDUs (``apply_remote``)
+and reads the changes ``/sync`` shows (``presence_for_sync``: the user and those
+sharing a room with them). No idle timers; anyone authenticated may read a
+user's status.
 """
 
 # tests: tests/integration/test_client_e2e.py
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.auth import Requester
 from homeserver.http.errors import forbidden, not_found
 from storage.id_generators import StreamIdGenerator
@@ -24,6 +27,8 @@ class PresenceHandler:
         self._store = store
         self._stream = stream
         self._clock_ms = clock_ms
+        # Set when this process sends federation traffic: servers sharing a room hear of changes.
+        self.federation: OutboundEdus | None = None
 
     async def set_status(self, requester: Requester, user_id: str, state: str, status_msg: str | None) -> None:
         if requester.user_id != user_id:
@@ -32,6 +37,38 @@ class PresenceHandler:
             await self._store.set_presence(
                 stream_id, self._stream.instance_name or "master", user_id, state, status_msg, self._clock_ms()
             )
+        if self.federation is not None:
+            push: dict[str, Any] = {"user_id": user_id, "presence": state, "last_active_ago": 0,
+                                    "currently_active": state == "online"}
+            if status_msg is not None:
+                push["status_msg"] = status_msg
+            await self.federation.presence(push)
+
+    async def apply_remote(
+        self, user_id: str, state: str, status_msg: str | None, last_active_ago: int, currently_active: bool
+    ) -> None:
+        """An ``m.presence`` EDU entry: a remote user's presence (checked by the caller)."""
+        async with self._stream.get_next() as stream_id:
+            await self._store.set_presence(
+                stream_id, self._stream.instance_name or "master", user_id, state, status_msg,
+                self._clock_ms() - max(0, last_active_ago), currently_active=currently_active,
+            )
+
+    async def presence_for_sync(self, user_id: str, after: int, upto: int) -> list[dict[str, Any]]:
+        """``m.presence`` events for ``/sync``: changes in (after, upto] of the user and those
+        sharing a room with them."""
+        now = self._clock_ms()
+        out = []
+        for row in await self._store.get_presence_changes(user_id, after, upto):
+            content: dict[str, Any] = {
+                "presence": row.state,
+                "last_active_ago": max(0, now - row.last_active_ts),
+                "currently_active": row.currently_active,
+            }
+            if row.status_msg is not None:
+                content["status_msg"] = row.status_msg
+            out.append({"type": "m.presence", "sender": row.user_id, "content": content})
+        return out
 
     async def get_status(self, user_id: str) -> dict[str, Any]:
         row = await self._store.get_presence(user_id)

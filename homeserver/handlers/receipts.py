@@ -13,6 +13,7 @@ import json
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
+from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.auth import Requester
 from homeserver.http.errors import forbidden, invalid_param, not_found
 from storage.id_generators import StreamIdGenerator
@@ -41,6 +42,8 @@ class ReceiptsHandler:
         self._is_joined = is_joined
         self._event_room = event_room
         self._clock_ms = clock_ms
+        # Set when this process sends federation traffic: other servers in the room hear of receipts.
+        self.federation: OutboundEdus | None = None
 
     def current_position(self) -> int:
         return self._stream.get_current_token()
@@ -68,6 +71,30 @@ class ReceiptsHandler:
                 stream_id,
                 self._stream.instance_name or "master",
             )
+        if self.federation is not None:
+            await self.federation.receipt(room_id, receipt_type, requester.user_id, event_id, data)
+
+    async def apply_remote(
+        self, room_id: str, receipt_type: str, user_id: str, event_id: str, data: dict[str, Any]
+    ) -> bool:
+        """An ``m.receipt`` EDU entry: a remote user's receipt. False (ignored) when the user is
+        not joined to the room as we see it or the type is not one servers share."""
+        if receipt_type != "m.read" or not await self._is_joined(user_id, room_id):
+            return False
+        thread_id = data.get("thread_id")
+        thread = thread_id if isinstance(thread_id, str) else None
+        async with self._stream.get_next() as stream_id:
+            await self._timeline.put_receipt(
+                room_id,
+                receipt_type,
+                user_id,
+                thread,
+                event_id,
+                json.dumps(data),
+                stream_id,
+                self._stream.instance_name or "master",
+            )
+        return True
 
     async def set_fully_read(self, requester: Requester, room_id: str, event_id: str) -> None:
         """The ``m.fully_read`` marker: server-managed room account data, so written here, not via PUT."""

@@ -22,6 +22,7 @@ from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.messages import MessagesHandler
+from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.presence import PresenceHandler
 from homeserver.handlers.receipts import ReceiptsHandler
 from homeserver.handlers.room_events import RoomEventCreator
@@ -66,6 +67,7 @@ class RoomServices:
         persister: EventPersister,
         room_events: RoomEventCreator,
         accounts: AccountServices,
+        sync_metrics: SyncMetrics | None = None,
     ) -> RoomServices:
         def clock_ms() -> int:
             return int(reactor.seconds() * 1000)
@@ -130,6 +132,7 @@ class RoomServices:
             to_device_stream=streams[StreamName.TO_DEVICE],
             server_name=server_name,
             device_ids=device_ids,
+            device_lists_stream=streams[StreamName.DEVICE_LISTS],
         )
         presence = PresenceHandler(store=PresenceStore(db), stream=streams[StreamName.PRESENCE], clock_ms=clock_ms)
         sync = SyncHandler(
@@ -143,6 +146,8 @@ class RoomServices:
             typing=typing,
             receipts=receipts,
             e2e=e2e,
+            metrics=sync_metrics,
+            presence=presence,
         )
         return cls(timeline, client_events, rooms, messages, typing, receipts, sync, e2e, presence)
 

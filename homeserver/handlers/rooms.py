@@ -12,8 +12,10 @@ parse and serialise. It does not know the timeline (messages.py) or sync.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
 
 from homeserver.events import (
     AuthError,
@@ -27,6 +29,7 @@ from homeserver.events import (
     parse_create_room_request,
 )
 from homeserver.events import constants as C
+from homeserver.events.identifiers import server_name_of
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.event_persistence import EventPersister
@@ -42,6 +45,40 @@ from storage.stores.timeline import TimelineStore
 logger = logging.getLogger(__name__)
 
 MEMBERSHIP_ACTIONS = {"invite": C.INVITE, "kick": C.LEAVE, "ban": C.BAN, "unban": C.LEAVE}
+
+
+class RemoteMembershipError(Exception):
+    """A membership change over federation failed; ``forbidden`` when a server refused it (403)."""
+
+    def __init__(self, message: str, *, forbidden: bool = False) -> None:
+        super().__init__(message)
+        self.forbidden = forbidden
+
+
+class RemoteMembership(Protocol):
+    """Membership changes that need another server (``homeserver.federation.membership``).
+
+    Each raises ``RemoteMembershipError`` (or an ``EventsError``) when it cannot be done.
+    """
+
+    def pending_invite(self, room_id: str, user_id: str) -> FrozenEvent | None: ...
+
+    async def lookup_alias(self, alias: str) -> tuple[str, list[str]]: ...
+
+    async def join_remote(self, room_id: str, user_id: str, servers: Iterable[str],
+                          content: Mapping[str, object] | None = None) -> FrozenEvent: ...
+
+    async def leave_remote(self, room_id: str, user_id: str, servers: Iterable[str]) -> FrozenEvent: ...
+
+    async def invite_remote(self, room_id: str, inviter: str, invitee: str,
+                            content: Mapping[str, object] | None = None) -> FrozenEvent: ...
+
+
+def remote_error(error: RemoteMembershipError) -> MatrixError:
+    """403 when a remote server refused, else 404: no server could be reached or had the room."""
+    if error.forbidden:
+        return forbidden(str(error)[:1000])
+    return not_found(f"Could not do this through another server: {str(error)[:1000]}")
 
 
 def unknown_room(room_id: str) -> MatrixError:
@@ -95,6 +132,11 @@ class RoomHandler:
         self._profiles = profiles
         self._server_name = server_name
         self._clock_ms = clock_ms
+        # Joins and invites that need another server; None until federation is wired (app.py).
+        self._remote: RemoteMembership | None = None
+
+    def set_remote_membership(self, remote: RemoteMembership) -> None:
+        self._remote = remote
 
     # --- sending --------------------------------------------------------------------------
 
@@ -180,12 +222,24 @@ class RoomHandler:
             if await self._timeline.get_alias(alias) is not None:
                 raise MatrixError(400, "M_ROOM_IN_USE", f"Room alias {alias} is already taken")
         join_content = await self._profile_content(requester.user_id)
+        # Users of other servers are invited once the room exists: their server must co-sign.
+        remote_invitees = [u for u in request.invite if server_name_of(u) != self._server_name]
+        if remote_invitees and self._remote is not None:
+            request = attrs.evolve(request, invite=tuple(u for u in request.invite if u not in remote_invitees))
+        else:
+            remote_invitees = []
         try:
             room_id = await self._room_events.create_room(
                 requester.user_id, request, creator_join_content=join_content
             )
         except EventsError as e:
             raise events_error(e) from None
+        for invitee in remote_invitees:
+            extra = {"is_direct": True} if request.is_direct else None
+            try:
+                await self.update_membership(requester, room_id, invitee, C.INVITE, extra=extra, ratelimited=False)
+            except MatrixError as e:
+                logger.warning("[%s] inviting %s at creation failed: %s", room_id, invitee, e)
         if alias is not None and not await self._timeline.create_alias(alias, room_id, requester.user_id):
             raise MatrixError(400, "M_ROOM_IN_USE", f"Room alias {alias} is already taken")
         return room_id, alias
@@ -256,6 +310,19 @@ class RoomHandler:
         extra: Mapping[str, Any] | None = None,
         ratelimited: bool = True,
     ) -> str:
+        remote = self._remote
+        if remote is not None and membership == C.INVITE and server_name_of(target) != self._server_name:
+            return await self._invite_remote(remote, requester, room_id, target, reason, extra, ratelimited)
+        if remote is not None and membership == C.LEAVE and target == requester.user_id:
+            invite = remote.pending_invite(room_id, target)
+            if invite is not None and not await self._server_in_room(room_id):
+                # Rejecting an invite to a room this server is not in: make_leave/send_leave.
+                try:
+                    return (await remote.leave_remote(room_id, target, [server_name_of(invite.sender)])).event_id
+                except RemoteMembershipError as e:
+                    raise remote_error(e) from None
+                except EventsError as e:
+                    raise events_error(e) from None
         await self._check_room(room_id)
         now = self._now()
         if not ratelimited:
@@ -277,6 +344,88 @@ class RoomHandler:
         )
         if membership == C.JOIN:
             await self._timeline.unforget_room(target, room_id)
+        return event.event_id
+
+    async def _server_in_room(self, room_id: str) -> bool:
+        """Whether a user of this server is joined to the room (so that we hold its current state)."""
+        return self._server_name in await self._events_store.get_joined_servers(room_id)
+
+    async def join(
+        self, requester: Requester, room_id_or_alias: str, *, servers: Sequence[str] = (), reason: str | None = None
+    ) -> str:
+        """``POST /join/{roomIdOrAlias}`` and ``/rooms/{roomId}/join``: the room ID joined.
+
+        A room this server is in is joined locally. Otherwise (an alias of another
+        server, a room we only know by an invite, or ``servers`` given) the join goes
+        through make_join/send_join on the first candidate server that works: the
+        ``servers`` (``server_name``/``via``), those the alias's directory named, the
+        inviter's server and the room ID's domain.
+        """
+        check_text(room_id_or_alias, "roomIdOrAlias", max_length=255)
+        remote = self._remote
+        candidates: list[str] = list(servers)
+        if room_id_or_alias.startswith("#"):
+            self._check_alias(room_id_or_alias)
+            if remote is None or server_name_of(room_id_or_alias) == self._server_name:
+                room_id = str((await self.get_alias(room_id_or_alias))["room_id"])
+            else:
+                try:
+                    room_id, alias_servers = await remote.lookup_alias(room_id_or_alias)
+                except RemoteMembershipError as e:
+                    raise not_found(f"Room alias {room_id_or_alias} could not be resolved: {str(e)[:500]}") from None
+                candidates.extend(alias_servers)
+        else:
+            room_id = await self.resolve_room(room_id_or_alias)
+        user_id = requester.user_id
+        if remote is not None and not await self._server_in_room(room_id):
+            invite = remote.pending_invite(room_id, user_id)
+            if invite is not None:
+                candidates.append(server_name_of(invite.sender))
+            candidates.append(server_name_of(room_id))
+            candidates = [s for s in dict.fromkeys(candidates) if s and s != self._server_name]
+            if candidates:
+                ratelimit(self._limits.joins_remote, user_id, self._now())
+                content = await self._profile_content(user_id)
+                if reason is not None:
+                    content["reason"] = reason
+                try:
+                    await remote.join_remote(room_id, user_id, candidates, content)
+                except RemoteMembershipError as e:
+                    raise remote_error(e) from None
+                except EventsError as e:
+                    raise events_error(e) from None
+                await self._timeline.unforget_room(user_id, room_id)
+                return room_id
+        await self.update_membership(requester, room_id, user_id, C.JOIN, reason=reason)
+        return room_id
+
+    async def _invite_remote(
+        self,
+        remote: RemoteMembership,
+        requester: Requester,
+        room_id: str,
+        target: str,
+        reason: str | None,
+        extra: Mapping[str, Any] | None,
+        ratelimited: bool,
+    ) -> str:
+        """Invite a user of another server: their server co-signs the invite (``PUT /invite`` v2)."""
+        await self._check_room(room_id)
+        if ratelimited:
+            now = self._now()
+            ratelimit(self._limits.invites_per_room, room_id, now)
+            ratelimit(self._limits.invites_per_user, target, now)
+            ratelimit(self._limits.invites_per_issuer, requester.user_id, now)
+        content: dict[str, Any] = dict(extra or {})
+        content.pop("membership", None)
+        if reason is not None:
+            content["reason"] = reason
+        try:
+            event = await remote.invite_remote(room_id, requester.user_id, target, content)
+        except RemoteMembershipError as e:
+            raise remote_error(e) from None
+        except EventsError as e:
+            raise events_error(e) from None
         return event.event_id
 
     async def on_profile_changed(self, requester: Requester, profile: ProfileRow) -> None:
@@ -370,6 +519,8 @@ class RoomHandler:
         events = await self._client_events.load([event_id])
         if not events or events[0].room_id != room_id:
             raise not_found("Event not found")
+        if await self._timeline.get_hidden_events([event_id]):
+            raise not_found("Event not found")  # soft-failed, rejected or an outlier
         rooms = await self._timeline.get_rooms_for_user(requester.user_id)
         entry = rooms.get(room_id)
         joined_now = entry is not None and entry[0] == C.JOIN

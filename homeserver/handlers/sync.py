@@ -17,13 +17,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from prometheus_client import CollectorRegistry
 
 from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents, strip_event
 from homeserver.handlers.e2e import E2eHandler
+from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.messages import EventFilter, parse_event_filter, room_token
+from homeserver.handlers.presence import PresenceHandler
 from homeserver.handlers.receipts import ReceiptsHandler
 from homeserver.handlers.typing import TypingHandler
 from storage.id_generators import StreamIdGenerator
@@ -85,8 +88,12 @@ class SyncHandler:
         typing: TypingHandler,
         receipts: ReceiptsHandler,
         e2e: E2eHandler,
+        metrics: SyncMetrics | None = None,
+        presence: PresenceHandler | None = None,
     ) -> None:
+        self._presence = presence
         self._e2e = e2e
+        self._metrics = metrics if metrics is not None else SyncMetrics.create(CollectorRegistry())
         self._streams = streams
         self._notifier = notifier
         self._clock = clock
@@ -123,18 +130,35 @@ class SyncHandler:
         if since is None or full_state or timeout_ms <= 0:
             return await self.sync(requester, since, full_state=full_state, sync_filter=sync_filter)
         deadline = self._clock.seconds() + min(timeout_ms / 1000.0, MAX_TIMEOUT_S)
+        woken_at: float | None = None
         while True:
             result = await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
             remaining = deadline - self._clock.seconds()
+            if _has_changes(result) and woken_at is not None:
+                self._metrics.wake_latency.observe(self._clock.seconds() - woken_at)
             if _has_changes(result) or remaining <= 0:
                 return result
-            await self._notifier.wait_for_sync_token(
-                StreamToken.parse(result["next_batch"]), self.current_token, remaining
-            )
+            self._metrics.long_polls.inc()
+            try:
+                woken = await self._notifier.wait_for_sync_token(
+                    StreamToken.parse(result["next_batch"]), self.current_token, remaining
+                )
+            finally:
+                self._metrics.long_polls.dec()
+            # The notifier fires its waiters synchronously from the position
+            # change, so now is when the stream advanced.
+            woken_at = self._clock.seconds() if woken else None
             if self._clock.seconds() >= deadline:
                 return await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
 
     async def sync(
+        self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter
+    ) -> dict[str, Any]:
+        kind = "initial" if since is None or full_state else "incremental"
+        with self._metrics.duration.labels(kind).time():
+            return await self._sync(requester, since, full_state=full_state, sync_filter=sync_filter)
+
+    async def _sync(
         self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter
     ) -> dict[str, Any]:
         user_id = requester.user_id
@@ -183,6 +207,21 @@ class SyncHandler:
             _stream_position(now, SyncStreamKey.TO_DEVICE),
         )
 
+        presence: list[Any] = []
+        if self._presence is not None:
+            presence = await self._presence.presence_for_sync(
+                user_id,
+                _stream_position(since, SyncStreamKey.PRESENCE) if since is not None else 0,
+                _stream_position(now, SyncStreamKey.PRESENCE),
+            )
+        devices_changed: list[str] = []
+        if since is not None:
+            devices_changed = await self._e2e.device_list_changes(
+                user_id,
+                _stream_position(since, SyncStreamKey.DEVICE_LISTS),
+                _stream_position(now, SyncStreamKey.DEVICE_LISTS),
+            )
+
         for room_id in joined_ids:
             rows = recent.get(room_id, [])
             full = room_id in full_rooms
@@ -222,9 +261,9 @@ class SyncHandler:
             "account_data": {
                 "events": [{"type": t, "content": json.loads(c)} for t, c in sorted(account_data.global_data.items())]
             },
-            "presence": {"events": []},
+            "presence": {"events": presence},
             "to_device": {"events": to_device},
-            "device_lists": {"changed": [], "left": []},
+            "device_lists": {"changed": devices_changed, "left": []},
             "device_one_time_keys_count": await self._e2e.one_time_key_counts(requester),
         }
 
@@ -319,4 +358,6 @@ def _has_changes(result: Mapping[str, Any]) -> bool:
         or rooms["leave"]
         or result["account_data"]["events"]
         or result["to_device"]["events"]
+        or result["presence"]["events"]
+        or result["device_lists"]["changed"]
     )

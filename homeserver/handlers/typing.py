@@ -18,12 +18,15 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 
 from homeserver.handlers.auth import Requester
+from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.http.errors import forbidden
 from storage.id_generators import StreamIdGenerator
 
 logger = logging.getLogger(__name__)
 
 MAX_TYPING_TIMEOUT_S = 120.0
+# A remote user's typing lasts this long unless their server renews or ends it.
+REMOTE_TYPING_TIMEOUT_S = 60.0
 
 
 class TypingHandler:
@@ -37,6 +40,8 @@ class TypingHandler:
         self._serial: dict[str, int] = {}
         self._timers: dict[tuple[str, str], IDelayedCall] = {}
         self._stopped = False
+        # Set when this process sends federation traffic: other servers in the room hear of changes.
+        self.federation: OutboundEdus | None = None
 
     def current_position(self) -> int:
         return self._stream.get_current_token()
@@ -58,6 +63,22 @@ class TypingHandler:
             await self._change(room_id, user_id, True)
         else:
             await self._change(room_id, user_id, False)
+        if self.federation is not None:
+            await self.federation.typing(room_id, user_id, typing)
+
+    async def apply_remote(self, room_id: str, user_id: str, typing: bool) -> bool:
+        """An ``m.typing`` EDU: a remote user started or stopped typing. False (ignored)
+        when the user is not joined to the room as we see it."""
+        if not await self._is_joined(user_id, room_id):
+            return False
+        key = (room_id, user_id)
+        timer = self._timers.pop(key, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        if typing and not self._stopped:
+            self._timers[key] = self._clock.callLater(REMOTE_TYPING_TIMEOUT_S, self._expire, room_id, user_id)
+        await self._change(room_id, user_id, typing)
+        return True
 
     def stop(self) -> None:
         """Cancel the expiry timers (on shutdown: they would write to a closed database)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from storage.database import Database, Transaction
-from storage.stores.streams import insert_device_inbox_txn
+from storage.stores.streams import insert_device_inbox_txn, insert_device_list_changes_txn
 
 
 class E2eStore:
@@ -69,6 +69,39 @@ class E2eStore:
             )
 
         await self._db.run_interaction("set_device_keys", txn_fn)
+
+    async def delete_device_keys(self, user_id: str, device_id: str) -> None:
+        def txn_fn(txn: Transaction) -> None:
+            txn.execute("DELETE FROM e2e_device_keys WHERE user_id = %s AND device_id = %s", (user_id, device_id))
+
+        await self._db.run_interaction("delete_device_keys", txn_fn)
+
+    async def add_device_list_change(self, stream_id: int, instance_name: str, user_id: str, device_id: str) -> None:
+        await self._db.run_interaction(
+            "add_device_list_change", insert_device_list_changes_txn, stream_id, instance_name, [(user_id, device_id)]
+        )
+
+    async def get_device_list_changes(self, user_id: str, after: int, upto: int) -> list[str]:
+        """Users (other than ``user_id``) joined to a room with it whose devices changed in (after, upto]."""
+
+        def txn_fn(txn: Transaction) -> list[str]:
+            txn.execute(
+                """
+                SELECT DISTINCT d.user_id FROM device_lists_stream d
+                WHERE d.stream_id > %s AND d.stream_id <= %s AND d.user_id <> %s AND EXISTS (
+                    SELECT 1 FROM current_state_events mine
+                    JOIN current_state_events theirs ON theirs.room_id = mine.room_id
+                    WHERE mine.type = 'm.room.member' AND mine.state_key = %s AND mine.membership = 'join'
+                      AND theirs.type = 'm.room.member' AND theirs.state_key = d.user_id
+                      AND theirs.membership = 'join'
+                )
+                ORDER BY d.user_id
+                """,
+                (after, upto, user_id, user_id),
+            )
+            return [str(r[0]) for r in txn.fetchall()]
+
+        return await self._db.run_interaction("get_device_list_changes", txn_fn)
 
     async def add_one_time_keys(
         self, user_id: str, device_id: str, keys: Collection[tuple[str, str, str]]

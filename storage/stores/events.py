@@ -85,6 +85,15 @@ class PersistRequest:
     current_state_delta: StateMap | None = None
     remote_servers: frozenset[str] = frozenset()
     room_version: str | None = None  # set for m.room.create: registers the room
+    # History fetched from another server (``/backfill``): stored with a negative stream
+    # ordering (``allocate`` returns it), before the timeline; forward extremities, current
+    # state and destination rows are left alone. An outlier copy of the event is promoted.
+    backfilled: bool = False
+    # The state group after the event, when the caller made it (backfill plans a batch's state).
+    state_after: int | None = None
+    # Passed auth at its own state but not at the current state: stored in the graph, but no
+    # forward extremity, current state or membership change, and hidden from clients.
+    soft_failed: bool = False
 
 
 @attrs.frozen
@@ -247,6 +256,25 @@ class EventsStore:
 
         return await self._db.run_interaction("get_auth_chain_ids", query)
 
+    async def get_backward_extremities(self, room_id: str, limit: int) -> list[str]:
+        """Events the room's timeline points back at that we do not have (or hold only as
+        outliers): where ``/backfill`` should start. Oldest first, at most ``limit``."""
+
+        def query(txn: Transaction) -> list[str]:
+            txn.execute(
+                """
+                SELECT g.prev_event_id, MIN(e.stream_ordering) AS so
+                FROM events e JOIN event_edges g ON g.event_id = e.event_id
+                WHERE e.room_id = %s AND NOT e.outlier
+                  AND NOT EXISTS (SELECT 1 FROM events p WHERE p.event_id = g.prev_event_id AND NOT p.outlier)
+                GROUP BY g.prev_event_id ORDER BY so LIMIT %s
+                """,
+                (room_id, limit),
+            )
+            return [str(row[0]) for row in txn.fetchall()]
+
+        return await self._db.run_interaction("get_backward_extremities", query)
+
     async def new_state_group(self, room_id: str, prev_group: int | None, delta: StateMap) -> int:
         return await self._db.run_interaction("new_state_group", store_state_group_txn, room_id, prev_group, delta)
 
@@ -384,9 +412,10 @@ def store_state_group_txn(
 
 def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[Transaction], int]) -> PersistResult:
     """Write the event; ``allocate(txn)`` reserves its stream ordering (only when it is new)."""
-    txn.execute("SELECT stream_ordering FROM events WHERE event_id = %s", (r.event_id,))
+    txn.execute("SELECT stream_ordering, outlier FROM events WHERE event_id = %s", (r.event_id,))
     existing = txn.fetchone()
-    if existing is not None:
+    promote = existing is not None and r.backfilled and bool(existing[1])
+    if existing is not None and not promote:
         return PersistResult(int(existing[0]), None, already_persisted=True)
     stream_ordering = allocate(txn)
     # The servers the federation sender fans this event out to (see 0007_federation_sender).
@@ -400,18 +429,27 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
             """,
             (r.room_id, r.room_version, r.sender, r.origin_server_ts),
         )
-    txn.execute(
-        """
-        INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender,
-                            depth, origin_server_ts, is_local, outlier, rejection_reason, json, destinations)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-        """,
-        (
-            stream_ordering, r.instance_name, r.event_id, r.room_id, r.type, r.state_key, r.sender,
-            r.depth, r.origin_server_ts, r.is_local, r.outlier, r.rejection_reason, r.pdu_json,
-            fanout,
-        ),
-    )
+    if promote:
+        # Known as an outlier (e.g. state from send_join): now placed in the timeline, by backfill.
+        txn.execute(
+            "UPDATE events SET stream_ordering = %s, instance_name = %s, outlier = FALSE, rejection_reason = %s "
+            "WHERE event_id = %s",
+            (stream_ordering, r.instance_name, r.rejection_reason, r.event_id),
+        )
+    else:
+        txn.execute(
+            """
+            INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender,
+                                depth, origin_server_ts, is_local, outlier, rejection_reason, json, destinations,
+                                soft_failed)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """,
+            (
+                stream_ordering, r.instance_name, r.event_id, r.room_id, r.type, r.state_key, r.sender,
+                r.depth, r.origin_server_ts, r.is_local, r.outlier, r.rejection_reason, r.pdu_json,
+                fanout, r.soft_failed,
+            ),
+        )
     if r.prev_event_ids:
         txn.execute_values(
             "INSERT INTO event_edges (event_id, prev_event_id, room_id) VALUES %s ON CONFLICT DO NOTHING",
@@ -426,31 +464,40 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
         return PersistResult(stream_ordering, None, already_persisted=False)
 
     # Forward extremities: the event replaces the extremities it points at, and
-    # becomes one unless something already persisted points at it.
-    if r.prev_event_ids:
+    # becomes one unless something already persisted points at it. Backfilled
+    # history lies behind the extremities and never changes them, and a soft-failed
+    # event is never one (nothing new is built on it here).
+    if r.prev_event_ids and not r.backfilled and not r.soft_failed:
         txn.execute(
             "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s)",
             (r.room_id, list(r.prev_event_ids)),
         )
-    txn.execute("SELECT 1 FROM event_edges WHERE prev_event_id = %s LIMIT 1", (r.event_id,))
-    if txn.fetchone() is None:
-        txn.execute(
-            "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-            (r.room_id, r.event_id),
-        )
+    if not r.backfilled and not r.soft_failed:
+        txn.execute("SELECT 1 FROM event_edges WHERE prev_event_id = %s LIMIT 1", (r.event_id,))
+        if txn.fetchone() is None:
+            txn.execute(
+                "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                (r.room_id, r.event_id),
+            )
 
     # State: before is given; after is the event's delta on top (or the same group).
     if r.state_before is None:
         before = store_state_group_txn(txn, r.room_id, None, {})
     else:
         before = r.state_before
-    after = store_state_group_txn(txn, r.room_id, before, r.state_after_delta) if r.state_after_delta else before
+    if r.state_after is not None:
+        after = r.state_after
+    elif r.state_after_delta:
+        after = store_state_group_txn(txn, r.room_id, before, r.state_after_delta)
+    else:
+        after = before
     txn.execute(
         "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) VALUES (%s, %s, %s)",
         (r.event_id, before, after),
     )
 
-    if r.type == "m.room.member" and r.state_key is not None and r.membership is not None and r.rejection_reason is None:
+    if (r.type == "m.room.member" and r.state_key is not None and r.membership is not None
+            and r.rejection_reason is None and not r.soft_failed):
         txn.execute(
             """
             INSERT INTO room_memberships (event_id, room_id, user_id, sender, membership, stream_ordering,
@@ -460,6 +507,8 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
             (r.event_id, r.room_id, r.state_key, r.sender, r.membership, stream_ordering, r.display_name, r.avatar_url),
         )
 
+    if r.backfilled or r.soft_failed:
+        return PersistResult(stream_ordering, after, already_persisted=False)
     if r.new_current_state is not None:
         _update_current_state_txn(txn, r.room_id, r.new_current_state)
     elif r.current_state_delta:

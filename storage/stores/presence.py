@@ -24,8 +24,17 @@ class PresenceStore:
         self._db = db
 
     async def set_presence(
-        self, stream_id: int, instance_name: str, user_id: str, state: str, status_msg: str | None, now_ms: int
+        self,
+        stream_id: int,
+        instance_name: str,
+        user_id: str,
+        state: str,
+        status_msg: str | None,
+        now_ms: int,
+        *,
+        currently_active: bool | None = None,
     ) -> None:
+        """``now_ms`` is the last-active time; ``currently_active`` defaults to ``state == "online"``."""
         await self._db.run_interaction(
             "set_presence",
             upsert_presence_txn,
@@ -35,8 +44,33 @@ class PresenceStore:
             state,
             status_msg,
             now_ms,
-            state == "online",
+            state == "online" if currently_active is None else currently_active,
         )
+
+    async def get_presence_changes(self, user_id: str, after: int, upto: int) -> list[PresenceRow]:
+        """Presence rows with ``after < stream_id <= upto`` of the user and of users joined to a
+        room the user is joined to."""
+
+        def txn_fn(txn: Transaction) -> list[PresenceRow]:
+            txn.execute(
+                """
+                SELECT p.user_id, p.state, p.status_msg, p.last_active_ts, p.currently_active FROM presence_stream p
+                WHERE p.stream_id > %s AND p.stream_id <= %s AND (
+                    p.user_id = %s OR EXISTS (
+                        SELECT 1 FROM current_state_events mine
+                        JOIN current_state_events theirs ON theirs.room_id = mine.room_id
+                        WHERE mine.type = 'm.room.member' AND mine.state_key = %s AND mine.membership = 'join'
+                          AND theirs.type = 'm.room.member' AND theirs.state_key = p.user_id
+                          AND theirs.membership = 'join'
+                    )
+                )
+                ORDER BY p.stream_id
+                """,
+                (after, upto, user_id, user_id),
+            )
+            return [PresenceRow(str(r[0]), str(r[1]), r[2], int(r[3]), bool(r[4])) for r in txn.fetchall()]
+
+        return await self._db.run_interaction("get_presence_changes", txn_fn)
 
     async def get_presence(self, user_id: str) -> PresenceRow | None:
         def txn_fn(txn: Transaction) -> PresenceRow | None:

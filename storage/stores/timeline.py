@@ -36,7 +36,8 @@ class ReceiptRow:
     stream_id: int
 
 
-_LIVE = "NOT outlier AND rejection_reason IS NULL"
+# Events clients may see in timelines: in the graph, accepted, not soft-failed (schema 0008).
+_LIVE = "NOT outlier AND rejection_reason IS NULL AND NOT soft_failed"
 
 
 def _room_events_txn(
@@ -156,7 +157,7 @@ class TimelineStore:
                 "JOIN events e ON e.event_id = r.redacts "
                 "JOIN events red ON red.event_id = r.redaction_id "
                 "WHERE r.redacts = ANY(%s) AND e.room_id = r.room_id "
-                "AND red.rejection_reason IS NULL AND NOT red.outlier ORDER BY r.redaction_id",
+                "AND red.rejection_reason IS NULL AND NOT red.outlier AND NOT red.soft_failed ORDER BY r.redaction_id",
                 (list(event_ids),),
             )
             out: dict[str, list[str]] = {}
@@ -288,6 +289,19 @@ class TimelineStore:
             }
 
         return await self._db.run_interaction("get_recent_events_for_rooms", txn_fn)
+
+    async def get_hidden_events(self, event_ids: Collection[str]) -> set[str]:
+        """Those of ``event_ids`` clients must not be served: outliers, rejected or soft-failed."""
+        if not event_ids:
+            return set()
+
+        def txn_fn(txn: Transaction) -> set[str]:
+            txn.execute(
+                f"SELECT event_id FROM events WHERE event_id = ANY(%s) AND NOT ({_LIVE})", (list(event_ids),)
+            )
+            return {str(r[0]) for r in txn.fetchall()}
+
+        return await self._db.run_interaction("get_hidden_events", txn_fn)
 
     async def get_stream_orderings(self, event_ids: Collection[str]) -> dict[str, int]:
         def txn_fn(txn: Transaction) -> dict[str, int]:

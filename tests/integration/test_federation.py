@@ -185,21 +185,58 @@ async def test_invites_leave_history_and_profile(database_dsn: str, second_datab
 
 
 @pytest.mark.timeout(90)
-async def test_messages_reach_the_other_sides_sync(database_dsn: str, second_database_dsn: str, tmp_path: Path) -> None:
-    """Registered users on each server: Bob (B) joins Alice's (A) room, and each one's /sync
-    shows the other's message."""
+async def test_client_api_joins_and_invites_across_servers(database_dsn: str, second_database_dsn: str,
+                                                           tmp_path: Path) -> None:
+    """Everything through the client API: Alice (A) creates a public room with an alias and invites
+    Bob (B), who joins by room ID alone (his server knows the inviter's); Carol (B) joins by the
+    alias of A (``GET /query/directory``); unknown rooms and aliases on other servers are 404s.
+    Messages from each side reach the other side's /sync."""
     async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
-        assert a.room_events is not None and b.room_events is not None and b.federation is not None
         ca = Client(f"http://127.0.0.1:{a.config.listeners[0].port}")
         cb = Client(f"http://127.0.0.1:{b.config.listeners[0].port}")
         alice = await ca.register_ok("alice")
         bob = await cb.register_ok("bob")
-        room_id = await a.room_events.create_room(alice["user_id"], parse_create_room_request({"preset": "public_chat"}))
-        await b.federation.membership.join_remote(room_id, bob["user_id"], [name(a)])
-        hello = await a.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Bob"}), alice["user_id"])
-        reply = await b.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Alice"}), bob["user_id"])
-        await eventually(lambda: stored(a, reply.event_id))
-        await eventually(lambda: stored(b, hello.event_id))
+        carol = await cb.register_ok("carol")
+        created = await ca.request("POST", "createRoom", {"preset": "public_chat", "room_alias_name": "lobby"},
+                                   token=alice["access_token"])
+        assert created.status == 200, created
+        room_id = created.body["room_id"]
+        for i in range(25):  # history from before anyone on B was in the room
+            sent = await ca.request("PUT", f"rooms/{quote(room_id)}/send/m.room.message/h{i}",
+                                    {"msgtype": "m.text", "body": f"history {i}"}, token=alice["access_token"])
+            assert sent.status == 200, sent
+
+        invited = await ca.request("POST", f"rooms/{quote(room_id)}/invite", {"user_id": bob["user_id"]},
+                                   token=alice["access_token"])
+        assert invited.status == 200, invited
+        assert b.federation is not None and b.federation.membership.pending_invite(room_id, bob["user_id"])
+        joined = await cb.request("POST", f"rooms/{quote(room_id)}/join", {}, token=bob["access_token"])
+        assert joined.status == 200, joined
+        assert joined.body == {"room_id": room_id}
+        by_alias = await cb.request("POST", f"join/{quote('#lobby:' + name(a))}", {}, token=carol["access_token"])
+        assert by_alias.status == 200, by_alias
+        assert by_alias.body == {"room_id": room_id}
+        assert a.events_store is not None
+        events_store = a.events_store
+
+        async def both_members_on_a() -> bool:
+            state = await events_store.get_current_state_ids(room_id)
+            return all(("m.room.member", user["user_id"]) in state for user in (bob, carol))
+
+        await eventually(both_members_on_a)  # Carol's join was local on B (Bob is there), then sent
+
+        # Failures are Matrix errors, not 5xx: an alias A does not have, a room nobody has.
+        for path in (f"join/{quote('#nope:' + name(a))}", f"join/{quote('!nothing:' + name(a))}",
+                     f"join/{quote('!nothing:' + name(a))}?via={quote(name(a))}&server_name=bad%2Fname"):
+            response = await cb.request("POST", path, {}, token=bob["access_token"])
+            assert 400 <= response.status < 500 and "errcode" in response.body, (path, response)
+
+        hello = await ca.request("PUT", f"rooms/{quote(room_id)}/send/m.room.message/t1",
+                                 {"msgtype": "m.text", "body": "hi Bob"}, token=alice["access_token"])
+        reply = await cb.request("PUT", f"rooms/{quote(room_id)}/send/m.room.message/t1",
+                                 {"msgtype": "m.text", "body": "hi Alice"}, token=bob["access_token"])
+        assert hello.status == reply.status == 200
+        ids = {hello.body["event_id"], reply.body["event_id"]}
 
         async def timeline_ids(client: Client, token: str) -> set[str]:
             response = await client.request("GET", "sync?timeout=0", token=token)
@@ -207,8 +244,109 @@ async def test_messages_reach_the_other_sides_sync(database_dsn: str, second_dat
             room = response.body.get("rooms", {}).get("join", {}).get(room_id, {})
             return {e["event_id"] for e in room.get("timeline", {}).get("events", [])}
 
-        assert {hello.event_id, reply.event_id} <= await timeline_ids(cb, bob["access_token"])
-        assert {hello.event_id, reply.event_id} <= await timeline_ids(ca, alice["access_token"])
+        await eventually(lambda: _contains(timeline_ids(cb, carol["access_token"]), ids))
+        await eventually(lambda: _contains(timeline_ids(ca, alice["access_token"]), ids))
+
+        # EDUs from B reach Alice's /sync on A; bad ones are dropped, the transaction still answered.
+        since = (await ca.request("GET", "sync?timeout=0", token=alice["access_token"])).body["next_batch"]
+        bob_id, carol_id = bob["user_id"], carol["user_id"]
+        edus: list[Any] = [
+            {"edu_type": "m.typing", "content": {"room_id": room_id, "user_id": bob_id, "typing": True}},
+            {"edu_type": "m.receipt", "content": {room_id: {"m.read": {
+                carol_id: {"event_ids": [hello.body["event_id"]], "data": {"ts": 1}}}}}},
+            {"edu_type": "m.presence", "content": {"push": [
+                {"user_id": bob_id, "presence": "online", "last_active_ago": 5, "currently_active": True},
+                {"user_id": alice["user_id"], "presence": "offline", "last_active_ago": 5}]}},
+            {"edu_type": "m.direct_to_device", "content": {
+                "sender": bob_id, "type": "m.test", "message_id": "m1",
+                "messages": {alice["user_id"]: {alice["device_id"]: {"hello": "device"}}}}},
+            {"edu_type": "m.device_list_update", "content": {
+                "user_id": bob_id, "device_id": "BOBDEV", "stream_id": 1, "prev_id": [],
+                "keys": {"user_id": bob_id, "device_id": "BOBDEV", "algorithms": [], "keys": {}}}},
+            # Bad: another server's user, a room Bob is not in, junk shapes.
+            {"edu_type": "m.typing", "content": {"room_id": room_id, "user_id": alice["user_id"], "typing": True}},
+            {"edu_type": "m.typing", "content": {"room_id": "!elsewhere:x", "user_id": bob_id, "typing": True}},
+            {"edu_type": "m.typing", "content": "junk"}, {"edu_type": "m.receipt", "content": {room_id: 5}},
+            {"edu_type": "m.presence", "content": {"push": "x"}}, {"edu_type": "m.direct_to_device"},
+            {"edu_type": "m.device_list_update", "content": {"user_id": bob_id}}, 7, {"edu_type": 5},
+        ]
+        assert b.federation is not None
+        answer = await b.federation.client.put_json(
+            name(a), "/_matrix/federation/v1/send/edus1",
+            {"origin": name(b), "origin_server_ts": 0, "pdus": [], "edus": edus})
+        assert answer == {"pdus": {}}
+        with pytest.raises(HttpResponseError) as too_many:
+            await b.federation.client.put_json(name(a), "/_matrix/federation/v1/send/edus2",
+                                               {"origin": name(b), "pdus": [], "edus": [edus[0]] * 101})
+        assert too_many.value.code == 400
+
+        synced = await ca.request("GET", f"sync?timeout=0&since={since}", token=alice["access_token"])
+        assert synced.status == 200, synced
+        ephemeral = synced.body["rooms"]["join"][room_id]["ephemeral"]["events"]
+        typing_events = [e for e in ephemeral if e["type"] == "m.typing"]
+        assert typing_events == [{"type": "m.typing", "content": {"user_ids": [bob_id]}}]
+        receipts = [e for e in ephemeral if e["type"] == "m.receipt"]
+        assert receipts[0]["content"][hello.body["event_id"]]["m.read"][carol_id] == {"ts": 1}
+        presence = {e["sender"]: e["content"] for e in synced.body["presence"]["events"]}
+        assert presence[bob_id]["presence"] == "online" and presence[bob_id]["currently_active"] is True
+        assert alice["user_id"] not in presence  # B may not speak for Alice
+        assert synced.body["to_device"]["events"] == [
+            {"type": "m.test", "sender": bob_id, "content": {"hello": "device"}}]
+        assert synced.body["device_lists"]["changed"] == [bob_id]
+        queried = await ca.request("POST", "keys/query", {"device_keys": {bob_id: []}}, token=alice["access_token"])
+        assert queried.status == 200 and "BOBDEV" in queried.body["device_keys"][bob_id], queried
+
+        # A serves its users' devices and keys to B (and only its own users').
+        alice_id, alice_dev = alice["user_id"], alice["device_id"]
+        device_keys = {"user_id": alice_id, "device_id": alice_dev, "algorithms": ["m.olm.v1.curve25519-aes-sha2"],
+                       "keys": {f"ed25519:{alice_dev}": "k"}, "signatures": {}}
+        uploaded = await ca.request("POST", "keys/upload", {"device_keys": device_keys,
+                                                            "one_time_keys": {"signed_curve25519:AAA": {"key": "x"}}},
+                                    token=alice["access_token"])
+        assert uploaded.status == 200, uploaded
+        fed_client = b.federation.client
+        listed = await fed_client.get_json(name(a), f"/_matrix/federation/v1/user/devices/{quote(alice_id)}")
+        assert listed["user_id"] == alice_id and isinstance(listed["stream_id"], int)
+        assert [d["device_id"] for d in listed["devices"]] == [alice_dev]
+        assert listed["devices"][0]["keys"] == device_keys
+        keys = await fed_client.post_json(name(a), "/_matrix/federation/v1/user/keys/query",
+                                          {"device_keys": {alice_id: [], bob_id: []}})
+        assert keys == {"device_keys": {alice_id: {alice_dev: device_keys}}}
+        claimed = await fed_client.post_json(name(a), "/_matrix/federation/v1/user/keys/claim",
+                                             {"one_time_keys": {alice_id: {alice_dev: "signed_curve25519"}}})
+        assert claimed == {"one_time_keys": {alice_id: {alice_dev: {"signed_curve25519:AAA": {"key": "x"}}}}}
+        for path, body in ((f"/_matrix/federation/v1/user/devices/{quote(bob_id)}", None),
+                           ("/_matrix/federation/v1/user/keys/query", {"device_keys": []}),
+                           ("/_matrix/federation/v1/user/keys/claim", {"one_time_keys": 5})):
+            with pytest.raises(HttpResponseError) as refused:
+                if body is None:
+                    await fed_client.get_json(name(a), path)
+                else:
+                    await fed_client.post_json(name(a), path, body)
+            assert refused.value.code == 400, path
+
+        # Bob back-paginates past his join: B backfills A's history over federation, in order.
+        seen: list[dict[str, Any]] = []
+        token: str | None = None
+        for _ in range(20):
+            query = "dir=b&limit=10" + (f"&from={token}" if token else "")
+            page = await cb.request("GET", f"rooms/{quote(room_id)}/messages?{query}", token=bob["access_token"])
+            assert page.status == 200, page
+            seen.extend(page.body["chunk"])
+            token = page.body.get("end")
+            if token is None:
+                break
+        bodies = [e["content"].get("body") for e in reversed(seen) if e["type"] == "m.room.message"]
+        assert [b for b in bodies if b.startswith("history")] == [f"history {i}" for i in range(25)]
+        assert seen[-1]["type"] == "m.room.create"
+        assert len({e["event_id"] for e in seen}) == len(seen)
+        assert b.events_store is not None
+        create = await b.events_store.get_event(seen[-1]["event_id"])
+        assert create is not None and create.stream_ordering < 0 and not create.outlier
+
+
+async def _contains(found: Any, wanted: set[str]) -> bool:
+    return wanted <= await found
 
 
 async def test_ip_blacklist_refuses_loopback_unless_whitelisted(database_dsn: str, second_database_dsn: str,
@@ -362,6 +500,20 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
     # The same request properly signed is served.
     served = await b.federation.client.get_json(name(a), f"/_matrix/federation/v1/event/{hello.event_id}")
     assert make_event(hello.room_version, served["pdus"][0]).event_id == hello.event_id
+
+    # Soft failure: Bob's message, built before Alice bans him, passes auth at the state before it
+    # but not at A's current state. A stores it (the PDU's result is success) but it is no
+    # forward extremity and no client sees it.
+    assert a.rooms is not None
+    late = await crafted(b, room_id, EventTemplate("m.room.message", {"body": "too late"}), bob)
+    await a.room_events.send(room_id, EventTemplate("m.room.member", {"membership": "ban"}, bob), alice)
+    result = await send_txn(b, a, "soft", [late.get_pdu_json()])
+    assert result["pdus"][late.event_id] == {}
+    row = await stored(a, late.event_id)
+    assert row is not None and row.rejection_reason is None and not row.outlier
+    assert late.event_id not in await a.events_store.get_forward_extremities(room_id)
+    assert await a.rooms.timeline.get_hidden_events([late.event_id]) == {late.event_id}
+    assert sample("tributary_federation_pdus_received_total", {"outcome": "soft_failed"}) == 1
 
 
 def test_tributary_process_serves_keys_and_refuses_unsigned_requests(database_dsn: str, tmp_path: Path) -> None:

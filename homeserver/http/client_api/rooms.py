@@ -66,6 +66,24 @@ def _query_int(request: Request, name: str, default: int, *, minimum: int = 0, m
     return max(minimum, min(int(text), maximum))
 
 
+MAX_VIA_SERVERS: Final = 20
+
+
+def _query_servers(request: Request) -> list[str]:
+    """The ``via`` and (deprecated) ``server_name`` query parameters: servers to join through."""
+    args: dict[bytes, list[bytes]] = request.args or {}
+    servers: list[str] = []
+    for raw in [*args.get(b"via", []), *args.get(b"server_name", [])][:MAX_VIA_SERVERS]:
+        try:
+            server = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise invalid_param("Query parameters 'via'/'server_name' must be valid UTF-8") from None
+        if not server or len(server) > MAX_ID_LENGTH or not server.isprintable() or "/" in server:
+            raise invalid_param(f"Invalid server name {server[:100]!r} in 'via'/'server_name'")
+        servers.append(server)
+    return servers
+
+
 def _query_json(request: Request, name: str) -> Any:
     text = query_string(request, name)
     if text is None:
@@ -115,8 +133,8 @@ def register_room_servlets(
         requester = await auth.get_user_by_req(request)
         body = parse_optional_json_object(request)
         reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
-        room_id = await rooms.resolve_room(params["room"])
-        await rooms.update_membership(requester, room_id, requester.user_id, C.JOIN, reason=reason)
+        servers = _query_servers(request)
+        room_id = await rooms.join(requester, params["room"], servers=servers, reason=reason)
         return 200, {"room_id": room_id}
 
     async def membership(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -126,7 +144,7 @@ def register_room_servlets(
         body = parse_optional_json_object(request)
         reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
         if action == "join":
-            await rooms.update_membership(requester, room_id, requester.user_id, C.JOIN, reason=reason)
+            await rooms.join(requester, room_id, reason=reason)
             return 200, {"room_id": room_id}
         if action == "leave":
             await rooms.update_membership(requester, room_id, requester.user_id, C.LEAVE, reason=reason)

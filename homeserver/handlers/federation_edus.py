@@ -1,0 +1,131 @@
+"""Which servers hear of a local user's ephemeral changes, and handing them to the federation sender.
+
+Typing and receipts go to the remote servers joined to the room; presence and
+device-list changes to the remote servers sharing any room with the user;
+to-device messages to the recipients' servers, through the outbox table so
+they survive until accepted. The handlers call this after their own write has
+succeeded; a failure here is logged and never fails the client's request
+(the change is already visible locally).
+"""
+
+# tests: tests/integration/test_federation_sender.py
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from typing import Any, Protocol
+
+from homeserver.events.identifiers import server_name_of
+
+logger = logging.getLogger(__name__)
+
+
+class EduSink(Protocol):
+    """What the federation sender offers (``federation_sender.sender.FederationSender``)."""
+
+    def send_typing(self, destinations: Iterable[str], room_id: str, user_id: str, typing: bool) -> None: ...
+
+    def send_receipt(self, destinations: Iterable[str], room_id: str, receipt_type: str, user_id: str,
+                     event_ids: list[str], data: Mapping[str, Any]) -> None: ...
+
+    def send_presence(self, destinations: Iterable[str], state: Mapping[str, Any]) -> None: ...
+
+    def send_device_list_update(self, destinations: Iterable[str], content: Mapping[str, Any]) -> None: ...
+
+    def wake_destination(self, destination: str) -> None: ...
+
+
+# (stream_id, instance_name, rows of (destination, message_id, messages_json), now_ms)
+AddToOutbox = Callable[[int, str, Collection[tuple[str, str, str]], int], Awaitable[None]]
+
+
+class OutboundEdus:
+    def __init__(
+        self,
+        *,
+        server_name: str,
+        sink: EduSink,
+        joined_servers: Callable[[str], Awaitable[set[str]]],
+        user_rooms: Callable[[str], Awaitable[Collection[str]]],
+        add_to_outbox: AddToOutbox,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self._server_name = server_name
+        self._sink = sink
+        self._joined_servers = joined_servers
+        self._user_rooms = user_rooms
+        self._add_to_outbox = add_to_outbox
+        self._clock_ms = clock_ms
+
+    async def _room_servers(self, room_id: str) -> set[str]:
+        return await self._joined_servers(room_id) - {self._server_name}
+
+    async def _sharing_servers(self, user_id: str) -> set[str]:
+        servers: set[str] = set()
+        for room_id in await self._user_rooms(user_id):
+            servers |= await self._joined_servers(room_id)
+        servers.discard(self._server_name)
+        return servers
+
+    async def typing(self, room_id: str, user_id: str, typing: bool) -> None:
+        try:
+            servers = await self._room_servers(room_id)
+        except Exception:
+            logger.exception("typing of %s in %s not sent to other servers", user_id, room_id)
+            return
+        if servers:
+            self._sink.send_typing(servers, room_id, user_id, typing)
+
+    async def receipt(self, room_id: str, receipt_type: str, user_id: str, event_id: str,
+                      data: Mapping[str, Any]) -> None:
+        if receipt_type != "m.read":  # private receipts stay here
+            return
+        try:
+            servers = await self._room_servers(room_id)
+        except Exception:
+            logger.exception("receipt of %s in %s not sent to other servers", user_id, room_id)
+            return
+        if servers:
+            self._sink.send_receipt(servers, room_id, receipt_type, user_id, [event_id], data)
+
+    async def presence(self, state: Mapping[str, Any]) -> None:
+        """``state``: the ``m.presence`` push entry (user_id, presence, last_active_ago, ...)."""
+        user_id = str(state["user_id"])
+        try:
+            servers = await self._sharing_servers(user_id)
+        except Exception:
+            logger.exception("presence of %s not sent to other servers", user_id)
+            return
+        if servers:
+            self._sink.send_presence(servers, state)
+
+    async def device_list_update(self, content: Mapping[str, Any]) -> None:
+        user_id = str(content["user_id"])
+        try:
+            servers = await self._sharing_servers(user_id)
+        except Exception:
+            logger.exception("device list update of %s not sent to other servers", user_id)
+            return
+        if servers:
+            self._sink.send_device_list_update(servers, content)
+
+    async def to_device(self, stream_id: int, instance_name: str, sender: str, event_type: str,
+                        messages: Mapping[str, Mapping[str, Any]]) -> None:
+        """Queue to-device messages for remote users (user ID -> device ID -> content), one outbox
+        row per destination server, then wake those destinations. Raises if the write fails:
+        unlike the lossy EDUs, the caller must not report success without it."""
+        by_server: dict[str, dict[str, Any]] = {}
+        for user_id, devices in messages.items():
+            by_server.setdefault(server_name_of(user_id), {})[user_id] = devices
+        rows = []
+        for server, users in by_server.items():
+            # Receivers deduplicate by the message ID.
+            message_id = secrets.token_urlsafe(12)
+            content = {"sender": sender, "type": event_type, "message_id": message_id, "messages": users}
+            rows.append((server, message_id, json.dumps(content)))
+        await self._add_to_outbox(stream_id, instance_name, rows, self._clock_ms())
+        for server in by_server:
+            self._sink.wake_destination(server)
