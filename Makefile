@@ -28,8 +28,11 @@ $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
 run: $(RUN_STAMP)
 	$(VENV)/bin/tributary run --data-dir $(DATA_DIR)
 
+# PostgreSQL and Redis running; Prometheus, nginx and docker-compose installed (from
+# Debian's packages) for the observability and deployment tests.
 services:
 	@bash .ci/ensure-services.sh
+	@bash .ci/install-observability.sh
 
 test: $(TEST_STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -37,6 +37,8 @@ from homeserver.handlers.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
 from homeserver.http.client_api.sync import register_room_api_servlets
 from homeserver.federation.metrics import FederationMetrics
+from homeserver.handlers.metrics import SyncMetrics
+from homeserver.metrics import ReactorMetrics, ReactorTickMonitor
 from homeserver.federation.servlets import FederationServices, register_federation_servlets
 from homeserver.federation.devices import FederationDeviceHandler
 from homeserver.federation.edus import register_edu_handlers
@@ -56,7 +58,7 @@ from storage.stores.federation import FederationStore
 from storage.stores.federation_sender import FederationSenderStore
 from storage.streams import STREAMS, StreamName, create_id_generator
 from storage.embedded import EmbeddedPostgres, find_binaries
-from storage.metrics import StorageMetrics
+from storage.metrics import StorageMetrics, StreamMetrics
 from storage.prepare import check_server_name, prepare_database
 
 logger = logging.getLogger(__name__)
@@ -104,6 +106,8 @@ class HomeServer:
         self.persister: EventPersister | None = None
         self.room_events: RoomEventCreator | None = None
         self.persistence_metrics = PersistenceMetrics.create(self.registry)
+        self.stream_metrics = StreamMetrics.create(self.registry)
+        self.reactor_monitor = ReactorTickMonitor(reactor, ReactorMetrics.create(self.registry))
         self.ports: list[IListeningPort] = []
         self.ready = False
         self.stopping = False
@@ -113,6 +117,7 @@ class HomeServer:
 
     async def start(self) -> None:
         start = time.monotonic()
+        self.reactor_monitor.start()
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
         self.db = await self._open_database()
         applied = await prepare_database(self.db)
@@ -165,6 +170,7 @@ class HomeServer:
         for name, generator in zip(names, generators, strict=True):
             self.streams[name] = generator
             self.notifier.add_stream(generator)
+            self.stream_metrics.track(generator)
         self.cache_invalidation = CacheInvalidationStream(self.streams[StreamName.CACHES], self.caches, self.reactor)
 
     async def _start_replication(self) -> None:
@@ -226,6 +232,7 @@ class HomeServer:
             persister=self.persister,
             room_events=self.room_events,
             accounts=self.accounts,
+            sync_metrics=SyncMetrics.create(self.registry),
         )
         self.federation = FederationServices.build(
             self.config,
@@ -334,6 +341,7 @@ class HomeServer:
             return
         self.stopping = True
         self.ready = False
+        self.reactor_monitor.stop()
         for port in self.ports:
             stopped = port.stopListening()
             if stopped is not None:

@@ -721,6 +721,7 @@ class ReplicationHandler:
                 stream, instance, source, position, announced=position,
                 applied=self._metrics.rows_applied.labels(stream),
             )
+            self._metrics.reader_lag.labels(stream, instance)  # the series starts at 0
         return feed
 
     def _on_rdata(self, channel: Channel, command: RdataCommand) -> None:
@@ -838,7 +839,7 @@ class ReplicationHandler:
     def _update_lag(self, feed: _Feed) -> None:
         lag = max(feed.announced - feed.position, 0)
         if lag != feed.lag:
-            self._metrics.reader_lag.labels(feed.stream).inc(lag - feed.lag)
+            self._metrics.reader_lag.labels(feed.stream, feed.instance).set(lag)
             feed.lag = lag
 
     async def _catch_up(self, feed: _Feed, target: int) -> None:

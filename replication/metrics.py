@@ -5,8 +5,8 @@ This module owns the names, help texts and label sets of every
 ``tributary_replication_*`` metric. Labels come from closed sets only: the
 transport kind (``TRANSPORTS``), the command name (``COMMAND_TYPES``), the
 disconnect reason (``DISCONNECT_REASONS``), the stream name (the process's
-stream registry) and the callback kind (``CALLBACKS``); never a peer, a user or
-a room. The state machine and the handler never import Prometheus themselves:
+stream registry), the writer instance (the configured writers) and the callback
+kind (``CALLBACKS``); never a peer address, a user or a room. The state machine and the handler never import Prometheus themselves:
 transports and the handler call the helpers here.
 """
 
@@ -121,9 +121,9 @@ class ReplicationMetrics:
             ),
             reader_lag=Gauge(
                 "tributary_replication_reader_lag",
-                "Stream IDs between the newest position writers announced and what this process applied, "
-                "summed over writers, by stream.",
-                ["stream"],
+                "Stream IDs between the newest position a writer announced and what this process applied, "
+                "by stream and writer (series appear when the writer is first heard from).",
+                ["stream", "writer"],
                 registry=registry,
             ),
             rows_sent=Counter(
@@ -180,7 +180,6 @@ class ReplicationMetrics:
         """Start the per-stream series of ``stream`` at 0."""
         for metric in (self.rows_sent, self.rows_applied, self.rows_skipped, self.gap_fills, self.gap_fill_rows):
             metric.labels(stream)
-        self.reader_lag.labels(stream)
 
     def transport(self, kind: str) -> TransportCounters:
         """The pre-resolved counters of one transport kind (one of ``TRANSPORTS``)."""

@@ -52,6 +52,8 @@ T = TypeVar("T")
 
 #: ``callback(stream_name, instance_name, old_position, new_position)``, on the reactor thread.
 PositionListener = Callable[[str, str, int, int], None]
+#: ``listener(stream_name, count)``: this process wrote ``count`` facts (completed IDs of committed writes).
+WrittenListener = Callable[[str, int], None]
 
 #: Seconds between background writes of a busy writer's position to ``stream_positions``.
 DEFAULT_PERSIST_INTERVAL = 0.1
@@ -483,6 +485,8 @@ class _Reservation(Generic[T]):
         ids, self._ids = self._ids, []
         if ids:
             self._generator._complete(ids)
+            if exc_type is None:
+                self._generator._note_written(len(ids))
 
 
 class StreamIdGenerator:
@@ -522,6 +526,7 @@ class StreamIdGenerator:
         self._tracker = tracker
         self._allocator = SequenceAllocator(db, sequence)
         self._listeners: list[PositionListener] = []
+        self._written_listeners: list[WrittenListener] = []
         self._txn_reservations: dict[int, _TxnReservation] = {}
         self._persist = persist and tracker.local_instance is not None
         self._persisted = persisted_position
@@ -622,6 +627,20 @@ class StreamIdGenerator:
     def remove_position_listener(self, listener: PositionListener) -> None:
         self._listeners.remove(listener)
 
+    def add_written_listener(self, listener: WrittenListener) -> None:
+        """Call ``listener(stream_name, count)`` when IDs this process reserved complete
+        after a successful write (a failed transaction or block counts nothing)."""
+        self._written_listeners.append(listener)
+
+    def _note_written(self, count: int) -> None:
+        if not count:
+            return
+        for listener in list(self._written_listeners):
+            try:
+                listener(self.stream_name, count)
+            except Exception:
+                logger.exception("stream %s: written listener %r failed", self.stream_name, listener)
+
     # --- reserving ---
 
     def get_next(self) -> _Reservation[int]:
@@ -683,8 +702,10 @@ class StreamIdGenerator:
     def _unbind(self, txn: Transaction) -> None:
         self._txn_reservations.pop(id(txn), None)
 
-    def _end_txn_reservation(self, reservation: _TxnReservation) -> None:
+    def _end_txn_reservation(self, reservation: _TxnReservation, *, committed: bool = False) -> None:
         self._apply(self._tracker.finish_reservation(reservation.ticket, reservation.ids))
+        if committed:
+            self._note_written(len(reservation.ids))
 
     # --- position changes ---
 
@@ -828,8 +849,9 @@ async def run_interaction_with_streams(
                 gen._unbind(txn)
 
     def complete(result: T) -> T:
+        committed = not isinstance(result, Failure)
         for gen, reservation in reservations:
-            gen._end_txn_reservation(reservation)
+            gen._end_txn_reservation(reservation, committed=committed)
         return result
 
     d = Deferred.fromCoroutine(db.run_interaction(name, in_txn, *args, **kwargs))

@@ -1,6 +1,18 @@
-"""Prometheus metrics of the storage layer, declared against a given registry."""
+"""Prometheus metrics of the storage layer, declared against a given registry.
+
+``StorageMetrics``: the pool, transactions and migrations (``storage.database``,
+``storage.prepare``). ``StreamMetrics``: stream positions and facts written,
+fed by the ID generators' listeners (``storage.id_generators``), so the
+generators themselves stay free of Prometheus. Labels: transaction names
+(code constants), stream names and configured writer instances; nothing else.
+"""
+
+# tests: tests/unit/storage/test_stream_metrics.py
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -55,3 +67,56 @@ class StorageMetrics:
                 registry=registry,
             ),
         )
+
+
+class TrackedStream(Protocol):
+    """What ``StreamMetrics.track`` needs of a ``storage.id_generators.StreamIdGenerator``."""
+
+    stream_name: str
+
+    @property
+    def writers(self) -> tuple[str, ...]: ...
+
+    def get_position(self, instance: str) -> int: ...
+
+    def add_position_listener(self, listener: Callable[[str, str, int, int], None]) -> None: ...
+
+    def add_written_listener(self, listener: Callable[[str, int], None]) -> None: ...
+
+
+@attrs.frozen
+class StreamMetrics:
+    position: Gauge
+    facts_written: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> StreamMetrics:
+        return cls(
+            position=Gauge(
+                "tributary_stream_position",
+                "Current position (stream ID) of each writer of each stream, as this process knows it.",
+                ["stream", "writer"],
+                registry=registry,
+            ),
+            facts_written=Counter(
+                "tributary_stream_facts_written_total",
+                "Stream facts (stream IDs) this process wrote and committed, by stream.",
+                ["stream"],
+                registry=registry,
+            ),
+        )
+
+    def track(self, generator: TrackedStream) -> None:
+        """Follow one stream's generator: its writers' positions now and as they move."""
+        stream = generator.stream_name
+        self.facts_written.labels(stream)
+        for writer in generator.writers:
+            self.position.labels(stream, writer).set(generator.get_position(writer))
+        generator.add_position_listener(self._on_position)
+        generator.add_written_listener(self._on_written)
+
+    def _on_position(self, stream: str, writer: str, old: int, new: int) -> None:
+        self.position.labels(stream, writer).set(new)
+
+    def _on_written(self, stream: str, count: int) -> None:
+        self.facts_written.labels(stream).inc(count)

@@ -13,6 +13,7 @@ requests in flight so that shutdown can wait for them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -28,9 +29,12 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from homeserver.http.errors import MatrixError, bad_json, unrecognized
 from homeserver.http.metrics import HttpMetrics, method_label
+from homeserver.logging_setup import log_context, set_log_context
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("homeserver.http.access")
+#: Request IDs for log lines (``GET-17``), unique within the process.
+_request_ids = itertools.count(1)
 
 JsonDict = dict[str, Any]
 Handler = Callable[[Request, Mapping[str, str]], Awaitable[tuple[int, Any]]]
@@ -141,6 +145,8 @@ class JsonRouter(Resource):
         for method in methods:
             self._routes.append(Route(method.upper(), compiled, handler, servlet))
             self._metrics.requests.labels(servlet=servlet, method=method.upper(), status_class="2xx")
+        self._metrics.duration.labels(servlet=servlet)
+        self._metrics.in_flight.labels(servlet=servlet)
 
     @property
     def in_flight(self) -> int:
@@ -161,8 +167,12 @@ class JsonRouter(Resource):
         return NOT_DONE_YET
 
     async def _handle(self, request: Request) -> None:
-        start = time.perf_counter()
         method = request.method.decode("ascii", "replace")
+        with log_context(request=f"{method_label(method)}-{next(_request_ids)}", method=method_label(method)):
+            await self._handle_in_context(request, method)
+
+    async def _handle_in_context(self, request: Request, method: str) -> None:
+        start = time.perf_counter()
         servlet = "unrecognized"
         status = 500
         try:
@@ -206,6 +216,7 @@ class JsonRouter(Resource):
                 params = {k: unquote(v, errors="strict") for k, v in match.groupdict().items() if v is not None}
             except UnicodeDecodeError:
                 raise MatrixError(400, "M_INVALID_PARAM", "Path parameters must be percent-encoded UTF-8") from None
+            set_log_context(servlet=route.servlet)
             gauge = self._metrics.in_flight.labels(servlet=route.servlet)
             gauge.inc()
             try:

@@ -576,9 +576,9 @@ def test_reader_lag_follows_announced_positions() -> None:
         pair.streams["events"].write("master", token, [("r", token)])
     view.blocked = True
     pair.reader.on_command(channel, PositionCommand("events", "master", 10, 10))
-    assert pair.sample("tributary_replication_reader_lag", stream="events") == 10
+    assert pair.sample("tributary_replication_reader_lag", stream="events", writer="master") == 10
     view.release()
-    assert pair.sample("tributary_replication_reader_lag", stream="events") == 0
+    assert pair.sample("tributary_replication_reader_lag", stream="events", writer="master") == 0
 
 
 # --------------------------------------------------------------------------

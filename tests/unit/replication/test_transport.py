@@ -338,7 +338,7 @@ def test_metrics_start_at_zero_for_every_label_value() -> None:
     assert registry.get_sample_value(
         "tributary_replication_disconnects_total", {"transport": "tcp_client", "reason": "congested"}
     ) == 0
-    assert registry.get_sample_value("tributary_replication_reader_lag", {"stream": "events"}) == 0
+    assert registry.get_sample_value("tributary_replication_rows_applied_total", {"stream": "events"}) == 0
     for metric in registry.collect():
         assert metric.name.startswith("tributary_replication_")
         assert metric.documentation.endswith(".")
