@@ -46,6 +46,8 @@ class CatchUpChunk:
     pdus: tuple[PendingPdu, ...]
     # Once accepted, every room up to this destination_rooms position is done (None: no room finished).
     advance_to: int | None
+    # The rooms this chunk finishes, with their positions.
+    completed: tuple[tuple[str, int], ...] = ()
 
 
 def plan_chunks(rooms: Sequence[CatchUpRoom], max_pdus: int) -> list[CatchUpChunk]:
@@ -60,17 +62,21 @@ def plan_chunks(rooms: Sequence[CatchUpRoom], max_pdus: int) -> list[CatchUpChun
         raise ValueError(f"max_pdus must be at least 1, got {max_pdus}")
     chunks: list[CatchUpChunk] = []
     current: list[PendingPdu] = []
-    advance: int | None = None
+    completed: list[tuple[str, int]] = []
     for room in rooms:
         pdus = room.pdus()
         if current and len(current) + len(pdus) > max_pdus:
-            chunks.append(CatchUpChunk(tuple(current), advance))
-            current, advance = [], None
+            chunks.append(_chunk(current, completed))
+            current, completed = [], []
         while len(pdus) > max_pdus:
             chunks.append(CatchUpChunk(tuple(pdus[:max_pdus]), None))
             pdus = pdus[max_pdus:]
         current.extend(pdus)
-        advance = room.stream_ordering
-    if current or advance is not None:
-        chunks.append(CatchUpChunk(tuple(current), advance))
+        completed.append((room.room_id, room.stream_ordering))
+    if current or completed:
+        chunks.append(_chunk(current, completed))
     return chunks
+
+
+def _chunk(pdus: list[PendingPdu], completed: list[tuple[str, int]]) -> CatchUpChunk:
+    return CatchUpChunk(tuple(pdus), completed[-1][1] if completed else None, tuple(completed))

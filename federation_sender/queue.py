@@ -71,6 +71,8 @@ class PlannedTransaction:
     # The to-device outbox rows it carries (delete up to this stream ID once accepted).
     to_device_upto: int | None = None
     catch_up: bool = False
+    # Catch-up: the rooms this transaction finishes, with their destination_rooms positions.
+    completed_rooms: tuple[tuple[str, int], ...] = ()
 
     def body(self, origin: str, now_ms: int) -> JsonDict:
         return {

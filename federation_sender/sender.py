@@ -47,6 +47,7 @@ from federation_sender.queue import (
 )
 from homeserver.config import FederationSenderConfig
 from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
+from homeserver.logging_setup import log_context
 from storage.stores.federation_sender import CatchUpEvent, FederationSenderStore
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,10 @@ class FederationSender:
         self._catch_up_chunks: dict[str, deque[CatchUpChunk]] = {}
         # Per destination, destinations.last_successful_stream_ordering as last read or written.
         self._last_successful: dict[str, int] = {}
+        # Per destination in catch-up: where it began (destinations.catch_up_from), and the rooms
+        # it has finished since, with their positions (their missed events start there).
+        self._catch_up_from: dict[str, int] = {}
+        self._catch_up_done: dict[str, dict[str, int]] = {}
 
         self._position = 0
         self._fanout_target = 0
@@ -406,7 +411,8 @@ class FederationSender:
     async def _supervised_loop(self, queue: PerDestinationQueue) -> None:
         destination = queue.destination
         try:
-            await self._transmission_loop(queue)
+            with log_context(destination=destination):
+                await self._transmission_loop(queue)
         except CancelledError:
             raise
         except Exception:
@@ -443,11 +449,12 @@ class FederationSender:
         destination = queue.destination
         pdus: tuple[PendingPdu, ...] = ()
         advance: int | None = None
+        completed: tuple[tuple[str, int], ...] = ()
         catch_up = queue.catching_up
         if catch_up:
             chunk = await self._next_catch_up_chunk(queue)
             if chunk is not None:
-                pdus, advance = chunk.pdus, chunk.advance_to
+                pdus, advance, completed = chunk.pdus, chunk.advance_to, chunk.completed
         else:
             taken = queue.take_pdus(self._config.max_pdus_per_transaction)
             pdus = tuple(taken)
@@ -476,6 +483,7 @@ class FederationSender:
             advance_to=advance,
             to_device_upto=to_device_upto,
             catch_up=catch_up,
+            completed_rooms=completed,
         )
 
     async def _next_catch_up_chunk(self, queue: PerDestinationQueue) -> CatchUpChunk | None:
@@ -485,23 +493,38 @@ class FederationSender:
         chunks = self._catch_up_chunks.get(destination)
         if chunks:
             return chunks.popleft()
-        if destination not in self._last_successful:
-            row = await self._store.get_destination(destination)
-            self._last_successful[destination] = (
-                row.last_successful_stream_ordering or 0 if row is not None else 0
-            )
+        if destination not in self._catch_up_from:
+            start, last = await self._store.begin_catch_up(destination)
+            self._catch_up_from[destination] = start
+            self._last_successful[destination] = last
+            self._catch_up_done[destination] = {}
+            logger.info("TX [%s] catching up from %d", destination, start)
+        start = self._catch_up_from[destination]
+        done = self._catch_up_done[destination]
         after = self._last_successful[destination]
         upto = self._current_position()
         rooms = await self._store.get_catch_up_rooms(
             destination, after, upto, self._config.catch_up.rooms_per_batch
         )
         if not rooms:
+            if await self._store.get_catch_up_rooms(destination, after, None, 1):
+                # A room's newest event is past the stream's position: persisted, but an older
+                # event of another room is still being written. Wait for the position to pass it
+                # (a room's row only ever holds its newest event, so leaving now could skip
+                # that room's older events we did not queue).
+                await self._sleep(0.05)
+                return None
             if queue.skipped_upto <= upto:
+                await self._store.end_catch_up(destination)
+                self._catch_up_from.pop(destination, None)
+                self._catch_up_done.pop(destination, None)
                 queue.catching_up = False
                 logger.info("TX [%s] caught up to %d", destination, after)
             return None
         data = await self._store.get_catch_up_data(
-            destination, rooms, after, self._config.catch_up.missed_events_per_room
+            destination,
+            [(room_id, position, max(start, done.get(room_id, start))) for room_id, position in rooms],
+            self._config.catch_up.missed_events_per_room,
         )
         now = self._clock.seconds()
         planned = plan_chunks(
@@ -556,6 +579,9 @@ class FederationSender:
         await self._store.mark_sent(destination, txn.advance_to, reset_retry=reset, to_device_upto=txn.to_device_upto)
         if txn.advance_to is not None:
             self._last_successful[destination] = max(self._last_successful.get(destination, 0), txn.advance_to)
+        done = self._catch_up_done.get(destination)
+        if done is not None:
+            done.update(txn.completed_rooms)
         if errors:
             logger.warning("TX [%s] rejected %d of %d PDUs in %s, e.g. %s", destination, len(errors), len(txn.pdus),
                            txn.txn_id, next(iter(errors.items())))
@@ -621,8 +647,11 @@ class FederationSender:
     # --- catch-up discovery ------------------------------------------------------------------
 
     async def _find_catch_up(self, reason: str) -> int:
-        """Flag destinations with missed events (and no queue) to catch up; wake those not backing off."""
-        rows = await self._store.get_needing_catch_up(self._current_position())
+        """Flag destinations with missed events (and no queue) to catch up; wake those not backing off.
+
+        Only events the fan-out has handed to queues count: a newer event is on its way to
+        its destinations' queues, not missed."""
+        rows = await self._store.get_needing_catch_up(self._position)
         now = self._now_ms()
         found = 0
         for row in rows:

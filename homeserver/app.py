@@ -45,6 +45,7 @@ from homeserver.federation.edus import register_edu_handlers
 from storage.stores.e2e import E2eStore
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender, client_transport
+from homeserver.handlers.federation_edus import OutboundEdus
 from replication.commands import JsonValue
 from replication.handler import CacheInvalidationHandler
 from replication.stream_sources import connect_streams, stream_sources
@@ -270,6 +271,23 @@ class HomeServer:
             events.get_current_token()))
         self.federation.membership.forward = sender.forward
         self.federation.remote_up_hooks.append(sender.notify_remote_server_up)
+        assert self.rooms is not None
+        timeline = self.rooms.timeline
+        sender_store = FederationSenderStore(self.db)
+
+        async def joined_rooms(user_id: str) -> list[str]:
+            rooms = await timeline.get_rooms_for_user(user_id)
+            return [room_id for room_id, (membership, _) in rooms.items() if membership == "join"]
+
+        edus = OutboundEdus(
+            server_name=self.config.server_name, sink=sender, joined_servers=store.get_joined_servers,
+            user_rooms=joined_rooms, add_to_outbox=sender_store.add_to_outbox,
+            clock_ms=lambda: int(self.reactor.seconds() * 1000),
+        )
+        self.rooms.typing.federation = edus
+        self.rooms.receipts.federation = edus
+        self.rooms.presence.federation = edus
+        self.rooms.e2e.federation = edus
         await sender.start()
 
     def _register_servlets(self) -> None:

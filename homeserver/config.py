@@ -355,7 +355,8 @@ class CatchUpConfig:
     rooms_per_batch: int = 50
     # Besides each room's latest events, send up to this many of the events it
     # missed there, oldest first, so the destination need not fetch the gap (0: off).
-    missed_events_per_room: int = 20
+    # One transaction's worth: an outage of a few dozen messages per room needs no fetch.
+    missed_events_per_room: int = 50
     # Destinations woken to catch up, at most this many per second (start-up and scans).
     wakes_per_second: float = 10.0
     # How often destinations needing catch-up whose backoff has ended are looked for.

@@ -104,18 +104,20 @@ class TributaryProcess:
     def start(self, *, timeout: float = 30.0) -> float:
         """Start the process and wait until /health answers; return the seconds it took."""
         started = time.monotonic()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "homeserver.cli", "run", "--config", str(self.config_path)],
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        # The log goes to a file, not a pipe: a chatty process must never block on a full pipe.
+        with self.log_path.open("a", encoding="utf-8") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "homeserver.cli", "run", "--config", str(self.config_path)],
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         deadline = started + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                self.output = self.process.stdout.read() if self.process.stdout else ""
+                self.output = self.log_path.read_text(encoding="utf-8", errors="replace")
                 raise RuntimeError(f"tributary exited with {self.process.returncode} during start:\n{self.output}")
             try:
                 with urllib.request.urlopen(f"{self.base_url}/health", timeout=1) as response:
@@ -133,12 +135,17 @@ class TributaryProcess:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         try:
-            out, _ = self.process.communicate(timeout=timeout)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            out, _ = self.process.communicate()
-        self.output += out or ""
+            self.process.wait()
+        self.output = self.log_path.read_text(encoding="utf-8", errors="replace")
         return int(self.process.returncode)
+
+    @property
+    def log_path(self) -> Path:
+        """Everything the process wrote (every start appends to it)."""
+        return self.config_path.parent / "tributary.log"
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

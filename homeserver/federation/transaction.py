@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol
 from urllib.parse import quote
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, FirstError, gatherResults
 
 from homeserver.events import FrozenEvent, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
@@ -138,10 +138,21 @@ class TransactionHandler:
             raise MatrixError(400, "M_FORBIDDEN", "transaction 'origin' differs from the authenticated origin")
         logger.info("TX [%s] %s: %d PDUs, %d EDUs", origin, txn_id, len(pdus), len(edus))
         results: dict[str, dict[str, str]] = {}
+        # Rooms are independent: each room's PDUs are handled in order, the rooms side by side.
+        by_room: dict[object, list[object]] = {}
         for pdu in pdus:
-            event_id, error = await self._handle_pdu(origin, pdu)
-            if event_id is not None:
-                results[event_id] = {"error": error} if error else {}
+            by_room.setdefault(pdu.get("room_id") if isinstance(pdu, dict) else None, []).append(pdu)
+
+        async def handle_room(room_pdus: list[object]) -> None:
+            for pdu in room_pdus:
+                event_id, error = await self._handle_pdu(origin, pdu)
+                if event_id is not None:
+                    results[event_id] = {"error": error} if error else {}
+
+        try:
+            await gatherResults([Deferred.fromCoroutine(handle_room(p)) for p in by_room.values()], consumeErrors=True)
+        except FirstError as e:
+            e.subFailure.raiseException()
         for edu in edus:
             await self._handle_edu(origin, edu)
         return {"pdus": results}

@@ -206,27 +206,57 @@ class FederationSenderStore:
 
     # --- catch-up -----------------------------------------------------------------------------
 
-    async def get_catch_up_rooms(self, destination: str, after: int, upto: int, limit: int) -> list[tuple[str, int]]:
-        """The ``limit`` rooms with the oldest pending newest-event for ``destination``, as (room, position)."""
+    async def begin_catch_up(self, destination: str) -> tuple[int, int]:
+        """Note where catch-up starts (unless a catch-up interrupted by a restart already did);
+        returns (catch_up_from, last_successful_stream_ordering)."""
+
+        def write(txn: Transaction) -> tuple[int, int]:
+            txn.execute(
+                """
+                UPDATE destinations
+                SET catch_up_from = COALESCE(catch_up_from, last_successful_stream_ordering, 0)
+                WHERE destination = %s
+                RETURNING catch_up_from, COALESCE(last_successful_stream_ordering, 0)
+                """,
+                (destination,),
+            )
+            row = txn.fetchone()
+            return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+        return await self._db.run_interaction("begin_catch_up", write)
+
+    async def end_catch_up(self, destination: str) -> None:
+        def write(txn: Transaction) -> None:
+            txn.execute("UPDATE destinations SET catch_up_from = NULL WHERE destination = %s", (destination,))
+
+        await self._db.run_interaction("end_catch_up", write)
+
+    async def get_catch_up_rooms(
+        self, destination: str, after: int, upto: int | None, limit: int
+    ) -> list[tuple[str, int]]:
+        """The ``limit`` rooms with the oldest pending newest-event for ``destination``, as (room, position),
+        up to position ``upto`` (None: any)."""
 
         def query(txn: Transaction) -> list[tuple[str, int]]:
             txn.execute(
                 """
                 SELECT room_id, stream_ordering FROM destination_rooms
-                WHERE destination = %s AND stream_ordering > %s AND stream_ordering <= %s
+                WHERE destination = %s AND stream_ordering > %s AND (%s::bigint IS NULL OR stream_ordering <= %s)
                 ORDER BY stream_ordering LIMIT %s
                 """,
-                (destination, after, upto, limit),
+                (destination, after, upto, upto, limit),
             )
             return [(r[0], int(r[1])) for r in txn.fetchall()]
 
         return await self._db.run_interaction("get_catch_up_rooms", query)
 
     async def get_catch_up_data(
-        self, destination: str, rooms: Sequence[tuple[str, int]], after: int, missed_per_room: int
+        self, destination: str, rooms: Sequence[tuple[str, int, int]], missed_per_room: int
     ) -> CatchUpData:
-        room_ids = [room_id for room_id, _ in rooms]
-        positions = [position for _, position in rooms]
+        """``rooms``: (room, its destination_rooms position, the position its missed events start after)."""
+        room_ids = [room_id for room_id, _, _ in rooms]
+        positions = [position for _, position, _ in rooms]
+        afters = [after for _, _, after in rooms]
 
         def query(txn: Transaction) -> CatchUpData:
             missed: dict[str, list[CatchUpEvent]] = {}
@@ -237,13 +267,14 @@ class FederationSenderStore:
                         SELECT e.room_id, e.stream_ordering, e.event_id, e.json,
                                row_number() OVER (PARTITION BY e.room_id ORDER BY e.stream_ordering DESC) AS n
                         FROM events e
-                        JOIN unnest(%s::text[], %s::bigint[]) AS r (room_id, upto) ON e.room_id = r.room_id
-                        WHERE e.stream_ordering > %s AND e.stream_ordering <= r.upto
+                        JOIN unnest(%s::text[], %s::bigint[], %s::bigint[]) AS r (room_id, upto, after)
+                            ON e.room_id = r.room_id
+                        WHERE e.stream_ordering > r.after AND e.stream_ordering <= r.upto
                           AND e.destinations @> ARRAY[%s]::text[]
                     ) m
                     WHERE n <= %s ORDER BY stream_ordering
                     """,
-                    (room_ids, positions, after, destination, missed_per_room),
+                    (room_ids, positions, afters, destination, missed_per_room),
                 )
                 for row in txn.fetchall():
                     missed.setdefault(row[0], []).append(CatchUpEvent(row[0], int(row[1]), row[2], row[3]))
@@ -268,7 +299,7 @@ class FederationSenderStore:
                 )
                 for row in txn.fetchall():
                     latest.setdefault(row[0], []).append(CatchUpEvent(row[0], int(row[1]), row[2], row[3]))
-            fallback = [position for room_id, position in rooms if room_id not in latest]
+            fallback = [position for room_id, position, _ in rooms if room_id not in latest]
             if fallback:
                 txn.execute(
                     "SELECT room_id, stream_ordering, event_id, json FROM events WHERE stream_ordering = ANY(%s)",

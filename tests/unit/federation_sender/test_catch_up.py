@@ -26,6 +26,7 @@ def test_rooms_share_transactions_and_each_chunk_advances_to_its_last_whole_room
     chunks = plan_chunks([room("a", 1, [], [1]), room("b", 2, [], [2]), room("c", 3, [], [3])], max_pdus=2)
     assert [[p.room_id for p in c.pdus] for c in chunks] == [["a", "b"], ["c"]]
     assert [c.advance_to for c in chunks] == [2, 3]
+    assert [c.completed for c in chunks] == [(("a", 1), ("b", 2)), (("c", 3),)]
 
 
 def test_a_big_room_spans_transactions_and_only_its_last_part_advances() -> None:
@@ -62,3 +63,4 @@ def test_every_pdu_once_in_order_no_chunk_too_big_positions_never_pass_an_unsent
                 if r.stream_ordering <= c.advance_to:
                     assert {p.event_id for p in r.pdus()} <= delivered
     assert chunks[-1].advance_to == rooms[-1].stream_ordering
+    assert [room for c in chunks for room, _ in c.completed] == [r.room_id for r in rooms]
