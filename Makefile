@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.installed-test
 DATA_DIR ?= data
 PYTEST_ARGS ?=
 
-.PHONY: run test services lint typecheck bench clean
+.PHONY: run test services lint typecheck bench clean interop
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is needed; set PYTHON=python3.11")'
@@ -22,23 +22,39 @@ $(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
 	@touch $(RUN_STAMP)
 
 $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,spark]'
 	@touch $(TEST_STAMP) $(RUN_STAMP)
 
 run: $(RUN_STAMP)
 	$(VENV)/bin/tributary run --data-dir $(DATA_DIR)
 
 # PostgreSQL and Redis running; Prometheus, nginx and docker-compose installed (from
-# Debian's packages) for the observability and deployment tests.
+# Debian's packages) for the observability and deployment tests; Java and the
+# PostgreSQL JDBC driver for the Spark reports.
 services:
 	@bash .ci/ensure-services.sh
 	@bash .ci/install-observability.sh
+	@bash .ci/install-spark.sh
 
 test: $(TEST_STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 typecheck: $(TEST_STAMP)
 	$(PY) -m mypy
+
+# Tributary and the current matrix-synapse release (from PyPI, in its own virtualenv)
+# federating on loopback: join by alias, invite, chat and backfill both ways (not part of
+# `make test`; see docs/federation.md, "Testing against another homeserver").
+# SYNAPSE_VERSION=1.2.3 pins a release; the default upgrades to the newest on every run.
+SYNAPSE_VENV := .venv-synapse
+SYNAPSE_VERSION ?=
+
+interop: $(RUN_STAMP)
+	@bash .ci/ensure-services.sh || echo "interop: no PostgreSQL; Tributary will use its embedded database"
+	@test -x $(SYNAPSE_VENV)/bin/python || $(PYTHON) -m venv $(SYNAPSE_VENV)
+	$(SYNAPSE_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade \
+		'matrix-synapse$(if $(SYNAPSE_VERSION),==$(SYNAPSE_VERSION))'
+	$(PY) -m tests.interop.run_interop --synapse-python $(SYNAPSE_VENV)/bin/python
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis

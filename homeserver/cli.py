@@ -50,10 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = commands.add_parser("migrate", help="apply pending schema migrations and exit")
     migrate.add_argument("--config", type=Path, required=True)
+
+    # Listed for --help only: main() hands `report catchup ...` to the report's own parser.
+    commands.add_parser("report", help="analytics on Spark: `report catchup --help` (docs/spark-reports.md)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        if argv[1:2] != ["catchup"]:
+            build_parser().error("report: the only report is 'catchup' (tributary report catchup --help)")
+        from spark_jobs.catch_up.job import main as catch_up_report
+
+        catch_up_report(argv[2:], prog="tributary report catchup")
     args = build_parser().parse_args(argv)
     match args.command:
         case "generate-config":

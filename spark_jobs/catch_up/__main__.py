@@ -1,0 +1,6 @@
+"""``python -m spark_jobs.catch_up``: the catch-up report's command line."""
+
+from spark_jobs.catch_up.job import main
+
+if __name__ == "__main__":
+    main()
