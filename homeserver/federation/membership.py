@@ -55,6 +55,14 @@ from storage.stores.events import EventsStore, StateKey
 logger = logging.getLogger(__name__)
 
 
+# The room state sent with an invite (``invite_room_state``) so the invitee's server can show
+# the room: the spec's recommended events; the create event is required (MSC4311).
+INVITE_ROOM_STATE_KEYS: tuple[StateKey, ...] = (
+    (C.CREATE, ""), (C.JOIN_RULES, ""), ("m.room.canonical_alias", ""), ("m.room.avatar", ""),
+    ("m.room.name", ""), ("m.room.encryption", ""),
+)
+
+
 def quote_path(value: str) -> str:
     return quote(value, safe="")
 
@@ -391,7 +399,7 @@ class MembershipHandler:
         template = EventTemplate(type=C.MEMBER, content={**extra, "membership": C.INVITE}, state_key=invitee)
         async with self._persister.room_lock(room_id):
             keys = set(auth_types_for(room_version, C.MEMBER, invitee, inviter, {"membership": C.INVITE}))
-            keys.add((C.CREATE, ""))
+            keys.update(INVITE_ROOM_STATE_KEYS)
             context = await self._store.get_send_context(room_id, keys)
             prevs = select_prev_events(context.forward_extremities)
             pdu = build_pdu(
@@ -402,20 +410,17 @@ class MembershipHandler:
             )
             invite = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
             await check_against_state(self._persister, room_version, invite, context.auth_state)
-            stripped = []
-            for key in ((C.CREATE, ""), (C.JOIN_RULES, ""), ("m.room.name", "")):
-                event_id = context.auth_state.get(key)
-                if event_id is not None:
-                    loaded = (await self._persister.load_events([event_id])).get(event_id)
-                    if loaded is not None:
-                        stripped.append({"type": loaded.type, "state_key": loaded.state_key,
-                                         "sender": loaded.sender, "content": thaw(loaded.content)})
+            # Full PDUs, not the client API's stripped form: since Matrix 1.16 (MSC4311) the
+            # receiver may check each one's format and signatures, and the create event must be there.
+            state_ids = [context.auth_state[k] for k in INVITE_ROOM_STATE_KEYS if k in context.auth_state]
+            loaded_state = await self._persister.load_events(state_ids)
+            invite_room_state = [loaded_state[i].get_pdu_json() for i in state_ids if i in loaded_state]
             try:
                 response = await self._client.put_json(
                     server_name_of(invitee),
                     f"/_matrix/federation/v2/invite/{quote_path(room_id)}/{quote_path(invite.event_id)}",
                     {"event": invite.get_pdu_json(), "room_version": room_version.identifier,
-                     "invite_room_state": stripped},
+                     "invite_room_state": invite_room_state},
                 )
             except FederationClientError as e:
                 logger.warning("[%s] inviting %s failed: %s", room_id, invitee, e)
