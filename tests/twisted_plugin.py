@@ -64,3 +64,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if reactor.running:
         # The "shutdown" system event stops the reactor's thread pool.
         reactor.fireSystemEvent("shutdown")
+
+
+async def eventually(check: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``check()`` (a plain function) every 50 ms on the reactor until it returns something
+    truthy, and return that; AssertionError naming ``what`` after ``timeout`` seconds."""
+    from twisted.internet import task
+
+    for _ in range(int(timeout / 0.05)):
+        result = check()
+        if result:
+            return result
+        await task.deferLater(reactor, 0.05, lambda: None)
+    raise AssertionError(f"{what} not met within {timeout}s")

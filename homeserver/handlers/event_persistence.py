@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -253,10 +253,6 @@ class EventPersister:
                     room_version, event, {**state_before, **delta}, extremities - prevs
                 )
 
-        membership = event.membership if event.type == "m.room.member" else None
-        content = event.content
-        display_name = content.get("displayname") if membership else None
-        avatar_url = content.get("avatar_url") if membership else None
         remote_servers: frozenset[str] = frozenset()
         if destinations is not None:
             remote_servers = destinations - {self._server_name}
@@ -268,7 +264,32 @@ class EventPersister:
             servers.discard(self._server_name)
             remote_servers = frozenset(servers)
 
-        request = PersistRequest(
+        request = self._request(
+            room_version,
+            event,
+            is_local=is_local,
+            outlier=outlier,
+            rejection_reason=rejection_reason,
+            state_before=state_before_group,
+            state_after_delta=delta,
+            new_current_state=new_current,
+            current_state_delta=current_delta,
+            remote_servers=remote_servers,
+            soft_failed=soft_failed,
+        )
+        result = await self._stream_ids.run_interaction(
+            "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
+        )
+        self.remember(event)
+        return result
+
+    def _request(self, room_version: RoomVersion, event: FrozenEvent, **fields: Any) -> PersistRequest:
+        """The persist request of ``event``: what it says of itself, plus the caller's ``fields``."""
+        membership = event.membership if event.type == "m.room.member" else None
+        content = event.content
+        display_name = content.get("displayname") if membership else None
+        avatar_url = content.get("avatar_url") if membership else None
+        return PersistRequest(
             event_id=event.event_id,
             room_id=event.room_id,
             type=event.type,
@@ -280,25 +301,12 @@ class EventPersister:
             auth_event_ids=event.auth_event_ids,
             pdu_json=json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
             instance_name=self._instance_name,
-            is_local=is_local,
-            outlier=outlier,
-            rejection_reason=rejection_reason,
             membership=membership,
             display_name=display_name if isinstance(display_name, str) else None,
             avatar_url=avatar_url if isinstance(avatar_url, str) else None,
-            state_before=state_before_group,
-            state_after_delta=delta,
-            new_current_state=new_current,
-            current_state_delta=current_delta,
-            remote_servers=remote_servers,
             room_version=room_version.identifier if event.type == "m.room.create" and event.state_key == "" else None,
-            soft_failed=soft_failed,
+            **fields,
         )
-        result = await self._stream_ids.run_interaction(
-            "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
-        )
-        self.remember(event)
-        return result
 
     async def persist_backfilled(
         self,
@@ -318,31 +326,14 @@ class EventPersister:
         if self._backfill_ids is None:
             raise RuntimeError("this persister was built without the backfill stream")
         backfill_ids = self._backfill_ids
-        membership = event.membership if event.type == "m.room.member" else None
-        content = event.content
-        display_name = content.get("displayname") if membership else None
-        avatar_url = content.get("avatar_url") if membership else None
-        request = PersistRequest(
-            event_id=event.event_id,
-            room_id=event.room_id,
-            type=event.type,
-            state_key=event.state_key,
-            sender=event.sender,
-            depth=event.depth,
-            origin_server_ts=event.origin_server_ts,
-            prev_event_ids=event.prev_event_ids,
-            auth_event_ids=event.auth_event_ids,
-            pdu_json=json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
-            instance_name=self._instance_name,
+        request = self._request(
+            room_version,
+            event,
             is_local=False,
             rejection_reason=rejection_reason,
-            membership=membership,
-            display_name=display_name if isinstance(display_name, str) else None,
-            avatar_url=avatar_url if isinstance(avatar_url, str) else None,
             state_before=state_group_before,
             state_after=state_group_after,
             backfilled=True,
-            room_version=room_version.identifier if event.type == "m.room.create" and event.state_key == "" else None,
         )
 
         def allocate(txn: Transaction) -> int:

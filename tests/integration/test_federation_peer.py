@@ -15,7 +15,6 @@ import attrs
 import pytest
 import yaml
 from signedjson.key import generate_signing_key
-from twisted.internet import task
 from twisted.internet.defer import Deferred
 
 from homeserver.events import EventTemplate, build_pdu, get_room_version, sign_pdu
@@ -24,7 +23,7 @@ from tests.conftest import scratch_database
 from tests.federation_peer import Behaviour, FederationPeer, ReceivedTransaction
 from tests.harness import TributaryProcess, free_port
 from tests.integration.test_client_support import Client
-from tests.twisted_plugin import reactor
+from tests.twisted_plugin import eventually, reactor
 
 FED = {"verify_certificates": False, "ip_range_whitelist": ["127.0.0.0/8"]}
 
@@ -72,16 +71,6 @@ async def started_peer(peers: list[FederationPeer], n: int) -> tuple[FederationP
     peers.append(p)
     names = await p.start(n)
     return p, names
-
-
-async def eventually(check: Any, timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll ``check()`` (sync) until it returns something truthy."""
-    for _ in range(int(timeout / 0.05)):
-        result = check()
-        if result:
-            return result
-        await task.deferLater(reactor, 0.05, lambda: None)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 def signed_message(peer: FederationPeer, server: str, body: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from tests.conftest import scratch_database
 from tests.federation_peer import Behaviour, FederationPeer
 from tests.harness import TributaryProcess, free_port
 from tests.integration.test_client_support import Client
-from tests.twisted_plugin import reactor, run_sync
+from tests.twisted_plugin import eventually, reactor, run_sync
 
 FED = {"verify_certificates": False, "ip_range_whitelist": ["127.0.0.0/8"]}
 # Short enough that a scenario takes seconds: three failures in a row (0.3 s, then about
@@ -97,15 +97,6 @@ def peer() -> Iterator[FederationPeer]:
     p = FederationPeer(reactor, request_timeout_seconds=10)
     yield p
     run_sync(p.stop())
-
-
-async def eventually(check: Any, timeout: float = 20.0, what: str = "condition") -> Any:
-    for _ in range(int(timeout / 0.05)):
-        result = check()
-        if result:
-            return result
-        await task.deferLater(reactor, 0.05, lambda: None)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 class Alice:
