@@ -86,7 +86,13 @@ def log_context(**fields: str | None) -> Iterator[LogContext]:
         yield context
     finally:
         scope.open = False
-        _current.reset(token)
+        try:
+            _current.reset(token)
+        except ValueError:
+            # A coroutine closed by the garbage collector (never resumed, e.g. a request whose
+            # client went away at shutdown) runs this in another context; the closed scope
+            # already hides the fields, and that context is being discarded anyway.
+            pass
 
 
 class ContextFilter(logging.Filter):

@@ -102,3 +102,19 @@ def test_a_snapshot_of_a_finished_block_carries_no_fields() -> None:
             inner = current_log_context()
         assert current_log_context() == LogContext(destination="remote.example")
     assert inner == LogContext(request="PUT-2", destination="remote.example")
+
+
+def test_a_coroutine_closed_from_another_context_leaves_quietly() -> None:
+    """A request coroutine that never resumes is closed by the garbage collector, in whatever
+    context is current then: leaving its ``log_context`` block must not raise (an exception
+    there surfaces as an unraisable-exception warning and upsets the interpreter)."""
+    gate: Deferred[None] = Deferred()
+
+    async def request() -> None:
+        with log_context(request="GET-1"):
+            await gate
+
+    coro = request()
+    contextvars.copy_context().run(coro.send, None)  # started in a context of its own
+    coro.close()  # closed from this one
+    assert current_log_context() == LogContext()
