@@ -333,8 +333,19 @@ class FederationPeer:
     def _abort_connections(self, server: VirtualServer) -> None:
         for channel in list(server.channels):
             transport = channel.transport
-            if transport is not None:
+            if transport is None:
+                continue
+            try:
                 transport.abortConnection()  # type: ignore[attr-defined]
+            except RuntimeError:
+                # uvloop: the TCP handle under the TLS layer is already closed, and TLS's
+                # close_notify cannot be written; drop the TCP connection itself.
+                inner = getattr(transport, "transport", None)
+                if inner is not None:
+                    try:
+                        inner.abortConnection()
+                    except RuntimeError:
+                        pass
         for item in server.held:
             item.disconnected = True
         server.held.clear()

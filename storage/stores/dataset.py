@@ -18,7 +18,7 @@ data is shaped; the generator decides that.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
 import attrs
@@ -292,25 +292,24 @@ class DatasetStore:
     async def set_server_name(self, server_name: str, created_ts: int) -> None:
         await self._db.run_interaction("dataset_server_name", set_server_name_txn, server_name, created_ts)
 
-    async def insert_rooms(self, rows: Sequence[RoomRow]) -> None:
+    async def _insert(self, name: str, insert_txn: Callable[[Transaction, Sequence[T]], None], rows: Sequence[T]) -> None:
         for chunk in _chunks(rows):
-            await self._db.run_interaction("dataset_insert_rooms", insert_rooms_txn, chunk)
+            await self._db.run_interaction(name, insert_txn, chunk)
+
+    async def insert_rooms(self, rows: Sequence[RoomRow]) -> None:
+        await self._insert("dataset_insert_rooms", insert_rooms_txn, rows)
 
     async def insert_events(self, rows: Sequence[EventRow]) -> None:
-        for chunk in _chunks(rows):
-            await self._db.run_interaction("dataset_insert_events", insert_events_txn, chunk)
+        await self._insert("dataset_insert_events", insert_events_txn, rows)
 
     async def insert_destinations(self, rows: Sequence[DestinationRow]) -> None:
-        for chunk in _chunks(rows):
-            await self._db.run_interaction("dataset_insert_destinations", insert_destinations_txn, chunk)
+        await self._insert("dataset_insert_destinations", insert_destinations_txn, rows)
 
     async def insert_destination_rooms(self, rows: Sequence[DestinationRoomRow]) -> None:
-        for chunk in _chunks(rows):
-            await self._db.run_interaction("dataset_insert_destination_rooms", insert_destination_rooms_txn, chunk)
+        await self._insert("dataset_insert_destination_rooms", insert_destination_rooms_txn, rows)
 
     async def insert_forward_extremities(self, rows: Sequence[ForwardExtremityRow]) -> None:
-        for chunk in _chunks(rows):
-            await self._db.run_interaction("dataset_insert_extremities", insert_forward_extremities_txn, chunk)
+        await self._insert("dataset_insert_extremities", insert_forward_extremities_txn, rows)
 
     async def upsert_stream_positions(self, rows: Sequence[StreamPositionRow]) -> None:
         await self._db.run_interaction("dataset_stream_positions", upsert_stream_positions_txn, rows)
