@@ -109,6 +109,12 @@ def _load(config_path: Path | None, data_dir: Path | None) -> HomeserverConfig:
 def _run(args: argparse.Namespace) -> int:
     try:
         config = _load(args.config, args.data_dir)
+        if config.workers or config.stream_writers or config.federation_sender_instances:
+            # The layout is parsed and checked, but no process can run a worker yet: starting the
+            # main process as if it were one of several would write streams it was told not to.
+            key = "workers" if config.workers else "stream_writers" if config.stream_writers else "federation_sender_instances"
+            raise ConfigError(key, "worker processes are not supported by this version yet (docs/workers.md); "
+                                   "remove the worker layout to run a single process")
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -522,6 +522,125 @@ def _grouped_rate_limits(cls: type[T]) -> Callable[[str, object], T]:
     return parse
 
 
+# Worker roles the launcher knows (issue 9 makes them pluggable; the names are fixed here).
+WORKER_APPS: Final = ("generic", "event_persister", "federation_sender", "background")
+# Streams whose writer is configurable in ``stream_writers``.
+WRITABLE_STREAMS: Final = ("events", "typing", "receipts", "presence", "to_device", "account_data")
+MAIN_INSTANCE: Final = "master"
+_INSTANCE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+@attrs.frozen
+class InstanceLocation:
+    """``instance_map.NAME``: where a process's internal HTTP replication listener is."""
+
+    host: str
+    port: int
+
+
+@attrs.frozen
+class WorkerConfig:
+    """``workers.NAME``: one worker process's role and listeners."""
+
+    app: str
+    listeners: tuple[ListenerConfig, ...] = ()
+
+
+def _instance_name(path: str, value: object) -> str:
+    text = _expect_str(path, value)
+    if not _INSTANCE_NAME_RE.match(text):
+        raise ConfigError(path, f"expected an instance name of letters, digits, '_', '.' or '-', got {_describe(value)}")
+    return text
+
+
+def _instance_names(path: str, value: object) -> tuple[str, ...]:
+    names = tuple(_instance_name(f"{path}[{i}]", item) for i, item in enumerate(_expect_list(path, value)))
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"{path}[{i}]", f"{name!r} is listed twice")
+    return names
+
+
+def _instance_map(path: str, raw: object) -> dict[str, InstanceLocation]:
+    out = {}
+    for name, item in _expect_mapping(path, raw).items():
+        key = f"{path}.{name}"
+        _instance_name(key, name)
+        s = _Section(key, item)
+        out[name] = InstanceLocation(
+            host=s.require("host", _expect_str), port=s.require("port", lambda p, v: _expect_int(p, v, 1, 65535))
+        )
+        s.finish()
+    return out
+
+
+def _stream_writers(path: str, raw: object) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for stream, writers in _expect_mapping(path, raw).items():
+        if stream not in WRITABLE_STREAMS:
+            raise ConfigError(f"{path}.{stream}", f"unknown stream; expected one of {', '.join(WRITABLE_STREAMS)}")
+        names = _instance_names(f"{path}.{stream}", writers)
+        if not names:
+            raise ConfigError(f"{path}.{stream}", "expected at least one writer")
+        if stream != "events" and len(names) > 1:
+            raise ConfigError(f"{path}.{stream}", f"only the events stream can have several writers, got {len(names)}")
+        out[stream] = names
+    return out
+
+
+def _workers(path: str, raw: object) -> dict[str, WorkerConfig]:
+    out = {}
+    for name, item in _expect_mapping(path, raw).items():
+        key = f"{path}.{name}"
+        _instance_name(key, name)
+        if name == MAIN_INSTANCE:
+            raise ConfigError(key, f"{MAIN_INSTANCE!r} is the main process's name; give the worker another")
+        s = _Section(key, item)
+        out[name] = WorkerConfig(
+            app=s.require("app", lambda p, v: _expect_choice(p, v, WORKER_APPS)),
+            listeners=s.get(
+                "listeners", lambda p, v: tuple(_listener(f"{p}[{i}]", x) for i, x in enumerate(_expect_list(p, v))), ()
+            ),
+        )
+        s.finish()
+    return out
+
+
+def _check_worker_layout(config: HomeserverConfig) -> None:
+    """Refuse layouts that cannot work: a writer nobody can reach, a sender that is not a
+    sender, several writers without Redis, two senders of the same traffic."""
+    processes = {MAIN_INSTANCE, *config.workers}
+    for stream, writers in config.stream_writers.items():
+        for i, writer in enumerate(writers):
+            key = f"stream_writers.{stream}[{i}]"
+            if writer not in processes:
+                raise ConfigError(key, f"{writer!r} is neither the main process nor a worker in 'workers'")
+            if writer not in config.instance_map and (writer != MAIN_INSTANCE or len(processes) > 1):
+                raise ConfigError(key, f"{writer!r} writes {stream} but is missing from instance_map")
+    all_writers = {w for ws in config.stream_writers.values() for w in ws}
+    if any(stream not in config.stream_writers for stream in WRITABLE_STREAMS):
+        all_writers.add(MAIN_INSTANCE)  # it writes the streams nobody else was given
+    if len(all_writers) > 1 and not config.redis.enabled:
+        raise ConfigError(
+            "redis.enabled",
+            f"streams are written by {len(all_writers)} processes ({', '.join(sorted(all_writers))}); "
+            "replication between several writers needs Redis: set redis.enabled: true",
+        )
+    for i, name in enumerate(config.federation_sender_instances):
+        worker = config.workers.get(name)
+        if worker is None or worker.app != "federation_sender":
+            raise ConfigError(
+                f"federation_sender_instances[{i}]", f"{name!r} is not a worker with app: federation_sender"
+            )
+    if config.federation_sender_instances and config.send_federation:
+        raise ConfigError(
+            "send_federation",
+            "federation_sender_instances are configured, so the main process must not send too: set send_federation: false",
+        )
+    if config.workers and not config.worker_replication_secret:
+        raise ConfigError("worker_replication_secret", "workers are configured: set a shared secret for the internal API")
+
+
 @attrs.frozen
 class HomeserverConfig:
     server_name: str
@@ -551,6 +670,12 @@ class HomeserverConfig:
     # Whether this process sends federation traffic (false when federation sender workers do).
     send_federation: bool = True
     federation_sender: FederationSenderConfig = FederationSenderConfig()
+    # The worker layout (docs/workers.md): processes, where they listen, who writes what.
+    worker_replication_secret: str | None = None
+    instance_map: Mapping[str, InstanceLocation] = attrs.field(factory=dict)
+    stream_writers: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    federation_sender_instances: tuple[str, ...] = ()
+    workers: Mapping[str, WorkerConfig] = attrs.field(factory=dict)
 
     @property
     def effective_signing_key_path(self) -> Path:
@@ -639,7 +764,13 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         allow_unauthenticated_replication=s.get("allow_unauthenticated_replication", _expect_bool, False),
         send_federation=s.get("send_federation", _expect_bool, True),
         federation_sender=s.get("federation_sender", _federation_sender, FederationSenderConfig()),
+        worker_replication_secret=s.get("worker_replication_secret", _expect_str, None),
+        instance_map=s.get("instance_map", _instance_map, {}),
+        stream_writers=s.get("stream_writers", _stream_writers, {}),
+        federation_sender_instances=s.get("federation_sender_instances", _instance_names, ()),
+        workers=s.get("workers", _workers, {}),
     )
+    _check_worker_layout(config)
     if not config.allow_unauthenticated_replication:
         for i, listener in enumerate(config.listeners):
             for address in listener.bind_addresses if listener.type == "replication" else ():

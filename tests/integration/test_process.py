@@ -94,6 +94,8 @@ def test_bad_config_prints_one_line_naming_the_key_and_exits_2(tmp_path: Path) -
         "server_name: example.org\ntls_certificate_path: /nonexistent/cert.pem\ntls_private_key_path: /nonexistent/k\n":
             "config error: tls_certificate_path: file not found: /nonexistent/cert.pem",
         "listeners: []\n": "config error: server_name: is required",
+        "server_name: example.org\nworker_replication_secret: s\nworkers:\n  g1: {app: generic}\n":
+            "config error: workers: worker processes are not supported by this version yet",
         "server_name: [unclosed\n": "is not valid YAML at line",
     }
     for text, expected in cases.items():

@@ -110,6 +110,31 @@ def test_full_config() -> None:
         ({"server_name": "h", "federation_sender": {"catch_up": {"missed": 5}}},
          "federation_sender.catch_up.missed: unknown key"),
         ({"server_name": "h", "send_federation": "no"}, "send_federation: expected true or false, got 'no'"),
+        ({"server_name": "h", "workers": {"w1": {"app": "sync"}}}, "workers.w1.app: expected one of generic"),
+        ({"server_name": "h", "workers": {"master": {"app": "generic"}}},
+         "workers.master: 'master' is the main process's name"),
+        ({"server_name": "h", "stream_writers": {"events": ["p1"]}},
+         "stream_writers.events[0]: 'p1' is neither the main process nor a worker"),
+        ({"server_name": "h", "worker_replication_secret": "s", "workers": {"p1": {"app": "event_persister"}},
+          "stream_writers": {"events": ["p1"]}},
+         "stream_writers.events[0]: 'p1' writes events but is missing from instance_map"),
+        ({"server_name": "h", "worker_replication_secret": "s", "workers": {"p1": {"app": "event_persister"}},
+          "instance_map": {"p1": {"host": "p1", "port": 9093}}, "stream_writers": {"events": ["p1"]}},
+         "redis.enabled: streams are written by 2 processes (master, p1)"),
+        ({"server_name": "h", "stream_writers": {"typing": ["master", "master"]}},
+         "stream_writers.typing[1]: 'master' is listed twice"),
+        ({"server_name": "h", "stream_writers": {"typing": ["a", "b"]}},
+         "stream_writers.typing: only the events stream can have several writers"),
+        ({"server_name": "h", "stream_writers": {"caches": ["master"]}}, "stream_writers.caches: unknown stream"),
+        ({"server_name": "h", "worker_replication_secret": "s", "workers": {"g": {"app": "generic"}},
+          "federation_sender_instances": ["g"]},
+         "federation_sender_instances[0]: 'g' is not a worker with app: federation_sender"),
+        ({"server_name": "h", "worker_replication_secret": "s", "workers": {"fs": {"app": "federation_sender"}},
+          "federation_sender_instances": ["fs"]},
+         "send_federation: federation_sender_instances are configured"),
+        ({"server_name": "h", "workers": {"g": {"app": "generic"}}},
+         "worker_replication_secret: workers are configured"),
+        ({"server_name": "h", "instance_map": {"p1": {"host": "p1"}}}, "instance_map.p1.port: is required"),
     ],
 )
 def test_errors_name_the_key_path(raw: dict[str, Any], message: str) -> None:
@@ -156,3 +181,16 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     not_mapping.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(not_mapping)
+
+
+def test_the_docker_example_layout_parses() -> None:
+    """docker/config/homeserver.yaml (main, a generic worker, two persisters, a federation
+    sender) passes every check of the worker layout."""
+    config = load_config(Path(__file__).resolve().parents[2] / "docker" / "config" / "homeserver.yaml")
+    assert config.stream_writers["events"] == ("persister1", "persister2")
+    assert config.federation_sender_instances == ("federation_sender1",)
+    assert {name: w.app for name, w in config.workers.items()} == {
+        "generic1": "generic", "persister1": "event_persister", "persister2": "event_persister",
+        "federation_sender1": "federation_sender",
+    }
+    assert not config.send_federation and config.redis.enabled
