@@ -358,4 +358,8 @@ if __name__ == "__main__":
     parser.add_argument("--skip-catch-up", action="store_true")
     parser.add_argument("--skip-receiver", action="store_true")
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
-    run_sync(main(parser.parse_args()), timeout=7200)
+    try:
+        run_sync(main(parser.parse_args()), timeout=7200)
+    finally:
+        # Stops the reactor's thread pool, whose threads would keep the interpreter alive.
+        reactor.fireSystemEvent("shutdown")

@@ -19,6 +19,7 @@ keeps a long outage from turning into a replay of everything.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import attrs
@@ -51,31 +52,34 @@ class CatchUpChunk:
 
 
 def plan_chunks(rooms: Sequence[CatchUpRoom], max_pdus: int) -> list[CatchUpChunk]:
-    """Pack the rooms' PDUs into transactions of at most ``max_pdus``, in room order.
+    """Pack the rooms' PDUs into transactions of at most ``max_pdus``.
 
-    ``rooms`` must be in ascending ``stream_ordering`` (the order they were read).
-    A chunk advances the position only to the last room it completes, so a
-    failure part-way never skips a room; a room too big for one transaction
-    spans several, and only its last part advances.
+    Each transaction takes the rooms' PDUs in turn, one room after another (each
+    room's own order kept), so a transaction carries many rooms and the receiver,
+    which handles the rooms of a transaction side by side, is not held to one
+    room at a time. ``rooms`` must be in ascending ``stream_ordering`` (the order
+    they were read): a chunk advances the position only past the rooms that are
+    complete *and* follow only complete rooms, so a failure part-way never skips
+    a room.
     """
     if max_pdus < 1:
         raise ValueError(f"max_pdus must be at least 1, got {max_pdus}")
+    queues = [deque(room.pdus()) for room in rooms]
     chunks: list[CatchUpChunk] = []
-    current: list[PendingPdu] = []
-    completed: list[tuple[str, int]] = []
-    for room in rooms:
-        pdus = room.pdus()
-        if current and len(current) + len(pdus) > max_pdus:
-            chunks.append(_chunk(current, completed))
-            current, completed = [], []
-        while len(pdus) > max_pdus:
-            chunks.append(CatchUpChunk(tuple(pdus[:max_pdus]), None))
-            pdus = pdus[max_pdus:]
-        current.extend(pdus)
-        completed.append((room.room_id, room.stream_ordering))
-    if current or completed:
+    finished = 0  # rooms[:finished] are complete
+    while True:
+        current: list[PendingPdu] = []
+        while len(current) < max_pdus and any(queues[finished:]):
+            for queue in queues[finished:]:
+                if queue and len(current) < max_pdus:
+                    current.append(queue.popleft())
+        completed: list[tuple[str, int]] = []
+        while finished < len(rooms) and not queues[finished]:
+            completed.append((rooms[finished].room_id, rooms[finished].stream_ordering))
+            finished += 1
+        if not current and not completed:
+            return chunks
         chunks.append(_chunk(current, completed))
-    return chunks
 
 
 def _chunk(pdus: list[PendingPdu], completed: list[tuple[str, int]]) -> CatchUpChunk:

@@ -29,9 +29,18 @@ def test_rooms_share_transactions_and_each_chunk_advances_to_its_last_whole_room
     assert [c.completed for c in chunks] == [(("a", 1), ("b", 2)), (("c", 3),)]
 
 
+def test_transactions_take_the_rooms_in_turn_so_the_receiver_can_work_on_them_side_by_side() -> None:
+    chunks = plan_chunks([room("a", 9, [1, 2, 3], [9]), room("b", 10, [4, 5], [10])], max_pdus=4)
+    assert [[(p.room_id, p.stream_ordering) for p in c.pdus] for c in chunks] == [
+        [("a", 1), ("b", 4), ("a", 2), ("b", 5)],
+        [("a", 3), ("b", 10), ("a", 9)],
+    ]
+    assert [c.advance_to for c in chunks] == [None, 10]
+
+
 def test_a_big_room_spans_transactions_and_only_its_last_part_advances() -> None:
     chunks = plan_chunks([room("a", 1, [], [1]), room("b", 7, [1, 2, 3, 4, 5], [7])], max_pdus=2)
-    assert [len(c.pdus) for c in chunks] == [1, 2, 2, 2]
+    assert [len(c.pdus) for c in chunks] == [2, 2, 2, 1]
     assert [c.advance_to for c in chunks] == [1, None, None, 7]
 
 
@@ -53,7 +62,9 @@ def test_every_pdu_once_in_order_no_chunk_too_big_positions_never_pass_an_unsent
                           [position + 1 + k for k in range(latest)]))
     chunks = plan_chunks(rooms, max_pdus)
     sent = [p for c in chunks for p in c.pdus]
-    assert sent == [p for r in rooms for p in r.pdus()]
+    assert sorted(p.event_id for p in sent) == sorted(p.event_id for r in rooms for p in r.pdus())
+    for r in rooms:
+        assert [p for p in sent if p.room_id == r.room_id] == r.pdus(), "each room in its own order"
     assert all(len(c.pdus) <= max_pdus for c in chunks)
     delivered: set[str] = set()
     for c in chunks:
