@@ -197,14 +197,7 @@ class EventPersister:
             room_version, event, is_local, outlier, rejection_reason, state_before, destinations, context,
             soft_failed,
         )
-        if not result.already_persisted:
-            self._metrics.persisted.labels(origin="local" if is_local else "remote").inc()
-            self._metrics.duration.observe(time.perf_counter() - start)
-            for listener in self._listeners:
-                try:
-                    listener(event, result)
-                except Exception:
-                    logger.exception("persisted-event listener %r failed for %s", listener, event.event_id)
+        self._after_persist(event, result, "local" if is_local else "remote", start)
         return result
 
     async def _persist_locked(
@@ -342,15 +335,20 @@ class EventPersister:
         start = time.perf_counter()
         result = await backfill_ids.run_interaction("persist_backfilled_event", persist_event_txn, request, allocate)
         self.remember(event)
-        if not result.already_persisted:
-            self._metrics.persisted.labels(origin="remote").inc()
-            self._metrics.duration.observe(time.perf_counter() - start)
-            for listener in self._listeners:
-                try:
-                    listener(event, result)
-                except Exception:
-                    logger.exception("persisted-event listener %r failed for %s", listener, event.event_id)
+        self._after_persist(event, result, "remote", start)
         return result
+
+    def _after_persist(self, event: FrozenEvent, result: PersistResult, origin: str, start: float) -> None:
+        """Count a newly stored event and tell the listeners (an event already stored: nothing)."""
+        if result.already_persisted:
+            return
+        self._metrics.persisted.labels(origin=origin).inc()
+        self._metrics.duration.observe(time.perf_counter() - start)
+        for listener in self._listeners:
+            try:
+                listener(event, result)
+            except Exception:
+                logger.exception("persisted-event listener %r failed for %s", listener, event.event_id)
 
     async def resolve(
         self, room_version: RoomVersion, room_id: str, state_sets: Sequence[Mapping[StateKey, str]]
