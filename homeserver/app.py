@@ -272,16 +272,10 @@ class HomeServer:
         self.federation.membership.forward = sender.forward
         self.federation.remote_up_hooks.append(sender.notify_remote_server_up)
         assert self.rooms is not None
-        timeline = self.rooms.timeline
         sender_store = FederationSenderStore(self.db)
-
-        async def joined_rooms(user_id: str) -> list[str]:
-            rooms = await timeline.get_rooms_for_user(user_id)
-            return [room_id for room_id, (membership, _) in rooms.items() if membership == "join"]
-
         edus = OutboundEdus(
             server_name=self.config.server_name, sink=sender, joined_servers=store.get_joined_servers,
-            user_rooms=joined_rooms, add_to_outbox=sender_store.add_to_outbox,
+            sharing_servers=store.get_servers_sharing_rooms, add_to_outbox=sender_store.add_to_outbox,
             clock_ms=lambda: int(self.reactor.seconds() * 1000),
         )
         self.rooms.typing.federation = edus

@@ -49,14 +49,14 @@ class OutboundEdus:
         server_name: str,
         sink: EduSink,
         joined_servers: Callable[[str], Awaitable[set[str]]],
-        user_rooms: Callable[[str], Awaitable[Collection[str]]],
+        sharing_servers: Callable[[str], Awaitable[set[str]]],
         add_to_outbox: AddToOutbox,
         clock_ms: Callable[[], int],
     ) -> None:
         self._server_name = server_name
         self._sink = sink
         self._joined_servers = joined_servers
-        self._user_rooms = user_rooms
+        self._sharing_servers_of = sharing_servers
         self._add_to_outbox = add_to_outbox
         self._clock_ms = clock_ms
 
@@ -64,11 +64,7 @@ class OutboundEdus:
         return await self._joined_servers(room_id) - {self._server_name}
 
     async def _sharing_servers(self, user_id: str) -> set[str]:
-        servers: set[str] = set()
-        for room_id in await self._user_rooms(user_id):
-            servers |= await self._joined_servers(room_id)
-        servers.discard(self._server_name)
-        return servers
+        return await self._sharing_servers_of(user_id) - {self._server_name}
 
     async def typing(self, room_id: str, user_id: str, typing: bool) -> None:
         try:

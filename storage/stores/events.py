@@ -233,6 +233,10 @@ class EventsStore:
 
         return await self._db.run_interaction("get_destination_rooms", query)
 
+    async def get_servers_sharing_rooms(self, user_id: str) -> set[str]:
+        """The servers that hear of ``user_id``'s presence and device changes."""
+        return await self._db.run_interaction("get_servers_sharing_rooms", get_servers_sharing_rooms_txn, user_id)
+
     async def get_joined_servers(self, room_id: str) -> set[str]:
         """The servers of the room's currently joined members."""
         return await self._db.run_interaction("get_joined_servers", get_joined_servers_txn, room_id)
@@ -319,6 +323,20 @@ def get_joined_servers_txn(txn: Transaction, room_id: str) -> set[str]:
         WHERE room_id = %s AND type = 'm.room.member' AND membership = 'join'
         """,
         (room_id,),
+    )
+    return {row[0] for row in txn.fetchall()}
+
+
+def get_servers_sharing_rooms_txn(txn: Transaction, user_id: str) -> set[str]:
+    """Servers with a member joined to any room ``user_id`` is joined to (its own included)."""
+    txn.execute(
+        """
+        SELECT DISTINCT substring(m.state_key FROM position(':' IN m.state_key) + 1)
+        FROM current_state_events u
+        JOIN current_state_events m ON m.room_id = u.room_id AND m.type = 'm.room.member' AND m.membership = 'join'
+        WHERE u.type = 'm.room.member' AND u.state_key = %s AND u.membership = 'join'
+        """,
+        (user_id,),
     )
     return {row[0] for row in txn.fetchall()}
 
