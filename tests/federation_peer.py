@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import secrets
 import shutil
 import tempfile
 from collections import Counter
@@ -260,7 +261,9 @@ class FederationPeer:
             ensure_self_signed_certificate(cert_path, key_path, LOOPBACK)
             pem = cert_path.read_bytes() + b"\n" + key_path.read_bytes()
             tls_options = ssl.PrivateCertificate.loadPEM(pem).options()
-            signing_key = generate_signing_key(f"peer{index}")
+            # A key ID of its own: a later peer may get the same port, so the same server name,
+            # and a server that cached the earlier key under the same ID would refuse the new one.
+            signing_key = generate_signing_key(f"peer{index}_{secrets.token_hex(4)}")
             site = _PeerSite(Resource())  # type: ignore[no-untyped-call]
             listening = self._reactor.listenSSL(0, site, tls_options, interface=LOOPBACK)
             port = int(listening.getHost().port)
