@@ -88,11 +88,12 @@ def txn_totals(metrics_url: str | None) -> dict[str, tuple[float, float]]:
 
 async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metrics_url: str | None = None) -> None:
     run = secrets.token_hex(3)
+    print(f"RSS after start: {rss_mib(pid):.1f} MiB")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
         anon = Api(session, base_url)
         alice = await anon.register(f"alice{run}")
         bob = await anon.register(f"bob{run}")
-        print(f"RSS before: {rss_mib(pid):.1f} MiB")
+        print(f"RSS before (two users registered): {rss_mib(pid):.1f} MiB")
         room = (await alice.call("POST", "/createRoom", {"preset": "public_chat"}))["room_id"]
         await bob.call("POST", f"/rooms/{room}/join", {})
 
@@ -125,7 +126,8 @@ async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metric
         results = await asyncio.gather(*(loop(s, r) for s, r in zip(senders, rooms)))
         elapsed = time.perf_counter() - start
         flat = [x for xs in results for x in xs]
-        print(f"8 concurrent senders in 8 rooms: {len(flat) / elapsed:.0f}/s, p99 {pct(flat, 0.99) * 1000:.1f} ms")
+        print(f"8 concurrent senders in 8 rooms: {len(flat) / elapsed:.0f}/s, p50 {pct(flat, 0.5) * 1000:.1f} ms, "
+              f"p99 {pct(flat, 0.99) * 1000:.1f} ms")
 
         since = (await bob.call("GET", "/sync"))["next_batch"]
         wakes = []

@@ -155,6 +155,12 @@ def _run_in_reactor(config: HomeserverConfig, mode: str) -> int:
         if mode == "migrate":
             logger.info("schema is up to date")
             reactor.stop()
+            return
+        # Everything built at start-up lives as long as the process: keep it out of the
+        # garbage collector's full passes, whose pauses otherwise show in request p99.
+        import gc
+
+        gc.freeze()
 
     def on_shutdown() -> Deferred[Any]:
         return Deferred.fromCoroutine(hs.stop())

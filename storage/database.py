@@ -105,6 +105,18 @@ class Transaction:
     def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
         self._cursor.execute(sql, params)
 
+    def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]]) -> None:
+        """Run several statements in one round trip, in order.
+
+        Each is bound client-side (as ``execute`` does) and they are sent joined
+        by ``;``. Only the last statement's rows can be fetched; an error in any
+        of them fails the call (and the transaction).
+        """
+        cursor = self._cursor
+        parts = [cursor.mogrify(sql, params) for sql, params in statements]
+        if parts:
+            cursor.execute(b";\n".join(parts))
+
     def execute_values(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 1000) -> None:
         """Insert many rows in few round trips; ``sql`` has one ``VALUES %s``."""
         psycopg2.extras.execute_values(self._cursor, sql, rows, page_size=page_size)

@@ -90,11 +90,10 @@ class ClientEvents:
             return []
         now = self._clock_ms()
         ids = [event.event_id for event in events]
-        redactions = await self._timeline.get_redactions(ids)
+        redactions, txn_ids = await self._timeline.get_redactions_and_txn_ids(ids, access_token_id)
         redaction_events = await self._persister.load_events(
             {rid for rids in redactions.values() for rid in rids}
         )
-        txn_ids = await self._timeline.get_txn_ids(access_token_id, ids) if access_token_id is not None else {}
         out = []
         for event in events:
             because: dict[str, Any] | None = None

@@ -8,6 +8,10 @@ through the events store, completes the ID and tells listeners (notifier,
 federation sender). It does not check auth rules: callers do, against the
 state it exposes (``state_before_event``), and pass a rejection reason.
 Persisting the same event twice is a no-op.
+
+Local sends read the room through ``send_context``, served from a per-room
+snapshot this process keeps while it is the room's only writer (see
+``_RoomSnapshot``), so a send in a quiet room costs one transaction.
 """
 
 # tests: tests/integration/test_persist_events.py
@@ -17,8 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, Protocol, TypeVar
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -30,7 +35,17 @@ from homeserver.events.identifiers import server_name_of
 from homeserver.events.room_versions import get_room_version
 from storage.caches import DictCache
 from storage.database import Transaction
-from storage.stores.events import EventsStore, PersistContext, PersistRequest, PersistResult, StateKey, persist_event_txn
+from storage.stores.events import (
+    EventAlreadyPersisted,
+    EventsStore,
+    PersistContext,
+    PersistRequest,
+    PersistResult,
+    SendContext,
+    SendTxn,
+    StateKey,
+    persist_event_txn,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +96,27 @@ class PersistenceMetrics:
 
 PersistedListener = Callable[[FrozenEvent, PersistResult], None]
 
+# Rooms whose send context (extremities, the state keys sends looked at, joined
+# servers) is kept between sends; least recently used rooms are dropped first.
+MAX_ROOM_SNAPSHOTS: Final = 10_000
+
+
+@attrs.define
+class _RoomSnapshot:
+    """A room as this process last read or wrote it, under the room lock.
+
+    ``state`` holds the current state of the keys sends have looked at (None: no
+    such state). Any persist in the room drops the snapshot; a local send on the
+    room's only line of history puts it back, moved on by that event. The persist
+    transaction checks the extremities are still these (``StaleRoomContext``), so a
+    write this process did not see is caught, not built upon.
+    """
+
+    extremities: dict[str, int]
+    extremity_groups: dict[str, int]
+    state: dict[StateKey, str | None]
+    joined_servers: set[str]
+
 
 class EventPersister:
     def __init__(
@@ -108,6 +144,7 @@ class EventPersister:
         # Events never change once stored (redaction changes how they are
         # served, not the PDU), so parsed events are cached without invalidation.
         self._events = DictCache[FrozenEvent]("events", max_entries=50_000)
+        self._snapshots: OrderedDict[str, _RoomSnapshot] = OrderedDict()
 
     def add_listener(self, listener: PersistedListener) -> None:
         """Call ``listener(event, result)`` after each new event's transaction committed."""
@@ -139,6 +176,55 @@ class EventPersister:
                 self._events.set((event_id,), event)
                 result[event_id] = event
         return result
+
+    async def send_context(self, room_id: str, keys: Collection[StateKey]) -> SendContext:
+        """What a local send in ``room_id`` builds on: extremities, the current state of ``keys``
+        and the joined servers. The caller holds ``room_lock(room_id)``; usually served from
+        memory, since this process wrote the room's last event."""
+        snapshot = self._snapshots.get(room_id)
+        if snapshot is None:
+            context = await self._store.get_send_context(room_id, keys)
+            self._snapshots[room_id] = _RoomSnapshot(
+                dict(context.forward_extremities),
+                dict(context.extremity_state_groups),
+                {key: context.auth_state.get(key) for key in keys},
+                set(context.joined_servers),
+            )
+            while len(self._snapshots) > MAX_ROOM_SNAPSHOTS:
+                self._snapshots.popitem(last=False)
+            return context
+        self._snapshots.move_to_end(room_id)
+        unknown = [key for key in keys if key not in snapshot.state]
+        if unknown:
+            found = await self._store.get_current_state_for_keys(room_id, unknown)
+            for key in unknown:
+                snapshot.state[key] = found.get(key)
+        auth_state: dict[StateKey, str] = {}
+        for key in keys:
+            event_id = snapshot.state[key]
+            if event_id is not None:
+                auth_state[key] = event_id
+        return SendContext(
+            dict(snapshot.extremities), auth_state, dict(snapshot.extremity_groups), set(snapshot.joined_servers)
+        )
+
+    def _advance_snapshot(
+        self, snapshot: _RoomSnapshot, event: FrozenEvent, result: PersistResult
+    ) -> None:
+        """Put back the room's snapshot, moved on by ``event``: a local event that followed
+        every extremity, so it is now the only one and changed state by itself alone."""
+        if result.state_group_after is None:
+            return
+        key = event.state_key_tuple
+        if key is not None:
+            if key[0] == "m.room.member":
+                if event.membership != "join":
+                    return  # the member's server may have left: read the joined servers again
+                snapshot.joined_servers.add(server_name_of(key[1]))
+            snapshot.state[key] = event.event_id
+        snapshot.extremities = {event.event_id: event.depth}
+        snapshot.extremity_groups = {event.event_id: result.state_group_after}
+        self._snapshots[event.room_id] = snapshot
 
     def remember(self, event: FrozenEvent) -> None:
         """Cache an event we built or verified ourselves, so that reading it back is free."""
@@ -200,6 +286,20 @@ class EventPersister:
         self._after_persist(event, result, "local" if is_local else "remote", start)
         return result
 
+    async def persist_local_send(
+        self, room_version: RoomVersion, event: FrozenEvent, *, context: PersistContext, send_txn: SendTxn | None
+    ) -> PersistResult:
+        """A local event built under ``room_lock`` on ``context`` (from ``send_context``), with
+        the client's transaction ID recorded in the same transaction. Raises ``DuplicateTxnId``
+        (that ID was used already) or ``StaleRoomContext`` (the room changed under us: build
+        the event again); neither writes anything."""
+        start = time.perf_counter()
+        result = await self._persist_locked(
+            room_version, event, True, False, None, None, None, context, False, send_txn
+        )
+        self._after_persist(event, result, "local", start)
+        return result
+
     async def _persist_locked(
         self,
         room_version: RoomVersion,
@@ -211,12 +311,17 @@ class EventPersister:
         destinations: frozenset[str] | None,
         context: PersistContext | None = None,
         soft_failed: bool = False,
+        send_txn: SendTxn | None = None,
     ) -> PersistResult:
+        # Whatever happens next, the room's snapshot no longer describes it, unless
+        # this turns out to be a local send on the room's only line of history.
+        snapshot = self._snapshots.pop(event.room_id, None)
         ctx = context or await self._store.get_persist_context(event.room_id, event.event_id, event.prev_event_ids)
         if ctx.existing_stream_ordering is not None:
             return PersistResult(ctx.existing_stream_ordering, None, already_persisted=True)
 
         state_before_group: int | None = None
+        linear = False
         delta: dict[StateKey, str] = {}
         new_current: Mapping[StateKey, str] | None = None
         current_delta: Mapping[StateKey, str] | None = None
@@ -240,6 +345,7 @@ class EventPersister:
                 # by what this event changes, and no state map need be loaded.
                 state_before_group = await self._group_before(room_version, event, ctx)
                 current_delta = delta
+                linear = True
             else:
                 state_before_group, state_before = await self._state_before(room_version, event, ctx)
                 new_current = await self._new_current_state(
@@ -269,11 +375,21 @@ class EventPersister:
             current_state_delta=current_delta,
             remote_servers=remote_servers,
             soft_failed=soft_failed,
+            expected_extremity_count=len(ctx.forward_extremities) if ctx.for_local_send else None,
+            send_txn=send_txn,
         )
-        result = await self._stream_ids.run_interaction(
-            "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
-        )
+        try:
+            result = await self._stream_ids.run_interaction(
+                "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
+            )
+        except EventAlreadyPersisted:
+            stream_ordering = await self._store.get_stream_ordering(event.event_id)
+            if stream_ordering is None:
+                raise
+            return PersistResult(stream_ordering, None, already_persisted=True)
         self.remember(event)
+        if snapshot is not None and linear and ctx.for_local_send and is_local and not result.already_persisted:
+            self._advance_snapshot(snapshot, event, result)
         return result
 
     def _request(self, room_version: RoomVersion, event: FrozenEvent, **fields: Any) -> PersistRequest:

@@ -3,6 +3,8 @@
 ``RoomEventCreator.send`` builds an event on the room's forward extremities and
 current state, checks the auth rules against that state, signs it and persists
 it, all under the room's lock so two sends in one room never fork it.
+``send_idempotent`` does the same for ``PUT /send/{txnId}``, recording the
+transaction ID in the event's own database transaction.
 ``create_room`` sends ``/createRoom``'s initial events in the spec's order. HTTP
 concerns (parsing, error JSON) stay in the servlets.
 """
@@ -11,9 +13,11 @@ concerns (parsing, error JSON) stay in the servlets.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import string
 from collections.abc import Callable, Mapping
+from typing import Final
 
 from signedjson.types import SigningKey
 
@@ -31,7 +35,13 @@ from homeserver.events import (
 )
 from homeserver.events import constants as C
 from homeserver.handlers.event_persistence import EventPersister
-from storage.stores.events import EventsStore, StateKey
+from storage.stores.events import DuplicateTxnId, EventsStore, SendTxn, StaleRoomContext, StateKey
+
+logger = logging.getLogger(__name__)
+
+# A send whose room changed under it (another writer: StaleRoomContext) is built again
+# on a fresh read, at most this many times in all.
+MAX_SEND_ATTEMPTS: Final = 3
 
 
 class RoomNotFound(Exception):
@@ -68,28 +78,54 @@ class RoomEventCreator:
 
     async def send(self, room_id: str, template: EventTemplate, sender: str) -> FrozenEvent:
         """Create, authorise, sign and persist one event; raises AuthError or RoomNotFound."""
+        return await self._send(room_id, template, sender, None)
+
+    async def send_idempotent(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn) -> str:
+        """``send``, recording the client's transaction ID in the event's own transaction.
+
+        Returns the new event's ID or, when ``txn`` was used already (a retried
+        request), the ID of the event it was used for; then nothing is sent.
+        """
+        try:
+            return (await self._send(room_id, template, sender, txn)).event_id
+        except DuplicateTxnId:
+            existing = await self._store.get_txn_event(txn.access_token_id, txn.txn_id)
+            if existing is None:
+                raise
+            return existing
+
+    async def _send(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn | None) -> FrozenEvent:
         room_version = await self.room_version(room_id)
-        async with self._persister.room_lock(room_id):
-            keys = set(auth_types_for(room_version, template.type, template.state_key, sender, template.content))
-            keys.add((C.CREATE, ""))
-            context = await self._store.get_send_context(room_id, keys)
-            current = context.auth_state
-            event = create_local_event(
-                room_version,
-                template,
-                sender=sender,
-                room_id=room_id,
-                current_state=current,
-                forward_extremities=context.forward_extremities,
-                origin_server_ts=self._clock_ms(),
-                server_name=self._server_name,
-                signing_key=self._signing_key,
-            )
-            await self._check_auth(room_version, event, current)
-            await self._persister.persist_locked(
-                room_version, event, is_local=True, context=context.persist_context(event.prev_event_ids)
-            )
-        return event
+        keys = set(auth_types_for(room_version, template.type, template.state_key, sender, template.content))
+        keys.add((C.CREATE, ""))
+        attempt = 1
+        while True:
+            async with self._persister.room_lock(room_id):
+                context = await self._persister.send_context(room_id, keys)
+                current = context.auth_state
+                event = create_local_event(
+                    room_version,
+                    template,
+                    sender=sender,
+                    room_id=room_id,
+                    current_state=current,
+                    forward_extremities=context.forward_extremities,
+                    origin_server_ts=self._clock_ms(),
+                    server_name=self._server_name,
+                    signing_key=self._signing_key,
+                )
+                await self._check_auth(room_version, event, current)
+                try:
+                    await self._persister.persist_local_send(
+                        room_version, event, context=context.persist_context(event.prev_event_ids), send_txn=txn
+                    )
+                except StaleRoomContext as e:
+                    if attempt >= MAX_SEND_ATTEMPTS:
+                        raise
+                    logger.info("[%s] building the event again: %s", room_id, e)
+                    attempt += 1
+                    continue
+            return event
 
     async def create_room(self, creator: str, request: CreateRoomRequest, *,
                           creator_join_content: Mapping[str, object] | None = None) -> str:

@@ -38,7 +38,8 @@ from homeserver.handlers.ratelimit import Ratelimiters, ratelimit
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
 from homeserver.handlers.validation import check_text
 from homeserver.http.errors import MatrixError, bad_json, forbidden, invalid_param, not_found
-from storage.stores.events import EventsStore, StateKey
+from storage.caches import DictCache
+from storage.stores.events import EventsStore, SendTxn, StateKey
 from storage.stores.profiles import ProfileRow
 from storage.stores.timeline import TimelineStore
 
@@ -134,6 +135,9 @@ class RoomHandler:
         self._clock_ms = clock_ms
         # Joins and invites that need another server; None until federation is wired (app.py).
         self._remote: RemoteMembership | None = None
+        # (access token ID, txn ID) -> event ID of this process's recent sends, so that a
+        # retried request is answered without the database. The database stays the truth.
+        self._sent_txns = DictCache[str]("sent_txn_ids", max_entries=50_000)
 
     def set_remote_membership(self, remote: RemoteMembership) -> None:
         self._remote = remote
@@ -143,6 +147,16 @@ class RoomHandler:
     async def _send(self, room_id: str, template: EventTemplate, sender: str) -> FrozenEvent:
         try:
             return await self._room_events.send(room_id, template, sender)
+        except RoomNotFound:
+            raise unknown_room(room_id) from None
+        except EventsError as e:
+            raise events_error(e) from None
+        except (TypeError, ValueError) as e:
+            raise bad_json(f"Invalid event: {e}") from None
+
+    async def _send_idempotent(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn) -> str:
+        try:
+            return await self._room_events.send_idempotent(room_id, template, sender, txn)
         except RoomNotFound:
             raise unknown_room(room_id) from None
         except EventsError as e:
@@ -160,18 +174,29 @@ class RoomHandler:
     async def send_event(
         self, requester: Requester, room_id: str, event_type: str, content: Mapping[str, Any], txn_id: str | None
     ) -> str:
-        if txn_id is not None:
+        if txn_id is None:
+            ratelimit(self._limits.message, requester.user_id, self._now())
+            return (await self._send(room_id, make_template(event_type, content), requester.user_id)).event_id
+        key = (str(requester.access_token_id), txn_id)
+        sent = self._sent_txns.get(key)
+        if sent is not None:
+            return sent
+        # The transaction ID is recorded in the event's own transaction; one used
+        # already (by another process, or before a restart) answers with its event.
+        txn = SendTxn(requester.access_token_id, txn_id, requester.user_id, self._clock_ms())
+        try:
+            ratelimit(self._limits.message, requester.user_id, self._now())
+            # An unknown room surfaces from _send_idempotent as RoomNotFound -> 404.
+            event_id = await self._send_idempotent(room_id, make_template(event_type, content), requester.user_id, txn)
+        except MatrixError:
+            # A retry whose first attempt this process does not remember still gets
+            # that event's ID, even if the user could no longer send it now.
             existing = await self._timeline.get_txn_event(requester.access_token_id, txn_id)
-            if existing is not None:
-                return existing
-        ratelimit(self._limits.message, requester.user_id, self._now())
-        # An unknown room surfaces from _send as RoomNotFound -> 404.
-        event = await self._send(room_id, make_template(event_type, content), requester.user_id)
-        if txn_id is not None:
-            await self._timeline.store_txn_event(
-                requester.access_token_id, txn_id, room_id, event.event_id, requester.user_id, self._clock_ms()
-            )
-        return event.event_id
+            if existing is None:
+                raise
+            event_id = existing
+        self._sent_txns.set(key, event_id)
+        return event_id
 
     async def send_state(
         self, requester: Requester, room_id: str, event_type: str, state_key: str, content: Mapping[str, Any]

@@ -5,7 +5,10 @@ timeline event with ``since < stream_ordering <= upto`` appears once (unless
 the timeline limit cuts it, in which case ``limited`` is set and ``prev_batch``
 points before the first event returned). ``next_batch`` is the snapshot. Waiting
 is one notifier waiter (no polling); a wake-up that turns out to be irrelevant
-to this user waits again until the timeout.
+to this user waits again until the timeout. A response's reads run side by
+side on the database pool, and a stream that has not moved since ``since`` is
+not read at all: a wake-up by one new message costs three transactions, two
+of them side by side.
 """
 
 # tests: tests/integration/test_client_sync.py
@@ -13,11 +16,12 @@ to this user waits again until the timeout.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 from prometheus_client import CollectorRegistry
+from twisted.internet.defer import Deferred
 
 from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
@@ -31,11 +35,14 @@ from homeserver.handlers.receipts import ReceiptsHandler
 from homeserver.handlers.typing import TypingHandler
 from storage.id_generators import StreamIdGenerator
 from storage.notifier import Notifier
-from storage.stores.account_data import AccountDataStore
+from storage.caches import DictCache
+from storage.stores.account_data import AccountDataStore, UserAccountData
 from storage.stores.events import EventsStore, StateKey
-from storage.stores.timeline import TimelineStore
+from storage.stores.timeline import MembershipRow, TimelineStore
 from storage.streams import StreamName
 from storage.tokens import MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
+
+T = TypeVar("T")
 
 DEFAULT_TIMELINE_LIMIT = 10
 MAX_TIMELINE_LIMIT = 1000
@@ -103,6 +110,9 @@ class SyncHandler:
         self._account_data = account_data
         self._typing = typing
         self._receipts = receipts
+        # (user, device) -> the to-device position up to which this process deleted the
+        # device's messages (acknowledged by a sync token): no need to delete again.
+        self._to_device_acked = DictCache[int]("sync_to_device_acked", max_entries=100_000)
 
     def current_token(self) -> StreamToken:
         def pos(name: StreamName) -> MultiWriterStreamToken:
@@ -165,66 +175,89 @@ class SyncHandler:
         now = self.current_token()
         upto = _stream_position(now, SyncStreamKey.EVENTS)
         since_pos = _stream_position(since, SyncStreamKey.EVENTS) if since is not None else 0
-        rooms_at = await self._timeline.get_rooms_for_user_at(user_id)
-        rooms = {r: (m, eid) for r, (m, eid, _) in rooms_at.items()}
-        # A membership that changed after the snapshot (a race with this request) makes
-        # the room "full": its timeline is then visibility-filtered, never assumed visible.
-        late = {r for r, (_, _, so) in rooms_at.items() if so > upto}
-        forgotten = await self._timeline.get_forgotten_rooms(user_id)
-        changes = await self._timeline.get_membership_changes(user_id, since_pos, upto) if since is not None else []
-        changed_rooms = {row.room_id for row in changes}
-        newly_joined = {row.room_id for row in changes if row.membership == C.JOIN}
+        initial = since is None or full_state
+        limit = sync_filter.timeline_limit
+
+        def moved(key: SyncStreamKey) -> tuple[int, int] | None:
+            """(since, now) positions of a stream, or None when it has nothing in between."""
+            after = _stream_position(since, key) if since is not None else 0
+            current = _stream_position(now, key)
+            return (after, current) if current > after else None
+
+        def full_rooms(
+            rooms_at: Mapping[str, tuple[str, str, int]], changes: Sequence[MembershipRow]
+        ) -> set[str]:
+            joined = {r for r, (m, _, _) in rooms_at.items() if m == C.JOIN}
+            if initial:
+                return joined
+            # A membership that changed after the snapshot (a race with this request) makes
+            # the room "full": its timeline is then visibility-filtered, never assumed visible.
+            late = {r for r, (_, _, so) in rooms_at.items() if so > upto}
+            newly_joined = {row.room_id for row in changes if row.membership == C.JOIN}
+            return (newly_joined | late) & joined
+
+        # The reads are independent: they run side by side on the database pool, and a
+        # stream that has not moved since the token is not read at all.
+        ad_range = moved(SyncStreamKey.ACCOUNT_DATA)
+        presence_range = moved(SyncStreamKey.PRESENCE) if self._presence is not None else None
+        devices_range = moved(SyncStreamKey.DEVICE_LISTS) if since is not None else None
+        to_device_after = _stream_position(since, SyncStreamKey.TO_DEVICE) if since is not None else 0
+        to_device_upto = _stream_position(now, SyncStreamKey.TO_DEVICE)
+        rooms_read = _start(self._timeline.get_sync_rooms(
+            user_id, since=since_pos if since is not None else None, upto=upto, limit=limit + 1, full_rooms=full_rooms
+        ))
+        account_data_read = None
+        if since is None:  # all of it
+            account_data_read = _start(self._account_data.get_for_user(
+                user_id, after=None, upto=_stream_position(now, SyncStreamKey.ACCOUNT_DATA)
+            ))
+        elif ad_range is not None:
+            account_data_read = _start(self._account_data.get_for_user(user_id, after=ad_range[0], upto=ad_range[1]))
+        to_device_read = (
+            _start(self._to_device(requester, to_device_after, to_device_upto))
+            if to_device_upto > to_device_after or self._to_device_acked.get(_device_key(requester)) != to_device_after
+            else None
+        )
+        presence_read = (
+            _start(self._presence.presence_for_sync(user_id, *presence_range))
+            if self._presence is not None and presence_range else None
+        )
+        devices_read = _start(self._e2e.device_list_changes(user_id, *devices_range)) if devices_range else None
+        key_counts_read = _start(self._e2e.one_time_key_counts(requester))
+        try:
+            snapshot = await rooms_read
+            joined_ids = [r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN]
+            receipts_range = moved(SyncStreamKey.RECEIPTS)
+            receipts = (
+                await self._receipts.ephemeral_for(user_id, joined_ids, *receipts_range) if receipts_range else {}
+            )
+            account_data = await account_data_read if account_data_read is not None else UserAccountData({}, {})
+            to_device: list[Any] = await to_device_read if to_device_read is not None else []
+            presence: list[Any] = await presence_read if presence_read is not None else []
+            devices_changed: list[str] = await devices_read if devices_read is not None else []
+            key_counts = await key_counts_read
+        finally:
+            for read in (rooms_read, account_data_read, to_device_read, presence_read, devices_read, key_counts_read):
+                if read is not None:
+                    read.addErrback(lambda _: None)  # a failure already raised above is not logged again
+
+        rooms = {r: (m, eid) for r, (m, eid, _) in snapshot.rooms_at.items()}
+        forgotten = snapshot.forgotten
+        changed_rooms = {row.room_id for row in snapshot.changes}
+        full_rooms_set = snapshot.full
+        recent = snapshot.recent
+        typing_since = _stream_position(since, SyncStreamKey.TYPING) if since is not None else 0
+        typing = self._typing.changed_rooms(joined_ids, typing_since)
 
         join: dict[str, Any] = {}
         invite: dict[str, Any] = {}
         leave: dict[str, Any] = {}
-        joined_ids = [r for r, (m, _) in rooms.items() if m == C.JOIN]
-        full_rooms = set(joined_ids) if (since is None or full_state) else ((newly_joined | late) & set(joined_ids))
-        incremental_rooms = [r for r in joined_ids if r not in full_rooms]
-        limit = sync_filter.timeline_limit
-        recent = await self._timeline.get_recent_events_for_rooms(sorted(full_rooms), after=0, upto=upto, limit=limit + 1)
-        if incremental_rooms:
-            recent.update(
-                await self._timeline.get_recent_events_for_rooms(
-                    incremental_rooms, after=since_pos, upto=upto, limit=limit + 1
-                )
-            )
-
-        typing_since = _stream_position(since, SyncStreamKey.TYPING) if since is not None else 0
-        typing = self._typing.changed_rooms(joined_ids, typing_since)
-        receipts_since = _stream_position(since, SyncStreamKey.RECEIPTS) if since is not None else 0
-        receipts = await self._receipts.ephemeral_for(
-            user_id, joined_ids, receipts_since, _stream_position(now, SyncStreamKey.RECEIPTS)
-        )
-        ad_since = _stream_position(since, SyncStreamKey.ACCOUNT_DATA) if since is not None else None
-        account_data = await self._account_data.get_for_user(
-            user_id, after=ad_since, upto=_stream_position(now, SyncStreamKey.ACCOUNT_DATA)
-        )
-
-        to_device = await self._e2e.to_device_for(
-            requester,
-            _stream_position(since, SyncStreamKey.TO_DEVICE) if since is not None else 0,
-            _stream_position(now, SyncStreamKey.TO_DEVICE),
-        )
-
-        presence: list[Any] = []
-        if self._presence is not None:
-            presence = await self._presence.presence_for_sync(
-                user_id,
-                _stream_position(since, SyncStreamKey.PRESENCE) if since is not None else 0,
-                _stream_position(now, SyncStreamKey.PRESENCE),
-            )
-        devices_changed: list[str] = []
-        if since is not None:
-            devices_changed = await self._e2e.device_list_changes(
-                user_id,
-                _stream_position(since, SyncStreamKey.DEVICE_LISTS),
-                _stream_position(now, SyncStreamKey.DEVICE_LISTS),
-            )
-
+        # Rooms' sections are built side by side: each is a few reads of its own.
+        shown_rooms: list[tuple[str, list[Any], dict[str, str]]] = []
+        builds = []
         for room_id in joined_ids:
             rows = recent.get(room_id, [])
-            full = room_id in full_rooms
+            full = room_id in full_rooms_set
             ephemeral: list[Any] = []
             if room_id in typing:
                 ephemeral.append({"type": "m.typing", "content": {"user_ids": typing[room_id]}})
@@ -233,9 +266,11 @@ class SyncHandler:
             room_ad = account_data.rooms.get(room_id, {})
             if not (full or rows or ephemeral or room_ad):
                 continue
-            section = await self._room_section(
+            shown_rooms.append((room_id, ephemeral, room_ad))
+            builds.append(self._room_section(
                 requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=upto
-            )
+            ))
+        for (room_id, ephemeral, room_ad), section in zip(shown_rooms, await _gather(builds)):
             section["ephemeral"] = {"events": ephemeral}
             section["account_data"] = {
                 "events": [{"type": t, "content": json.loads(c)} for t, c in sorted(room_ad.items())]
@@ -264,8 +299,15 @@ class SyncHandler:
             "presence": {"events": presence},
             "to_device": {"events": to_device},
             "device_lists": {"changed": devices_changed, "left": []},
-            "device_one_time_keys_count": await self._e2e.one_time_key_counts(requester),
+            "device_one_time_keys_count": key_counts,
         }
+
+    async def _to_device(self, requester: Requester, after: int, upto: int) -> list[Any]:
+        """The device's to-device messages in (after, upto]; those up to ``after`` are deleted
+        (acknowledged), which is remembered so that a token seen again reads nothing."""
+        messages = await self._e2e.to_device_for(requester, after, upto)
+        self._to_device_acked.set(_device_key(requester), after)
+        return messages
 
     async def _room_section(
         self,
@@ -348,6 +390,32 @@ class SyncHandler:
             "state": {"events": []},
             "account_data": {"events": []},
         }
+
+
+def _device_key(requester: Requester) -> tuple[str, str]:
+    return (requester.user_id, requester.device_id)
+
+
+def _start(coro: Coroutine[Any, Any, T]) -> Deferred[T]:
+    """Run ``coro`` now, to be awaited later (so that independent reads overlap)."""
+    return Deferred.fromCoroutine(coro)
+
+
+async def _gather(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``coros`` side by side; their results in order. The first failure is raised
+    once every one has finished, so none is left running unobserved."""
+    started = [_start(coro) for coro in coros]
+    results: list[T] = []
+    error: BaseException | None = None
+    for deferred in started:
+        try:
+            results.append(await deferred)
+        except Exception as e:
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
+    return results
 
 
 def _has_changes(result: Mapping[str, Any]) -> bool:

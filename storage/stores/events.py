@@ -3,7 +3,8 @@
 ``persist_event_txn`` writes everything an event changes in one transaction:
 the event and its JSON, its edges, the room's forward extremities, the state
 groups before and after it, current state, memberships and the
-``destination_rooms`` rows that federation catch-up reads. It is idempotent on
+``destination_rooms`` rows that federation catch-up reads, and a local send's
+client transaction ID; the writes go to the server as one batch. It is idempotent on
 event ID. What the state should *be* (resolution over forks, auth) is decided
 by the caller; this module only stores it.
 """
@@ -13,10 +14,11 @@ by the caller; this module only stores it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
+import psycopg2.errors
 
 from storage.caches import DictCache
 from storage.database import Database, Transaction
@@ -46,6 +48,44 @@ class StoredEvent:
     def pdu(self) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.json)
         return value
+
+
+@attrs.frozen
+class SendTxn:
+    """A client's transaction ID for a send, scoped to its access token."""
+
+    access_token_id: int
+    txn_id: str
+    user_id: str
+    inserted_ts: int
+
+
+class StaleRoomContext(Exception):
+    """The room's forward extremities are not those the event was built on (another writer)."""
+
+    def __init__(self, room_id: str, expected: int, deleted: int, total: int) -> None:
+        super().__init__(
+            f"room {room_id}: expected {expected} forward extremities including the event's prev_events, "
+            f"found {total - 1} of which {deleted} were its prev_events"
+        )
+        self.room_id = room_id
+
+
+class DuplicateTxnId(Exception):
+    """The client transaction ID already names an event; nothing was written."""
+
+    def __init__(self, access_token_id: int, txn_id: str) -> None:
+        super().__init__(f"transaction {txn_id!r} of access token {access_token_id} was already used")
+        self.access_token_id = access_token_id
+        self.txn_id = txn_id
+
+
+class EventAlreadyPersisted(Exception):
+    """The event was stored meanwhile (a concurrent persist); nothing was written."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(f"event {event_id} is already stored")
+        self.event_id = event_id
 
 
 @attrs.frozen
@@ -94,6 +134,13 @@ class PersistRequest:
     # Passed auth at its own state but not at the current state: stored in the graph, but no
     # forward extremity, current state or membership change, and hidden from clients.
     soft_failed: bool = False
+    # A local event built on a snapshot of the room (possibly a cached one) that had exactly
+    # this many forward extremities, all of ``prev_event_ids`` among them: the transaction
+    # checks that the room still looks so and raises ``StaleRoomContext`` if not.
+    expected_extremity_count: int | None = None
+    # The client transaction this event answers (``PUT /send/.../{txnId}``), recorded in the
+    # same transaction; a transaction ID already recorded raises ``DuplicateTxnId``.
+    send_txn: SendTxn | None = None
 
 
 @attrs.frozen
@@ -104,6 +151,8 @@ class PersistContext:
     forward_extremities: dict[str, int]
     prev_state_groups: dict[str, int]
     joined_servers: set[str]
+    # Read for a local send under the room lock: the persist checks the extremities are unchanged.
+    for_local_send: bool = False
 
 
 @attrs.frozen
@@ -124,6 +173,7 @@ class SendContext:
             dict(self.forward_extremities),
             {e: g for e, g in self.extremity_state_groups.items() if e in prev_event_ids},
             set(self.joined_servers),
+            for_local_send=True,
         )
 
 
@@ -279,11 +329,20 @@ class EventsStore:
 
         return await self._db.run_interaction("get_backward_extremities", query)
 
+    async def get_txn_event(self, access_token_id: int, txn_id: str) -> str | None:
+        """The event a client transaction ID was used for, if any."""
+        return await self._db.run_interaction("get_txn_event", get_txn_event_txn, access_token_id, txn_id)
+
+    async def get_stream_ordering(self, event_id: str) -> int | None:
+        def query(txn: Transaction) -> int | None:
+            txn.execute("SELECT stream_ordering FROM events WHERE event_id = %s", (event_id,))
+            row = txn.fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._db.run_interaction("get_stream_ordering", query)
+
     async def new_state_group(self, room_id: str, prev_group: int | None, delta: StateMap) -> int:
         return await self._db.run_interaction("new_state_group", store_state_group_txn, room_id, prev_group, delta)
-
-    # --- the write ---------------------------------------------------------------
-
 
 
 
@@ -429,33 +488,44 @@ def store_state_group_txn(
 
 
 def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[Transaction], int]) -> PersistResult:
-    """Write the event; ``allocate(txn)`` reserves its stream ordering (only when it is new)."""
-    txn.execute("SELECT stream_ordering, outlier FROM events WHERE event_id = %s", (r.event_id,))
-    existing = txn.fetchone()
-    promote = existing is not None and r.backfilled and bool(existing[1])
-    if existing is not None and not promote:
-        return PersistResult(int(existing[0]), None, already_persisted=True)
+    """Write the event; ``allocate(txn)`` reserves its stream ordering (only when it is new).
+
+    The writes go to the server in one batch (a round trip, not one per table);
+    only backfill (which may promote an outlier) and new state groups read first.
+    Raises ``EventAlreadyPersisted`` if a concurrent transaction stored the event,
+    ``DuplicateTxnId`` if ``r.send_txn`` is already recorded and ``StaleRoomContext``
+    if ``r.expected_extremity_count`` no longer describes the room; each rolls back.
+    """
+    promote = False
+    if r.backfilled:
+        txn.execute("SELECT stream_ordering, outlier FROM events WHERE event_id = %s", (r.event_id,))
+        existing = txn.fetchone()
+        promote = existing is not None and bool(existing[1])
+        if existing is not None and not promote:
+            return PersistResult(int(existing[0]), None, already_persisted=True)
     stream_ordering = allocate(txn)
     # The servers the federation sender fans this event out to (see 0007_federation_sender).
     fanout = sorted(r.remote_servers) if r.is_local and not r.outlier and r.remote_servers else None
+    batch: list[tuple[str, Sequence[object]]] = []
 
     if r.room_version is not None:
-        txn.execute(
+        batch.append((
             """
             INSERT INTO rooms (room_id, room_version, creator, created_ts) VALUES (%s, %s, %s, %s)
             ON CONFLICT (room_id) DO NOTHING
             """,
             (r.room_id, r.room_version, r.sender, r.origin_server_ts),
-        )
+        ))
     if promote:
         # Known as an outlier (e.g. state from send_join): now placed in the timeline, by backfill.
-        txn.execute(
+        batch.append((
             "UPDATE events SET stream_ordering = %s, instance_name = %s, outlier = FALSE, rejection_reason = %s "
             "WHERE event_id = %s",
             (stream_ordering, r.instance_name, r.rejection_reason, r.event_id),
-        )
+        ))
     else:
-        txn.execute(
+        # No ON CONFLICT: an event stored meanwhile fails the batch (EventAlreadyPersisted).
+        batch.append((
             """
             INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender,
                                 depth, origin_server_ts, is_local, outlier, rejection_reason, json, destinations,
@@ -467,38 +537,33 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
                 r.depth, r.origin_server_ts, r.is_local, r.outlier, r.rejection_reason, r.pdu_json,
                 fanout, r.soft_failed,
             ),
-        )
+        ))
     if r.prev_event_ids:
-        txn.execute_values(
-            "INSERT INTO event_edges (event_id, prev_event_id, room_id) VALUES %s ON CONFLICT DO NOTHING",
-            [(r.event_id, prev, r.room_id) for prev in r.prev_event_ids],
-        )
+        batch.append((
+            "INSERT INTO event_edges (event_id, prev_event_id, room_id) "
+            "SELECT %s, unnest(%s::text[]), %s ON CONFLICT DO NOTHING",
+            (r.event_id, list(r.prev_event_ids), r.room_id),
+        ))
     if r.auth_event_ids:
-        txn.execute_values(
-            "INSERT INTO event_auth (event_id, auth_id, room_id) VALUES %s ON CONFLICT DO NOTHING",
-            [(r.event_id, auth, r.room_id) for auth in r.auth_event_ids],
-        )
+        batch.append((
+            "INSERT INTO event_auth (event_id, auth_id, room_id) "
+            "SELECT %s, unnest(%s::text[]), %s ON CONFLICT DO NOTHING",
+            (r.event_id, list(r.auth_event_ids), r.room_id),
+        ))
+    if r.send_txn is not None:
+        # No ON CONFLICT: a transaction ID already used fails the batch (DuplicateTxnId).
+        batch.append((
+            "INSERT INTO event_txn_ids (access_token_id, txn_id, room_id, event_id, user_id, inserted_ts) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            (r.send_txn.access_token_id, r.send_txn.txn_id, r.room_id, r.event_id, r.send_txn.user_id,
+             r.send_txn.inserted_ts),
+        ))
     if r.outlier:
+        _run_batch(txn, r, batch)
         return PersistResult(stream_ordering, None, already_persisted=False)
 
-    # Forward extremities: the event replaces the extremities it points at, and
-    # becomes one unless something already persisted points at it. Backfilled
-    # history lies behind the extremities and never changes them, and a soft-failed
-    # event is never one (nothing new is built on it here).
-    if r.prev_event_ids and not r.backfilled and not r.soft_failed:
-        txn.execute(
-            "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s)",
-            (r.room_id, list(r.prev_event_ids)),
-        )
-    if not r.backfilled and not r.soft_failed:
-        txn.execute("SELECT 1 FROM event_edges WHERE prev_event_id = %s LIMIT 1", (r.event_id,))
-        if txn.fetchone() is None:
-            txn.execute(
-                "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                (r.room_id, r.event_id),
-            )
-
     # State: before is given; after is the event's delta on top (or the same group).
+    # New groups read their predecessor's depth, so they are written ahead of the batch.
     if r.state_before is None:
         before = store_state_group_txn(txn, r.room_id, None, {})
     else:
@@ -509,44 +574,109 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
         after = store_state_group_txn(txn, r.room_id, before, r.state_after_delta)
     else:
         after = before
-    txn.execute(
+    batch.append((
         "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) VALUES (%s, %s, %s)",
         (r.event_id, before, after),
-    )
+    ))
+
+    # Forward extremities: the event replaces the extremities it points at, and
+    # becomes one unless something already persisted points at it. Backfilled
+    # history lies behind the extremities and never changes them, and a soft-failed
+    # event is never one (nothing new is built on it here).
+    moves_extremities = not r.backfilled and not r.soft_failed
+    if moves_extremities:
+        batch.append((
+            """
+            INSERT INTO event_forward_extremities (room_id, event_id)
+            SELECT %s, %s WHERE NOT EXISTS (SELECT 1 FROM event_edges WHERE prev_event_id = %s)
+            ON CONFLICT DO NOTHING
+            """,
+            (r.room_id, r.event_id, r.event_id),
+        ))
 
     if (r.type == "m.room.member" and r.state_key is not None and r.membership is not None
             and r.rejection_reason is None and not r.soft_failed):
-        txn.execute(
+        batch.append((
             """
             INSERT INTO room_memberships (event_id, room_id, user_id, sender, membership, stream_ordering,
                                           display_name, avatar_url)
             VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
             """,
-            (r.event_id, r.room_id, r.state_key, r.sender, r.membership, stream_ordering, r.display_name, r.avatar_url),
-        )
+            (r.event_id, r.room_id, r.state_key, r.sender, r.membership, stream_ordering, r.display_name,
+             r.avatar_url),
+        ))
+
+    if moves_extremities:
+        if r.new_current_state is None and r.current_state_delta:
+            # This event's own membership is known, so the upsert needs no read and joins the batch.
+            own = {r.event_id: r.membership} if r.type == "m.room.member" and r.rejection_reason is None else {}
+            batch.append(_upsert_current_state_sql(txn, r.room_id, r.current_state_delta, own))
+        if r.is_local and r.remote_servers:
+            destinations = sorted(r.remote_servers)
+            batch.append((
+                "INSERT INTO destinations (destination) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING",
+                (destinations,),
+            ))
+            batch.append((
+                """
+                INSERT INTO destination_rooms (destination, room_id, stream_ordering)
+                SELECT unnest(%s::text[]), %s, %s
+                ON CONFLICT (destination, room_id) DO UPDATE SET stream_ordering = EXCLUDED.stream_ordering
+                WHERE destination_rooms.stream_ordering < EXCLUDED.stream_ordering
+                """,
+                (destinations, r.room_id, stream_ordering),
+            ))
+        if r.prev_event_ids and r.expected_extremity_count is not None:
+            # Last in the batch, so its row is the one fetched: how many prev_events were
+            # extremities, and how many extremities there were (this event's included).
+            batch.append((
+                """
+                WITH gone AS (
+                    DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s) RETURNING 1
+                )
+                SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM event_forward_extremities WHERE room_id = %s)
+                """,
+                (r.room_id, list(r.prev_event_ids), r.room_id),
+            ))
+        elif r.prev_event_ids:
+            batch.append((
+                "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s)",
+                (r.room_id, list(r.prev_event_ids)),
+            ))
+    _run_batch(txn, r, batch)
+    if moves_extremities and r.prev_event_ids and r.expected_extremity_count is not None:
+        row = txn.fetchone()
+        assert row is not None
+        deleted, total = int(row[0]), int(row[1])
+        if deleted != len(set(r.prev_event_ids)) or total != r.expected_extremity_count + 1:
+            raise StaleRoomContext(r.room_id, r.expected_extremity_count, deleted, total)
 
     if r.backfilled or r.soft_failed:
         return PersistResult(stream_ordering, after, already_persisted=False)
     if r.new_current_state is not None:
         _update_current_state_txn(txn, r.room_id, r.new_current_state)
-    elif r.current_state_delta:
-        _upsert_current_state_txn(txn, r.room_id, r.current_state_delta)
-
-    if r.is_local and r.remote_servers:
-        destinations = sorted(r.remote_servers)
-        txn.execute_values(
-            "INSERT INTO destinations (destination) VALUES %s ON CONFLICT DO NOTHING",
-            [(d,) for d in destinations],
-        )
-        txn.execute_values(
-            """
-            INSERT INTO destination_rooms (destination, room_id, stream_ordering) VALUES %s
-            ON CONFLICT (destination, room_id) DO UPDATE SET stream_ordering = EXCLUDED.stream_ordering
-            WHERE destination_rooms.stream_ordering < EXCLUDED.stream_ordering
-            """,
-            [(d, r.room_id, stream_ordering) for d in destinations],
-        )
     return PersistResult(stream_ordering, after, already_persisted=False, destinations=r.remote_servers)
+
+
+def _run_batch(txn: Transaction, r: PersistRequest, batch: Sequence[tuple[str, Sequence[object]]]) -> None:
+    """Send the persist batch; turn the unique violations it expects into their exceptions."""
+    try:
+        txn.execute_statements(batch)
+    except psycopg2.errors.UniqueViolation as e:
+        table = e.diag.table_name
+        if table == "event_txn_ids" and r.send_txn is not None:
+            raise DuplicateTxnId(r.send_txn.access_token_id, r.send_txn.txn_id) from e
+        if table == "events":
+            raise EventAlreadyPersisted(r.event_id) from e
+        raise
+
+
+def get_txn_event_txn(txn: Transaction, access_token_id: int, txn_id: str) -> str | None:
+    txn.execute(
+        "SELECT event_id FROM event_txn_ids WHERE access_token_id = %s AND txn_id = %s", (access_token_id, txn_id)
+    )
+    row = txn.fetchone()
+    return None if row is None else str(row[0])
 
 
 def _update_current_state_txn(txn: Transaction, room_id: str, new_state: StateMap) -> None:
@@ -564,11 +694,20 @@ def _update_current_state_txn(txn: Transaction, room_id: str, new_state: StateMa
 
 
 def _upsert_current_state_txn(txn: Transaction, room_id: str, changed: StateMap) -> None:
-    memberships: dict[str, str | None] = {}
-    member_ids = [event_id for key, event_id in changed.items() if key[0] == "m.room.member"]
+    sql, params = _upsert_current_state_sql(txn, room_id, changed, {})
+    txn.execute(sql, params)
+
+
+def _upsert_current_state_sql(
+    txn: Transaction, room_id: str, changed: StateMap, known: Mapping[str, str | None]
+) -> tuple[str, Sequence[object]]:
+    """The upsert of ``changed`` into current state; ``known``: memberships of member events
+    already known (the event being persisted), the others are read here."""
+    memberships: dict[str, str | None] = dict(known)
+    member_ids = [event_id for key, event_id in changed.items() if key[0] == "m.room.member" and event_id not in known]
     if member_ids:
         txn.execute("SELECT event_id, membership FROM room_memberships WHERE event_id = ANY(%s)", (member_ids,))
-        memberships = {row[0]: row[1] for row in txn.fetchall()}
+        memberships.update({row[0]: row[1] for row in txn.fetchall()})
         missing = [event_id for event_id in member_ids if event_id not in memberships]
         if missing:
             # Member events without a room_memberships row (outliers, rejected): read the JSON.
@@ -577,14 +716,19 @@ def _upsert_current_state_txn(txn: Transaction, room_id: str, changed: StateMap)
                 content = json.loads(raw).get("content", {})
                 membership = content.get("membership") if isinstance(content, dict) else None
                 memberships[event_id] = membership if isinstance(membership, str) else None
-    txn.execute_values(
+    keys = list(changed.items())
+    return (
         """
-        INSERT INTO current_state_events (room_id, type, state_key, event_id, membership) VALUES %s
+        INSERT INTO current_state_events (room_id, type, state_key, event_id, membership)
+        SELECT %s, * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[])
         ON CONFLICT (room_id, type, state_key) DO UPDATE
         SET event_id = EXCLUDED.event_id, membership = EXCLUDED.membership
         """,
-        [
-            (room_id, key[0], key[1], event_id, memberships.get(event_id) if key[0] == "m.room.member" else None)
-            for key, event_id in changed.items()
-        ],
+        (
+            room_id,
+            [key[0] for key, _ in keys],
+            [key[1] for key, _ in keys],
+            [event_id for _, event_id in keys],
+            [memberships.get(event_id) if key[0] == "m.room.member" else None for key, event_id in keys],
+        ),
     )

@@ -9,7 +9,7 @@ visibility rules or the client event format; handlers decide those.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -36,8 +36,53 @@ class ReceiptRow:
     stream_id: int
 
 
+@attrs.frozen
+class SyncRooms:
+    """A user's rooms as one ``/sync`` sees them, read in one transaction.
+
+    ``rooms_at``: room -> (membership, member event ID, its stream ordering);
+    ``changes``: the user's membership events in the sync's range; ``full``: the
+    joined rooms whose timeline starts from scratch; ``recent``: per joined room,
+    the newest events (newest first) after the sync's start, or from scratch for
+    ``full`` rooms; rooms with none are left out.
+    """
+
+    rooms_at: dict[str, tuple[str, str, int]]
+    forgotten: set[str]
+    changes: list[MembershipRow]
+    full: set[str]
+    recent: dict[str, list[tuple[str, int]]]
+
+
+# Chooses the full rooms of a sync from the user's rooms and membership changes.
+FullRoomsRule = Callable[[Mapping[str, tuple[str, str, int]], Sequence[MembershipRow]], set[str]]
+
 # Events clients may see in timelines: in the graph, accepted, not soft-failed (schema 0008).
 _LIVE = "NOT outlier AND rejection_reason IS NULL AND NOT soft_failed"
+
+
+def _recent_events_txn(
+    txn: Transaction, room_ids: Sequence[str], *, after: int, upto: int, limit: int
+) -> dict[str, list[tuple[str, int]]]:
+    """Per room, up to ``limit`` newest events with ``after < so <= upto``, newest first: one query."""
+    if not room_ids:
+        return {}
+    txn.execute(
+        f"""
+        SELECT r.room_id, e.event_id, e.stream_ordering FROM unnest(%s::text[]) AS r(room_id)
+        CROSS JOIN LATERAL (
+            SELECT event_id, stream_ordering FROM events
+            WHERE events.room_id = r.room_id AND {_LIVE} AND stream_ordering > %s AND stream_ordering <= %s
+            ORDER BY stream_ordering DESC LIMIT %s
+        ) e
+        ORDER BY r.room_id, e.stream_ordering DESC
+        """,
+        (list(room_ids), after, upto, limit),
+    )
+    out: dict[str, list[tuple[str, int]]] = {}
+    for room_id, event_id, stream_ordering in txn.fetchall():
+        out.setdefault(str(room_id), []).append((str(event_id), int(stream_ordering)))
+    return out
 
 
 def _room_events_txn(
@@ -57,6 +102,29 @@ def _room_events_txn(
             (room_id, start, end if end is not None else 2**62, limit),
         )
     return [(str(row[0]), int(row[1])) for row in txn.fetchall()]
+
+
+def _get_redactions_txn(txn: Transaction, event_ids: list[str]) -> dict[str, list[str]]:
+    txn.execute(
+        "SELECT r.redacts, r.redaction_id FROM event_redactions r "
+        "JOIN events e ON e.event_id = r.redacts "
+        "JOIN events red ON red.event_id = r.redaction_id "
+        "WHERE r.redacts = ANY(%s) AND e.room_id = r.room_id "
+        "AND red.rejection_reason IS NULL AND NOT red.outlier AND NOT red.soft_failed ORDER BY r.redaction_id",
+        (event_ids,),
+    )
+    out: dict[str, list[str]] = {}
+    for redacts, redaction_id in txn.fetchall():
+        out.setdefault(str(redacts), []).append(str(redaction_id))
+    return out
+
+
+def _get_txn_ids_txn(txn: Transaction, access_token_id: int, event_ids: list[str]) -> dict[str, str]:
+    txn.execute(
+        "SELECT event_id, txn_id FROM event_txn_ids WHERE access_token_id = %s AND event_id = ANY(%s)",
+        (access_token_id, event_ids),
+    )
+    return {str(row[0]): str(row[1]) for row in txn.fetchall()}
 
 
 class TimelineStore:
@@ -112,15 +180,7 @@ class TimelineStore:
         """event_id -> txn_id for those of ``event_ids`` sent with this access token."""
         if not event_ids:
             return {}
-
-        def txn_fn(txn: Transaction) -> dict[str, str]:
-            txn.execute(
-                "SELECT event_id, txn_id FROM event_txn_ids WHERE access_token_id = %s AND event_id = ANY(%s)",
-                (access_token_id, list(event_ids)),
-            )
-            return {str(row[0]): str(row[1]) for row in txn.fetchall()}
-
-        return await self._db.run_interaction("get_txn_ids", txn_fn)
+        return await self._db.run_interaction("get_txn_ids", _get_txn_ids_txn, access_token_id, list(event_ids))
 
     async def store_txn_event(
         self, access_token_id: int, txn_id: str, room_id: str, event_id: str, user_id: str, now_ms: int
@@ -150,22 +210,7 @@ class TimelineStore:
         """redacted event ID -> redaction event IDs (same room only)."""
         if not event_ids:
             return {}
-
-        def txn_fn(txn: Transaction) -> dict[str, list[str]]:
-            txn.execute(
-                "SELECT r.redacts, r.redaction_id FROM event_redactions r "
-                "JOIN events e ON e.event_id = r.redacts "
-                "JOIN events red ON red.event_id = r.redaction_id "
-                "WHERE r.redacts = ANY(%s) AND e.room_id = r.room_id "
-                "AND red.rejection_reason IS NULL AND NOT red.outlier AND NOT red.soft_failed ORDER BY r.redaction_id",
-                (list(event_ids),),
-            )
-            out: dict[str, list[str]] = {}
-            for redacts, redaction_id in txn.fetchall():
-                out.setdefault(str(redacts), []).append(str(redaction_id))
-            return out
-
-        return await self._db.run_interaction("get_redactions", txn_fn)
+        return await self._db.run_interaction("get_redactions", _get_redactions_txn, list(event_ids))
 
     # --- memberships --------------------------------------------------------------------
 
@@ -270,25 +315,65 @@ class TimelineStore:
     async def get_recent_events_for_rooms(
         self, room_ids: Collection[str], *, after: int, upto: int, limit: int
     ) -> dict[str, list[tuple[str, int]]]:
-        """Per room, up to ``limit`` newest events with ``after < so <= upto``, newest first."""
+        """Per room, up to ``limit`` newest events with ``after < so <= upto``, newest first
+        (rooms with none left out)."""
+        if not room_ids:
+            return {}
+        return await self._db.run_interaction(
+            "get_recent_events_for_rooms", _recent_events_txn, list(room_ids), after=after, upto=upto, limit=limit
+        )
 
-        def txn_fn(txn: Transaction) -> dict[str, list[tuple[str, int]]]:
-            if not room_ids:
-                return {}
-            active: list[str] = list(room_ids)
-            if after > 0:
+    async def get_sync_rooms(
+        self, user_id: str, *, since: int | None, upto: int, limit: int, full_rooms: FullRoomsRule
+    ) -> SyncRooms:
+        """What ``/sync`` needs of the user's rooms (see ``SyncRooms``), in one transaction.
+        ``since`` None: an initial sync. ``full_rooms`` picks the joined rooms whose timeline
+        is read from scratch (it is given the rooms and the membership changes)."""
+
+        def txn_fn(txn: Transaction) -> SyncRooms:
+            txn.execute(
+                "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering FROM current_state_events c "
+                "JOIN events e ON e.event_id = c.event_id "
+                "WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership IS NOT NULL",
+                (user_id,),
+            )
+            rooms_at = {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in txn.fetchall()}
+            txn.execute("SELECT room_id FROM room_forgotten WHERE user_id = %s", (user_id,))
+            forgotten = {str(r[0]) for r in txn.fetchall()}
+            changes: list[MembershipRow] = []
+            if since is not None:
                 txn.execute(
-                    f"SELECT DISTINCT room_id FROM events WHERE room_id = ANY(%s) AND {_LIVE} "
-                    "AND stream_ordering > %s AND stream_ordering <= %s",
-                    (active, after, upto),
+                    "SELECT room_id, user_id, membership, event_id, stream_ordering FROM room_memberships "
+                    "WHERE user_id = %s AND stream_ordering > %s AND stream_ordering <= %s ORDER BY stream_ordering",
+                    (user_id, since, upto),
                 )
-                active = [str(r[0]) for r in txn.fetchall()]
-            return {
-                room_id: _room_events_txn(txn, room_id, start=upto, end=after, limit=limit, backwards=True)
-                for room_id in active
-            }
+                changes = [MembershipRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in txn.fetchall()]
+            full = full_rooms(rooms_at, changes)
+            joined = sorted(r for r, (m, _, _) in rooms_at.items() if m == "join")
+            recent = _recent_events_txn(txn, sorted(full), after=0, upto=upto, limit=limit)
+            incremental = [r for r in joined if r not in full]
+            if incremental:
+                recent.update(
+                    _recent_events_txn(txn, incremental, after=since or 0, upto=upto, limit=limit)
+                )
+            return SyncRooms(rooms_at, forgotten, changes, full, recent)
 
-        return await self._db.run_interaction("get_recent_events_for_rooms", txn_fn)
+        return await self._db.run_interaction("get_sync_rooms", txn_fn)
+
+    async def get_redactions_and_txn_ids(
+        self, event_ids: Collection[str], access_token_id: int | None
+    ) -> tuple[dict[str, list[str]], dict[str, str]]:
+        """``get_redactions`` and (with a token) ``get_txn_ids`` of ``event_ids``, in one transaction."""
+        if not event_ids:
+            return {}, {}
+        ids = list(event_ids)
+
+        def txn_fn(txn: Transaction) -> tuple[dict[str, list[str]], dict[str, str]]:
+            redactions = _get_redactions_txn(txn, ids)
+            txn_ids = {} if access_token_id is None else _get_txn_ids_txn(txn, access_token_id, ids)
+            return redactions, txn_ids
+
+        return await self._db.run_interaction("get_redactions_and_txn_ids", txn_fn)
 
     async def get_hidden_events(self, event_ids: Collection[str]) -> set[str]:
         """Those of ``event_ids`` clients must not be served: outliers, rejected or soft-failed."""
