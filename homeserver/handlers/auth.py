@@ -9,9 +9,9 @@ cache, and a generation counter keeps a lookup that raced an invalidation
 from caching a token that was just revoked. Passwords are hashed with bcrypt
 on a worker thread, never on the reactor.
 
-Known limit: the cache is per process. When other processes can revoke tokens
-(workers), invalidations must also arrive over the ``caches`` stream by calling
-``invalidate_token_hashes`` / ``invalidate_all`` (not wired yet).
+The cache is per process. With workers, a revocation reaches the other
+processes over the ``caches`` stream (``revoked_hooks`` on the revoking side,
+``TokenCacheInvalidation`` on the others).
 """
 
 # tests: tests/unit/handlers/test_auth.py, tests/integration/test_client_accounts.py
@@ -170,6 +170,8 @@ class Auth:
         self._cache_size = cache_size
         self._generation = 0
         self._last_seen: dict[tuple[str, str], float] = {}
+        # Called with the hashes of revoked tokens, after this process forgot them.
+        self.revoked_hooks: list[Callable[[list[bytes]], None]] = []
 
     async def get_user_by_req(self, request: Request) -> Requester:
         """The requester, or 401 ``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``."""
@@ -214,7 +216,15 @@ class Auth:
         await self._devices.update_last_seen(owner.user_id, owner.device_id, int(now * 1000), ip)
 
     def invalidate_token_hashes(self, hashes: Iterable[bytes]) -> None:
-        """Forget these tokens; call after the transaction that deleted them has committed."""
+        """Forget these tokens; call after the transaction that deleted them has committed.
+        The ``revoked_hooks`` tell other processes (the ``caches`` stream, with workers)."""
+        digests = list(hashes)
+        self.forget_token_hashes(digests)
+        for hook in self.revoked_hooks:
+            hook(digests)
+
+    def forget_token_hashes(self, hashes: Iterable[bytes]) -> None:
+        """Drop these tokens from this process's cache only (another process revoked them)."""
         self._generation += 1
         for digest in hashes:
             self._cache.pop(digest, None)
@@ -222,3 +232,21 @@ class Auth:
     def invalidate_all(self) -> None:
         self._generation += 1
         self._cache.clear()
+
+
+class TokenCacheInvalidation:
+    """The ``access_tokens`` cache as the ``caches`` stream sees it: keys are ``(sha256 hex,)``."""
+
+    name = "access_tokens"
+
+    def __init__(self, auth: Auth) -> None:
+        self._auth = auth
+
+    def invalidate(self, key: tuple[str, ...]) -> None:
+        try:
+            self._auth.forget_token_hashes([bytes.fromhex(part) for part in key])
+        except ValueError:
+            self._auth.invalidate_all()
+
+    def invalidate_all(self) -> None:
+        self._auth.invalidate_all()

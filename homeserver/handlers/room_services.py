@@ -36,6 +36,7 @@ from storage.stores.account_data import AccountDataStore
 from storage.stores.e2e import E2eStore
 from storage.stores.events import EventsStore, PersistResult
 from storage.stores.presence import PresenceStore
+from storage.stores.streams import insert_typing_txn
 from storage.stores.timeline import TimelineStore
 from storage.streams import StreamName
 
@@ -114,7 +115,14 @@ class RoomServices:
             client_events=client_events,
             current_position=events_stream.get_current_token,
         )
-        typing = TypingHandler(stream=streams[StreamName.TYPING], clock=reactor, is_joined=is_joined)
+        typing_stream = streams[StreamName.TYPING]
+
+        async def record_typing(stream_id: int, room_id: str, user_ids: list[str]) -> None:
+            await db.run_interaction(
+                "record_typing", insert_typing_txn, stream_id, str(typing_stream.instance_name), room_id, user_ids
+            )
+
+        typing = TypingHandler(stream=typing_stream, clock=reactor, is_joined=is_joined, record=record_typing)
         receipts = ReceiptsHandler(
             stream=streams[StreamName.RECEIPTS],
             timeline=timeline,

@@ -11,7 +11,7 @@ state does not survive a restart, by design).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -31,9 +31,16 @@ REMOTE_TYPING_TIMEOUT_S = 60.0
 
 class TypingHandler:
     def __init__(
-        self, *, stream: StreamIdGenerator, clock: Any, is_joined: Callable[[str, str], Awaitable[bool]]
+        self,
+        *,
+        stream: StreamIdGenerator,
+        clock: Any,
+        is_joined: Callable[[str, str], Awaitable[bool]],
+        record: Callable[[int, str, list[str]], Awaitable[None]] | None = None,
     ) -> None:
         self._stream = stream
+        # Writes (stream_id, room_id, typing users) to typing_stream, for other processes.
+        self._record = record
         self._clock = clock
         self._is_joined = is_joined
         self._typing: dict[str, dict[str, float]] = {}
@@ -106,6 +113,14 @@ class TypingHandler:
             else:
                 users.pop(user_id, None)
             self._serial[room_id] = stream_id
+            if self._record is not None:
+                await self._record(stream_id, room_id, sorted(users))
+
+    def apply_replicated(self, stream_id: int, room_id: str, user_ids: Collection[str]) -> None:
+        """The typing writer (another process) says these users type in ``room_id`` now."""
+        now = self._clock.seconds()
+        self._typing[room_id] = {user_id: now for user_id in user_ids}
+        self._serial[room_id] = max(stream_id, self._serial.get(room_id, 0))
 
     def changed_rooms(self, room_ids: Collection[str], since: int) -> dict[str, list[str]]:
         """Rooms among ``room_ids`` whose typing set changed after ``since``: room -> typing users."""
@@ -117,3 +132,16 @@ class TypingHandler:
 
     def typing_in(self, room_id: str) -> list[str]:
         return sorted(self._typing.get(room_id, {}))
+
+
+class ReplicatedTyping:
+    """A replication ``RowHandler``: the typing writer's rows, applied to this process's view."""
+
+    def __init__(self, typing: TypingHandler) -> None:
+        self._typing = typing
+
+    def on_rows(self, stream: str, instance: str, token: int, rows: Sequence[Any]) -> None:
+        if stream != "typing":
+            return
+        for row in rows:
+            self._typing.apply_replicated(token, str(row[0]), [str(u) for u in row[1]])

@@ -13,6 +13,7 @@ from twisted.web.server import Request
 from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.auth import Auth
 from homeserver.handlers.filters import FilterHandler, validate_filter
+from homeserver.handlers.presence import PRESENCE_STATES, SyncTracker
 from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.sync import SyncFilter, SyncHandler
 from homeserver.http.client_api.e2e import register_e2e_servlets
@@ -23,9 +24,13 @@ from homeserver.http.server import JsonRouter
 from storage.tokens import InvalidTokenError, StreamToken
 
 
-def register_sync_servlets(router: JsonRouter, *, auth: Auth, sync: SyncHandler, filters: FilterHandler) -> None:
+def register_sync_servlets(router: JsonRouter, *, auth: Auth, sync: SyncHandler, filters: FilterHandler,
+                           sync_tracker: SyncTracker | None = None) -> None:
     async def get_sync(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
+        set_presence = query_string(request, "set_presence") or "online"
+        if set_presence not in PRESENCE_STATES:
+            raise invalid_param("'set_presence' must be one of online, offline, unavailable")
         since_text = query_string(request, "since")
         since: StreamToken | None = None
         if since_text is not None:
@@ -51,19 +56,32 @@ def register_sync_servlets(router: JsonRouter, *, auth: Auth, sync: SyncHandler,
                     raise invalid_param("'filter' is not valid JSON") from None
             else:
                 filter_json = await filters.get_filter(requester, requester.user_id, filter_text)
-        result = await sync.wait_for_sync(
-            requester,
-            since,
-            timeout_ms=int(timeout_text),
-            full_state=full_state_text == "true",
-            sync_filter=SyncFilter.parse(filter_json),
-        )
+        # A syncing client is online (set_presence=offline or unavailable: the client says otherwise).
+        tracked = sync_tracker is not None and set_presence == "online"
+        if tracked:
+            assert sync_tracker is not None
+            started = sync_tracker.begin(requester.user_id)
+            if started is not None:
+                await started
+        try:
+            result = await sync.wait_for_sync(
+                requester,
+                since,
+                timeout_ms=int(timeout_text),
+                full_state=full_state_text == "true",
+                sync_filter=SyncFilter.parse(filter_json),
+            )
+        finally:
+            if tracked:
+                assert sync_tracker is not None
+                sync_tracker.end(requester.user_id)
         return 200, result
 
     router.register(["GET"], client_path(r"/sync"), get_sync, "client_sync")
 
 
-def register_room_api_servlets(router: JsonRouter, rooms: RoomServices, accounts: AccountServices) -> None:
+def register_room_api_servlets(router: JsonRouter, rooms: RoomServices, accounts: AccountServices,
+                               sync_tracker: SyncTracker | None = None) -> None:
     """Every servlet of rooms.py and this module, wired to ``rooms``' handlers."""
     register_room_servlets(
         router,
@@ -73,5 +91,6 @@ def register_room_api_servlets(router: JsonRouter, rooms: RoomServices, accounts
         typing=rooms.typing,
         receipts=rooms.receipts,
     )
-    register_sync_servlets(router, auth=accounts.auth, sync=rooms.sync, filters=accounts.filters)
+    register_sync_servlets(router, auth=accounts.auth, sync=rooms.sync, filters=accounts.filters,
+                           sync_tracker=sync_tracker)
     register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence)
