@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, Info, PlatformCollector, ProcessCollector
@@ -45,9 +46,18 @@ from homeserver.federation.edus import register_edu_handlers
 from storage.stores.e2e import E2eStore
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender, client_transport
-from homeserver.handlers.federation_edus import OutboundEdus
+from homeserver.handlers.federation_edus import EduSink, OutboundEdus
+from homeserver.handlers.auth import TokenCacheInvalidation
+from homeserver.handlers.typing import ReplicatedTyping
+from homeserver.handlers.presence import SyncTracker
+from homeserver.config import MAIN_INSTANCE, ConfigError
+from workers.federation import FederationStreamReader, FederationStreamSink, register_forward_pdu
+from workers.forwarding import RoutedPersister, ShardedRoomEventCreator, install_forwarding, register_event_operations
+from workers.internal_api import InternalApiClient, InternalApiServer
+from workers.layout import Layout
+from workers.roles import MAIN, WorkerRole, load_role
 from replication.commands import JsonValue
-from replication.handler import CacheInvalidationHandler
+from replication.handler import CacheInvalidationHandler, RowHandler
 from replication.stream_sources import connect_streams, stream_sources
 from replication.transport import ReplicationService, start_replication
 from storage.caches import CacheInvalidationStream, CacheRegistry
@@ -78,12 +88,17 @@ def new_registry() -> CollectorRegistry:
 
 
 class HomeServer:
-    # The name of this process among the writers of streams. The main process
-    # is "master"; workers are named in the config (workers issue).
-    instance_name = "master"
+    """One process: the main process (``instance_name`` "master") or a worker named in
+    ``workers`` whose role (workers/roles.py) decides what it serves."""
 
-    def __init__(self, config: HomeserverConfig, reactor: Any, *, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, config: HomeserverConfig, reactor: Any, *, registry: CollectorRegistry | None = None,
+                 instance_name: str = MAIN_INSTANCE) -> None:
         self.config = config
+        # The name of this process among the writers of streams (and in tokens, metrics, logs).
+        self.instance_name = instance_name
+        self.layout = Layout(config, instance_name)
+        self.role: WorkerRole = MAIN if self.layout.is_main else load_role(self.layout.app)
+        self.listeners = config.listeners if self.layout.is_main else config.workers[instance_name].listeners
         self.reactor = reactor
         self.registry = registry if registry is not None else new_registry()
         self.http_metrics = HttpMetrics.create(self.registry)
@@ -91,6 +106,15 @@ class HomeServer:
         self.router = JsonRouter(self.http_metrics)
         # Served on listeners with the federation or keys resource (homeserver/federation/).
         self.federation_router = JsonRouter(self.http_metrics)
+        # /_tributary/replication/...: what other processes ask of this one (workers/internal_api.py).
+        self.internal_router = JsonRouter(self.http_metrics)
+        self.internal_api = InternalApiServer(self.internal_router, config.worker_replication_secret)
+        self.internal_client: InternalApiClient | None = None
+        # Replication consumers that services add before replication starts.
+        self._row_handlers: list[RowHandler] = []
+        self._remote_up_listeners: list[Callable[[str], None]] = []
+        # Who syncs here, for the presence writer (USER_SYNC from workers).
+        self.sync_tracker = SyncTracker(reactor, self._report_user_sync)
         self.federation: FederationServices | None = None
         self.federation_sender: FederationSender | None = None
         self.embedded_db: EmbeddedPostgres | None = None
@@ -126,16 +150,21 @@ class HomeServer:
         await check_server_name(self.db, self.config.server_name)
         self.signing_key = load_or_create_signing_key(self.config.effective_signing_key_path)
         await self._start_streams()
-        await self._start_replication()
         self._build_services()
-        await self._start_federation_sender()
+        self._build_federation_sender()
+        await self._start_replication()
+        if self.federation_sender is not None:
+            await self.federation_sender.start()
         self._register_servlets()
-        for listener in self.config.listeners:
+        if self.role.start is not None:
+            await self.role.start(self)
+        for listener in self.listeners:
             self._listen(listener)
         self.ready = True
         self.started_at = time.monotonic()
         logger.info(
-            "%s ready in %.2fs (Tributary %s)", self.config.server_name, time.monotonic() - start, __version__
+            "%s ready in %.2fs (Tributary %s, %s as %s)", self.config.server_name, time.monotonic() - start,
+            __version__, self.instance_name, self.role.name,
         )
 
     async def _open_database(self) -> Database:
@@ -163,7 +192,7 @@ class HomeServer:
 
         async def create(name: StreamName) -> StreamIdGenerator:
             return await create_id_generator(
-                db, self.reactor, STREAMS[name], instance_name=self.instance_name, writers=[self.instance_name]
+                db, self.reactor, STREAMS[name], instance_name=self.instance_name, writers=self.layout.writers(name)
             )
 
         names = list(StreamName)
@@ -172,14 +201,15 @@ class HomeServer:
             self.streams[name] = generator
             self.notifier.add_stream(generator)
             self.stream_metrics.track(generator)
-        self.cache_invalidation = CacheInvalidationStream(self.streams[StreamName.CACHES], self.caches, self.reactor)
+        if self.layout.writes(StreamName.CACHES):
+            self.cache_invalidation = CacheInvalidationStream(self.streams[StreamName.CACHES], self.caches, self.reactor)
 
     async def _start_replication(self) -> None:
         """Tell other processes of every stream fact: over the replication
         listeners (TCP), or the Redis channel when ``redis.enabled``."""
         assert self.db is not None
-        listens = any(listener.type == "replication" for listener in self.config.listeners)
-        if not (listens or self.config.redis.enabled):
+        listens = any(listener.type == "replication" for listener in self.listeners)
+        if not (listens or self.config.redis.enabled or not self.layout.is_main):
             return
         generators = {str(name): generator for name, generator in self.streams.items()}
         self.replication = await start_replication(
@@ -189,9 +219,50 @@ class HomeServer:
             instance_name=self.instance_name,
             sources=stream_sources(STREAMS, generators, self.db),
             writes=[name for name, g in generators.items() if g.instance_name == self.instance_name],
+            connect_to=None if self.layout.is_main else self._main_replication_address(),
         )
-        self.replication.handler.add_row_handler(CacheInvalidationHandler(self._invalidate_replicated))
-        connect_streams(self.replication.handler, generators)
+        handler = self.replication.handler
+        handler.add_row_handler(CacheInvalidationHandler(self._invalidate_replicated))
+        assert self.rooms is not None and self.federation is not None
+        handler.add_row_handler(ReplicatedTyping(self.rooms.typing))
+        for row_handler in self._row_handlers:
+            handler.add_row_handler(row_handler)
+        for listener in self._remote_up_listeners:
+            handler.add_remote_server_up_listener(listener)
+        if self.layout.writes(StreamName.PRESENCE):
+            presence = self.rooms.presence
+            handler.add_user_sync_listener(lambda command: _background(
+                "user_sync", presence.user_syncing(command.instance, command.user_id, command.is_syncing)))
+            handler.add_clear_user_sync_listener(lambda instance: _background(
+                "clear_user_sync", presence.clear_process(instance)))
+        if self.layout.config.federation_sender_instances:
+            # Inbound requests prove a server is up: tell the process that sends to it.
+            self.federation.remote_up_hooks.append(handler.send_remote_server_up)
+        connect_streams(handler, generators)
+
+    def _report_user_sync(self, user_id: str, syncing: bool) -> Any:
+        """``SyncTracker``'s report: to the presence handler here, or to its writer by USER_SYNC."""
+        if self.layout.writes(StreamName.PRESENCE):
+            assert self.rooms is not None
+            return Deferred.fromCoroutine(self.rooms.presence.user_syncing(self.instance_name, user_id, syncing))
+        if self.replication is not None:
+            self.replication.handler.send_user_sync(user_id, None, syncing, int(self.reactor.seconds() * 1000))
+        return None
+
+    def _send_federation_ack(self, token: int) -> None:
+        if self.replication is not None:
+            self.replication.handler.send_federation_ack(token)
+
+    def _main_replication_address(self) -> tuple[str, int] | None:
+        """Where a worker reaches the main process over TCP (without Redis): its replication listener."""
+        if self.config.redis.enabled:
+            return None
+        for listener in self.config.listeners:
+            if listener.type == "replication":
+                main = self.config.instance_map.get(MAIN_INSTANCE)
+                host = main.host if main is not None else listener.bind_addresses[0]
+                return ("127.0.0.1" if host in ("0.0.0.0", "::") else host), listener.port
+        raise ConfigError("listeners", "workers need Redis (redis.enabled) or a replication listener on the main process")
 
     def _invalidate_replicated(self, cache_name: str, keys: tuple[JsonValue, ...] | None) -> None:
         # Cache keys are tuples of strings; a replicated row carries them as JSON.
@@ -200,7 +271,7 @@ class HomeServer:
     def _build_services(self) -> None:
         assert self.db is not None and self.signing_key is not None
         self.events_store = EventsStore(self.db)
-        self.persister = EventPersister(
+        persister = local_persister = EventPersister(
             store=self.events_store,
             stream_ids=self.streams[StreamName.EVENTS],
             server_name=self.config.server_name,
@@ -208,14 +279,27 @@ class HomeServer:
             metrics=self.persistence_metrics,
             backfill_ids=self.streams[StreamName.BACKFILL],
         )
-        self.room_events = RoomEventCreator(
-            persister=self.persister,
+        creator_options: dict[str, Any] = dict(
             store=self.events_store,
             server_name=self.config.server_name,
             signing_key=self.signing_key,
             default_room_version=self.config.default_room_version,
             clock_ms=lambda: int(self.reactor.seconds() * 1000),
         )
+        sharded: ShardedRoomEventCreator | None = None
+        if self.layout.has_workers:
+            # Every room's events are written by its owner (workers/forwarding.py).
+            client = self.internal_client = InternalApiClient(
+                self.reactor, self.layout, self.config.worker_replication_secret
+            )
+            # Reads stay local; persisting goes to the room's owner (the same interface, duck-typed).
+            persister = RoutedPersister(local_persister, self.layout, client)  # type: ignore[assignment]
+            sharded = ShardedRoomEventCreator(layout=self.layout, client=client, persister=persister,
+                                              **creator_options)
+            self.room_events = sharded
+        else:
+            self.room_events = RoomEventCreator(persister=persister, **creator_options)
+        self.persister = persister
         self.accounts = AccountServices.build(
             self.config,
             self.db,
@@ -230,7 +314,7 @@ class HomeServer:
             streams=self.streams,
             notifier=self.notifier,
             events_store=self.events_store,
-            persister=self.persister,
+            persister=persister,
             room_events=self.room_events,
             accounts=self.accounts,
             sync_metrics=SyncMetrics.create(self.registry),
@@ -240,7 +324,7 @@ class HomeServer:
             self.reactor,
             signing_key=self.signing_key,
             store=self.events_store,
-            persister=self.persister,
+            persister=persister,
             federation_store=FederationStore(self.db),
             metrics=FederationMetrics.create(self.registry),
         )
@@ -248,52 +332,86 @@ class HomeServer:
         self.rooms.messages.set_backfill(self.federation.backfill.backfill)
         register_edu_handlers(self.federation.transactions, typing=self.rooms.typing, receipts=self.rooms.receipts,
                               presence=self.rooms.presence, e2e=self.rooms.e2e)
+        if self.cache_invalidation is not None:
+            stream = self.cache_invalidation
 
-    async def _start_federation_sender(self) -> None:
-        """Outbound federation in this process (``send_federation``; workers may take it over)."""
+            def revoked(hashes: list[bytes]) -> None:
+                d = Deferred.fromCoroutine(stream.invalidate_and_stream(
+                    TokenCacheInvalidation.name, tuple(digest.hex() for digest in hashes)))
+                d.addErrback(lambda f: logger.error("could not tell other processes of revoked tokens: %s", f.value))
+
+            self.accounts.auth.revoked_hooks.append(revoked)
+        self.caches.register(TokenCacheInvalidation(self.accounts.auth))
+        if sharded is not None:
+            assert self.internal_client is not None
+            if self.layout.writes(StreamName.EVENTS):
+                register_event_operations(self.internal_api, self.layout, sharded, local_persister)
+            install_forwarding(self, self.layout, self.internal_api, self.internal_client)
+
+    def _build_federation_sender(self) -> None:
+        """Outbound federation: in the main process (``send_federation``), or in federation
+        sender workers, each for the destinations it owns (workers/federation.py)."""
         assert self.db is not None and self.federation is not None and self.events_store is not None
-        if not self.config.send_federation:
-            return
-        events = self.streams[StreamName.EVENTS]
-        store = self.events_store
-        sender = FederationSender(
-            server_name=self.config.server_name,
-            config=self.config.federation_sender,
-            store=FederationSenderStore(self.db),
-            transport=client_transport(self.federation.client),
-            clock=self.reactor,
-            current_position=events.get_current_token,
-            metrics=FederationSenderMetrics.create(self.registry),
-            joined_servers=store.get_joined_servers,
-        )
-        self.federation_sender = sender
-        events.add_position_listener(lambda stream, instance, old, new: sender.notify_new_events(
-            events.get_current_token()))
-        self.federation.membership.forward = sender.forward
-        self.federation.remote_up_hooks.append(sender.notify_remote_server_up)
         assert self.rooms is not None
-        sender_store = FederationSenderStore(self.db)
-        edus = OutboundEdus(
-            server_name=self.config.server_name, sink=sender, joined_servers=store.get_joined_servers,
-            sharing_servers=store.get_servers_sharing_rooms, add_to_outbox=sender_store.add_to_outbox,
-            clock_ms=lambda: int(self.reactor.seconds() * 1000),
-        )
-        self.rooms.typing.federation = edus
-        self.rooms.receipts.federation = edus
-        self.rooms.presence.federation = edus
-        self.rooms.e2e.federation = edus
-        await sender.start()
+        sends = self.config.send_federation if self.layout.is_main else self.role.sends_federation
+        store = self.events_store
+        sink: EduSink | None = None
+        if sends:
+            events = self.streams[StreamName.EVENTS]
+            sender = FederationSender(
+                server_name=self.config.server_name,
+                config=self.config.federation_sender,
+                store=FederationSenderStore(self.db),
+                transport=client_transport(self.federation.client),
+                clock=self.reactor,
+                current_position=events.get_current_token,
+                metrics=FederationSenderMetrics.create(self.registry),
+                joined_servers=store.get_joined_servers,
+                should_handle=self.layout.sends_to,
+            )
+            self.federation_sender = sender
+            events.add_position_listener(lambda stream, instance, old, new: sender.notify_new_events(
+                events.get_current_token()))
+            self.federation.membership.forward = sender.forward
+            self.federation.remote_up_hooks.append(sender.notify_remote_server_up)
+            if self.layout.is_main:
+                sink = sender
+            else:
+                self._row_handlers.append(FederationStreamReader(sender, self._send_federation_ack))
+                self._remote_up_listeners.append(sender.notify_remote_server_up)
+        elif self.layout.writes(StreamName.FEDERATION):
+            stream_sink = sink = FederationStreamSink(self.db, self.streams[StreamName.FEDERATION],
+                                                      server_name=self.config.server_name,
+                                                      joined_servers=store.get_joined_servers)
+            self.federation.membership.forward = stream_sink.forward
+        if self.layout.has_workers:
+            register_forward_pdu(self.federation.membership, self.layout, self.internal_api, self.internal_client)
+        if sink is not None:
+            sender_store = FederationSenderStore(self.db)
+            edus = OutboundEdus(
+                server_name=self.config.server_name, sink=sink, joined_servers=store.get_joined_servers,
+                sharing_servers=store.get_servers_sharing_rooms, add_to_outbox=sender_store.add_to_outbox,
+                clock_ms=lambda: int(self.reactor.seconds() * 1000),
+            )
+            self.rooms.typing.federation = edus
+            self.rooms.receipts.federation = edus
+            self.rooms.presence.federation = edus
+            self.rooms.e2e.federation = edus
 
     def _register_servlets(self) -> None:
+        """The client and federation servlets this process's role serves."""
         assert self.accounts is not None
-        register_versions(self.router)
-        register_client_api_servlets(self.router, self.config, self.accounts)
+        if self.role.servlets == "none":
+            return
+        router: Any = _RoleRouter(self.router, self.role)
+        register_versions(router)
+        register_client_api_servlets(router, self.config, self.accounts)
         assert self.rooms is not None
-        register_room_api_servlets(self.router, self.rooms, self.accounts)
+        register_room_api_servlets(router, self.rooms, self.accounts, self.sync_tracker)
         assert self.federation is not None
         assert self.db is not None
         register_federation_servlets(
-            self.federation_router,
+            _RoleRouter(self.federation_router, self.role),  # type: ignore[arg-type]
             self.federation,
             profile_lookup=self.accounts.profiles.get_profile,
             alias_lookup=self.rooms.timeline.get_alias,
@@ -330,7 +448,9 @@ class HomeServer:
             federation = self.federation_router if {"federation", "keys"} & set(listener.resources) else None
             # A listener without the client resource serves no client API paths.
             main = self.router if "client" in listener.resources else self.federation_router
-            return RootResource(main, HealthResource(self) if "health" in listener.resources else None, federation)
+            internal = self.internal_router if "replication" in listener.resources else None
+            return RootResource(main, HealthResource(self) if "health" in listener.resources else None, federation,
+                                internal)
         raise ValueError(f"{listener.type} listeners are served by the replication package")
 
     def _tls_context(self) -> Any:
@@ -368,12 +488,24 @@ class HomeServer:
                 await drained
             except Exception:
                 logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
+        syncing = self.sync_tracker.stop()
+        if self.replication is not None and not self.layout.writes(StreamName.PRESENCE):
+            self.replication.handler.send_clear_user_sync()  # the presence writer forgets our users
+        elif self.rooms is not None and syncing:
+            for user_id in syncing:
+                try:
+                    await self.rooms.presence.user_syncing(self.instance_name, user_id, False)
+                except Exception as e:
+                    logger.warning("could not mark %d syncing users offline: %s", len(syncing), e)
+                    break
         if self.rooms is not None:
             self.rooms.stop()  # typing timers must not fire into a closed database
         if self.federation_sender is not None:
             await self.federation_sender.stop()
         if self.federation is not None:
             await self.federation.stop()
+        if self.internal_client is not None:
+            await self.internal_client.close()
         if self.replication is not None:
             replication, self.replication = self.replication, None
             await replication.stop()
@@ -390,6 +522,11 @@ class HomeServer:
             embedded, self.embedded_db = self.embedded_db, None
             await deferToThread(embedded.stop)
         logger.info("stopped")
+
+
+def _background(what: str, coro: Any) -> None:
+    d = Deferred.fromCoroutine(coro)
+    d.addErrback(lambda f: logger.error("%s failed: %s", what, f.value))
 
 
 class HealthResource(Resource):
@@ -413,15 +550,19 @@ class RootResource(Resource):
     """Sends ``/health`` to the health check, ``/_matrix/federation`` and ``/_matrix/key``
     to the federation router (when this listener serves them) and everything else to the JSON router."""
 
-    def __init__(self, router: JsonRouter, health: Resource | None, federation: JsonRouter | None = None) -> None:
+    def __init__(self, router: JsonRouter, health: Resource | None, federation: JsonRouter | None = None,
+                 internal: JsonRouter | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._router = router
         self._health = health
         self._federation = federation
+        self._internal = internal
 
     def getChildWithDefault(self, path: bytes, request: Request) -> Resource:
         if path == b"health" and self._health is not None and not request.postpath:
             return self._health
+        if path == b"_tributary" and self._internal is not None:
+            return self._internal
         if (self._federation is not None and path == b"_matrix" and request.postpath
                 and request.postpath[0] in (b"federation", b"key")):
             return self._federation
@@ -431,3 +572,14 @@ class RootResource(Resource):
     def render(self, request: Request) -> Any:
         return self._router.render(request)
 
+
+class _RoleRouter:
+    """Registers on ``router`` only the servlets ``role`` serves; the rest answer M_UNRECOGNIZED."""
+
+    def __init__(self, router: JsonRouter, role: WorkerRole) -> None:
+        self._router = router
+        self._role = role
+
+    def register(self, methods: Any, pattern: str, handler: Any, servlet: str) -> None:
+        if self._role.serves_servlet(servlet):
+            self._router.register(methods, pattern, handler, servlet)

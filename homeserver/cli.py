@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, help=f"config file (default: DATA_DIR/{DEFAULT_CONFIG_NAME}, generated on first run)")
     run.add_argument("--data-dir", type=Path, help="data directory (default: the config's data_dir, else ./data)")
 
+    worker = commands.add_parser("worker", help="run one worker process of the config's worker layout (docs/workers.md)")
+    worker.add_argument("--config", type=Path, required=True, help="the shared homeserver.yaml")
+    worker.add_argument("--name", required=True, help="the worker's name under 'workers' in the config")
+
     gen = commands.add_parser("generate-config", help="write a commented config file")
     gen.add_argument("--server-name", required=True, help="the server's name, e.g. example.org")
     gen.add_argument("--data-dir", type=Path, default=Path("data"), help="data directory to put in the config")
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
             code = _generate_config(args)
         case "run":
             code = _run(args)
+        case "worker":
+            code = _worker(args)
         case "migrate":
             code = _migrate(args)
         case _:  # pragma: no cover - argparse refuses other values
@@ -109,16 +115,28 @@ def _load(config_path: Path | None, data_dir: Path | None) -> HomeserverConfig:
 def _run(args: argparse.Namespace) -> int:
     try:
         config = _load(args.config, args.data_dir)
-        if config.workers or config.stream_writers or config.federation_sender_instances:
-            # The layout is parsed and checked, but no process can run a worker yet: starting the
-            # main process as if it were one of several would write streams it was told not to.
-            key = "workers" if config.workers else "stream_writers" if config.stream_writers else "federation_sender_instances"
-            raise ConfigError(key, "worker processes are not supported by this version yet (docs/workers.md); "
-                                   "remove the worker layout to run a single process")
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return EXIT_USAGE
     return _run_in_reactor(config, "run")
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from workers.roles import UnknownRole, load_role
+
+    try:
+        config = load_config(args.config)
+        if args.name not in config.workers:
+            known = ", ".join(sorted(config.workers)) or "none"
+            raise ConfigError("workers", f"no worker named {args.name!r} in {args.config} (workers: {known})")
+        load_role(config.workers[args.name].app)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except UnknownRole as e:
+        print(f"config error: workers.{args.name}.app: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return _run_in_reactor(config, "run", instance_name=args.name)
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -130,7 +148,7 @@ def _migrate(args: argparse.Namespace) -> int:
     return _run_in_reactor(config, "migrate")
 
 
-def _run_in_reactor(config: HomeserverConfig, mode: str) -> int:
+def _run_in_reactor(config: HomeserverConfig, mode: str, *, instance_name: str = "master") -> int:
     """Start the reactor, run the homeserver (or just its migrations), return the exit code."""
     from homeserver.reactor import install_reactor
 
@@ -141,7 +159,7 @@ def _run_in_reactor(config: HomeserverConfig, mode: str) -> int:
     from homeserver.logging_setup import setup_logging
 
     setup_logging(config.log_level, config.log_format)
-    hs = HomeServer(config, reactor)
+    hs = HomeServer(config, reactor, instance_name=instance_name)
     outcome = {"code": EXIT_OK}
 
     async def start() -> None:

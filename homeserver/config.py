@@ -597,13 +597,24 @@ def _workers(path: str, raw: object) -> dict[str, WorkerConfig]:
             raise ConfigError(key, f"{MAIN_INSTANCE!r} is the main process's name; give the worker another")
         s = _Section(key, item)
         out[name] = WorkerConfig(
-            app=s.require("app", lambda p, v: _expect_choice(p, v, WORKER_APPS)),
+            app=s.require("app", _worker_app),
             listeners=s.get(
                 "listeners", lambda p, v: tuple(_listener(f"{p}[{i}]", x) for i, x in enumerate(_expect_list(p, v))), ()
             ),
         )
         s.finish()
     return out
+
+
+def _worker_app(path: str, value: object) -> str:
+    """A worker role installed in the ``tributary.workers`` entry-point group (workers/roles.py)."""
+    from workers.roles import known_roles
+
+    name = _expect_str(path, value)
+    known = known_roles() or list(WORKER_APPS)
+    if name not in known:
+        raise ConfigError(path, f"unknown worker app {name!r}; installed roles: {', '.join(known)}")
+    return name
 
 
 def _check_worker_layout(config: HomeserverConfig) -> None:
@@ -639,6 +650,34 @@ def _check_worker_layout(config: HomeserverConfig) -> None:
         )
     if config.workers and not config.worker_replication_secret:
         raise ConfigError("worker_replication_secret", "workers are configured: set a shared secret for the internal API")
+    if config.workers and config.database.url is None:
+        raise ConfigError("database.url", "workers share one PostgreSQL database: set database.url "
+                                          "(the embedded database serves a single process only)")
+    for name, worker in config.workers.items():
+        if worker.app == "event_persister" and name not in config.stream_writers.get("events", ()):
+            raise ConfigError(f"workers.{name}.app", f"{name!r} is an event_persister but not in stream_writers.events")
+        if worker.app == "federation_sender" and name not in config.federation_sender_instances:
+            raise ConfigError(
+                f"workers.{name}.app", f"{name!r} is a federation_sender but not in federation_sender_instances"
+            )
+    if config.workers and MAIN_INSTANCE not in config.instance_map:
+        raise ConfigError(
+            "instance_map",
+            f"workers are configured: add {MAIN_INSTANCE!r} (the main process's replication listener); "
+            "workers forward to it the writes it owns (device lists, and every stream not given to a worker)",
+        )
+    for name, location in config.instance_map.items():
+        if name not in processes:
+            raise ConfigError(f"instance_map.{name}", f"{name!r} is neither the main process nor a worker in 'workers'")
+        listeners = config.listeners if name == MAIN_INSTANCE else config.workers[name].listeners
+        if not any(listener.type == "http" and listener.port == location.port and "replication" in listener.resources
+                   for listener in listeners):
+            where = "listeners" if name == MAIN_INSTANCE else f"workers.{name}.listeners"
+            raise ConfigError(
+                f"instance_map.{name}.port",
+                f"{name!r} has no http listener with the replication resource on port {location.port} in {where}",
+            )
+
 
 
 @attrs.frozen
@@ -787,6 +826,22 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
     return config
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice in one mapping (two workers with one
+    name, a listener option set twice): plain YAML would silently keep the last."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice in the same mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: Path, *, data_dir_override: Path | None = None) -> HomeserverConfig:
     """Read and parse a YAML config file; raises ConfigError with a clear message."""
     try:
@@ -796,7 +851,7 @@ def load_config(path: Path, *, data_dir_override: Path | None = None) -> Homeser
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError("", f"cannot read config file {path}: {e}") from e
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

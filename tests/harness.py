@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +40,13 @@ class TributaryProcess:
     process: subprocess.Popen[str] | None = None
     output: str = ""
     federation_port: int | None = None
+    # A worker of the config's layout (``tributary worker --name``) instead of the main process;
+    # ``client_port`` is then the worker's listener that serves /health.
+    worker_name: str | None = None
+
+    def worker(self, name: str, health_port: int) -> TributaryProcess:
+        """The worker ``name`` of this process's config, whose /health is on ``health_port``."""
+        return TributaryProcess(self.config_path, self.data_dir, health_port, 0, worker_name=name)
 
     @classmethod
     def configure_federating(cls, tmp_path: Path, *, database_url: str | None,
@@ -106,8 +114,9 @@ class TributaryProcess:
         started = time.monotonic()
         # The log goes to a file, not a pipe: a chatty process must never block on a full pipe.
         with self.log_path.open("a", encoding="utf-8") as log:
+            command = ["worker", "--name", self.worker_name] if self.worker_name else ["run"]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "homeserver.cli", "run", "--config", str(self.config_path)],
+                [sys.executable, "-m", "homeserver.cli", *command, "--config", str(self.config_path)],
                 cwd=REPO_ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -145,7 +154,8 @@ class TributaryProcess:
     @property
     def log_path(self) -> Path:
         """Everything the process wrote (every start appends to it)."""
-        return self.config_path.parent / "tributary.log"
+        name = f"tributary-{self.worker_name}.log" if self.worker_name else "tributary.log"
+        return self.config_path.parent / name
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -158,6 +168,97 @@ class TributaryProcess:
                 return response.status, response.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
+
+
+def configure_workers(
+    tmp_path: Path, database_url: str, redis_url: str, *, persisters: int = 2, senders: int = 1,
+    extra: dict[str, Any] | None = None,
+) -> tuple[TributaryProcess, dict[str, TributaryProcess], int]:
+    """A worker layout on loopback (docs/workers.md): the main process (federating, with a
+    replication listener), ``persisters`` event persisters ``p1``..., a generic worker ``g1``
+    with a client listener, and ``senders`` federation senders ``fs1``..., over Redis.
+    Returns the main process, the workers by name (not started) and g1's client port."""
+    main = TributaryProcess.configure_federating(tmp_path, database_url=database_url, extra=extra)
+    config = yaml.safe_load(main.config_path.read_text(encoding="utf-8"))
+    persister_names = [f"p{i}" for i in range(1, persisters + 1)]
+    sender_names = [f"fs{i}" for i in range(1, senders + 1)]
+    names = [*persister_names, "g1", *sender_names]
+    internal = {name: free_port() for name in ("master", *names)}
+    generic_client = free_port()
+    config["listeners"].append({"type": "http", "port": internal["master"], "resources": ["replication"]})
+    config.update({
+        "redis": {"enabled": True, "url": redis_url},
+        "worker_replication_secret": "a shared secret",
+        "instance_map": {name: {"host": "127.0.0.1", "port": port} for name, port in internal.items()},
+        "stream_writers": {"events": persister_names or ["master"]},
+    })
+    if sender_names:
+        config.update({"send_federation": False, "federation_sender_instances": sender_names})
+
+    def listeners(name: str, *more: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"type": "http", "port": internal[name], "resources": ["replication", "health"]}, *more]
+
+    workers: dict[str, Any] = {name: {"app": "event_persister", "listeners": listeners(name)} for name in persister_names}
+    workers["g1"] = {"app": "generic", "listeners": listeners(
+        "g1", {"type": "http", "port": generic_client, "resources": ["client", "health"]})}
+    workers.update({name: {"app": "federation_sender", "listeners": listeners(name)} for name in sender_names})
+    config["workers"] = workers
+    main.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return main, {name: main.worker(name, internal[name]) for name in names}, generic_client
+
+
+@attrs.define
+class Nginx:
+    """A real nginx (Debian's) running ``docker/nginx.conf`` with its upstreams pointed at
+    local processes: the routing operators deploy, tested as it is."""
+
+    directory: Path
+    port: int
+    process: subprocess.Popen[str] | None = None
+
+    @classmethod
+    def for_workers(cls, directory: Path, *, main_port: int, generic_port: int) -> Nginx:
+        directory.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        text = (REPO_ROOT / "docker" / "nginx.conf").read_text(encoding="utf-8")
+        replacements = {
+            "server main:8008;": f"server 127.0.0.1:{main_port};",
+            "server generic1:8008;": f"server 127.0.0.1:{generic_port};",
+            "listen 8080;": f"listen 127.0.0.1:{port};",
+            "pid /tmp/nginx.pid;": f"pid {directory}/nginx.pid;",
+            "access_log /dev/stdout;": f"access_log {directory}/access.log;",
+            "error_log /dev/stderr warn;": f"error_log {directory}/error.log warn;",
+        }
+        for old, new in replacements.items():
+            if old not in text:
+                raise AssertionError(f"docker/nginx.conf no longer has {old!r}: update tests/harness.py")
+            text = text.replace(old, new)
+        (directory / "nginx.conf").write_text(text, encoding="utf-8")
+        return cls(directory, port)
+
+    def start(self, timeout: float = 10.0) -> None:
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not Path(binary).exists():
+            raise RuntimeError("nginx is not installed; `make test` installs it (.ci/install-observability.sh)")
+        self.process = subprocess.Popen(
+            [binary, "-p", str(self.directory), "-c", str(self.directory / "nginx.conf"),
+             "-e", str(self.directory / "error.log"), "-g", "daemon off;"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, text=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nginx exited: {(self.directory / 'error.log').read_text(errors='replace')}")
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("nginx did not start listening")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:

@@ -66,7 +66,10 @@ async def test_to_device_keys_and_presence(database_dsn: str, tmp_path: Path) ->
         assert counts == {"signed_curve25519": 0}
         assert await _ok(client, "GET", "keys/changes?from=s0&to=s1", token=bob) == {"changed": [], "left": []}
 
-        unknown = await client.request("GET", f"presence/{quote(BOB)}/status", token=alice)
+        # Bob synced above: a syncing user is online. Nobody has never synced nor set a status.
+        synced = await _ok(client, "GET", f"presence/{quote(BOB)}/status", token=alice)
+        assert synced["presence"] == "online"
+        unknown = await client.request("GET", f"presence/{quote(BOB.replace('@bob', '@nobody'))}/status", token=alice)
         assert unknown.status == 404
         await _ok(client, "PUT", f"presence/{quote(BOB)}/status", {"presence": "online", "status_msg": "hi"}, token=bob)
         status = await _ok(client, "GET", f"presence/{quote(BOB)}/status", token=alice)

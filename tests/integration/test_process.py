@@ -95,7 +95,9 @@ def test_bad_config_prints_one_line_naming_the_key_and_exits_2(tmp_path: Path) -
             "config error: tls_certificate_path: file not found: /nonexistent/cert.pem",
         "listeners: []\n": "config error: server_name: is required",
         "server_name: example.org\nworker_replication_secret: s\nworkers:\n  g1: {app: generic}\n":
-            "config error: workers: worker processes are not supported by this version yet",
+            "config error: database.url: workers share one PostgreSQL database",
+        "server_name: example.org\nworkers:\n  g1: {app: generic}\n  g1: {app: background}\n":
+            "'g1' is given twice in the same mapping",
         "server_name: [unclosed\n": "is not valid YAML at line",
     }
     for text, expected in cases.items():

@@ -1,0 +1,283 @@
+"""Worker processes end to end: main + 2 event persisters + a generic worker + a federation
+sender, all real processes on real PostgreSQL and Redis, and a second real homeserver.
+
+Two local users send 1,000 messages in 10 rooms through the generic worker while both
+follow /sync there; one event persister is SIGKILLed in the middle and restarted. Every
+send that returned 200 is stored once, each user's /sync showed every message exactly once
+and in send order, and the second homeserver (whose user joined every room) got them all.
+Then the generic worker and the federation sender restart and catch up from where they were.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg2
+import pytest
+import yaml
+
+from tests.conftest import scratch_database
+from tests.harness import Nginx, TributaryProcess, configure_workers, run_cli
+
+class Http:
+    def __init__(self, port: int, token: str | None = None) -> None:
+        self.port = port
+        self.token = token
+
+    def call(self, method: str, path: str, body: Any = None, *, timeout: float = 60) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/_matrix/client/v3/{path}", method=method,
+            data=None if body is None else json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            raw = e.read()
+            try:
+                return e.code, json.loads(raw or b"{}")
+            except ValueError:  # nginx's own error pages (502 while a worker is down) are HTML
+                return e.code, {"raw": raw.decode("utf-8", "replace")}
+        except (ConnectionError, urllib.error.URLError, TimeoutError) as e:
+            return 599, {"error": str(e)}
+
+    def ok(self, method: str, path: str, body: Any = None) -> Any:
+        status, answer = self.call(method, path, body)
+        assert status == 200, (method, path, status, answer)
+        return answer
+
+
+def register(port: int, name: str) -> tuple[str, str]:
+    answer = Http(port).ok("POST", "register", {"username": name, "password": "correct horse",
+                                                "auth": {"type": "m.login.dummy"}})
+    return answer["user_id"], answer["access_token"]
+
+
+class SyncFollower(threading.Thread):
+    """Follows one user's /sync on the generic worker; records every timeline event once seen."""
+
+    def __init__(self, http: Http) -> None:
+        super().__init__(daemon=True)
+        self.http = http
+        self.seen: list[tuple[str, str, str]] = []  # (room, event_id, body)
+        self.tokens: list[str] = []
+        self.limited = 0
+        self.stop_flag = threading.Event()
+        self.errors: list[Any] = []
+
+    def run(self) -> None:
+        flt = quote(json.dumps({"room": {"timeline": {"limit": 1000}}}))
+        since = None
+        while not self.stop_flag.is_set():
+            query = f"sync?timeout=1000&filter={flt}" + (f"&since={since}" if since else "")
+            status, answer = self.http.call("GET", query)
+            if status != 200:
+                self.errors.append((status, answer))
+                time.sleep(0.2)
+                continue
+            for room_id, room in answer.get("rooms", {}).get("join", {}).items():
+                timeline = room.get("timeline", {})
+                if timeline.get("limited") and since is not None:
+                    self.limited += 1
+                for event in timeline.get("events", []):
+                    if event.get("type") == "m.room.message":
+                        self.seen.append((room_id, event["event_id"], event["content"]["body"]))
+            since = answer["next_batch"]
+            self.tokens.append(since)
+
+
+@pytest.mark.timeout(400)
+def test_workers_deliver_every_message_once_through_a_persister_crash_and_restarts(
+    postgres_template: str, redis_url: str, tmp_path: Path
+) -> None:
+    with scratch_database(postgres_template) as dsn, scratch_database(postgres_template) as dsn_b:
+        main, workers, generic_port = configure_workers(tmp_path / "a", dsn, redis_url)
+        remote = TributaryProcess.configure_federating(tmp_path / "b", database_url=dsn_b)
+        nginx = Nginx.for_workers(tmp_path / "nginx", main_port=main.client_port, generic_port=generic_port)
+        processes = [main, *workers.values(), remote]
+        try:
+            for process in processes:
+                process.start()
+            nginx.start()
+            # Clients talk to nginx, which routes each endpoint to its kind of process.
+            front = nginx.port
+            name_a = main.server_name
+            # The internal API refuses requests without the shared secret, and runs nothing.
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                url = f"http://127.0.0.1:{workers['p1'].client_port}/_tributary/replication/send_event"
+                request = urllib.request.Request(url, method="POST", data=b'{"room_id": "!x:y"}', headers=headers)
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(request, timeout=10)
+                assert refused.value.code == 403
+                assert json.loads(refused.value.read())["errcode"] == "M_FORBIDDEN"
+            # Writes that only the main process makes are not served by the generic worker.
+            status, answer = Http(generic_port).call("POST", "register", {})
+            assert (status, answer["errcode"]) == (404, "M_UNRECOGNIZED")
+            alice_id, alice_token = register(front, "alice")
+            carol_id, carol_token = register(front, "carol")
+            bob_id, bob_token = register(remote.client_port, "bob")
+            alice, carol = Http(front, alice_token), Http(front, carol_token)
+            status, _ = alice.call("POST", "../../../_tributary/replication/send_event", {})
+            assert status == 404  # nginx never lets the internal API out
+            bob = Http(remote.client_port, bob_token)
+
+            # Rooms are created through the generic worker; each belongs to p1 or p2 by hash.
+            rooms = [alice.ok("POST", "createRoom", {"preset": "public_chat"})["room_id"] for _ in range(10)]
+            for room in rooms:
+                carol.ok("POST", f"join/{quote(room, safe='')}", {})
+                bob.ok("POST", f"join/{quote(room, safe='')}?server_name={quote(name_a)}", {})
+
+            followers = {"alice": SyncFollower(alice), "carol": SyncFollower(carol)}
+            for follower in followers.values():
+                follower.start()
+
+            sent: dict[str, list[tuple[str, str, str]]] = {"alice": [], "carol": []}
+
+            def send_all(who: str, http: Http) -> None:
+                for i in range(500):
+                    room = rooms[i % len(rooms)]
+                    body, txn = f"{who} {i}", f"{who}-{i}"
+                    deadline = time.monotonic() + 60
+                    while True:  # a client retries with the same transaction ID until it gets an answer
+                        status, answer = http.call(
+                            "PUT", f"rooms/{quote(room, safe='')}/send/m.room.message/{txn}",
+                            {"msgtype": "m.text", "body": body})
+                        if status == 200:
+                            sent[who].append((room, answer["event_id"], body))
+                            break
+                        assert time.monotonic() < deadline, (status, answer)
+                        time.sleep(0.1)
+
+            senders = [threading.Thread(target=send_all, args=(who, http)) for who, http in
+                       (("alice", alice), ("carol", carol))]
+            for thread in senders:
+                thread.start()
+            while len(sent["alice"]) + len(sent["carol"]) < 300:
+                time.sleep(0.05)
+            workers["p1"].stop(signal.SIGKILL)
+            time.sleep(1.0)
+            workers["p1"].start()
+            for thread in senders:
+                thread.join(timeout=300)
+            assert len(sent["alice"]) == len(sent["carol"]) == 500
+
+            all_sent = {event_id for messages in sent.values() for _, event_id, _ in messages}
+            assert len(all_sent) == 1000  # no two sends share an event
+
+            def follower_done() -> bool:
+                return all(len({e for _, e, _ in f.seen} & all_sent) == 1000 for f in followers.values())
+
+            deadline = time.monotonic() + 60
+            while not follower_done():
+                assert time.monotonic() < deadline, {k: len(f.seen) for k, f in followers.items()}
+                time.sleep(0.2)
+            for follower in followers.values():
+                follower.stop_flag.set()
+                follower.join(timeout=10)
+                ids = [event_id for _, event_id, _ in follower.seen]
+                assert len(ids) == len(set(ids)), "an event reached /sync twice"
+                assert follower.limited == 0
+                # In each room, each sender's messages arrive in the order they were sent.
+                for who, messages in sent.items():
+                    for room in rooms:
+                        expected = [body for r, _, body in messages if r == room]
+                        seen = [body for r, _, body in follower.seen if r == room and body.startswith(who + " ")]
+                        assert seen == expected
+
+            # Every message is stored exactly once, by the persister that owns its room.
+            with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+                cur.execute("SELECT event_id, instance_name FROM events WHERE event_id = ANY(%s)", (list(all_sent),))
+                stored = cur.fetchall()
+            assert len(stored) == 1000
+            assert {instance for _, instance in stored} == {"p1", "p2"}
+
+            # The second homeserver, through the federation sender worker, has every message.
+            def remote_count() -> int:
+                with psycopg2.connect(dsn_b) as conn, conn.cursor() as cur:
+                    cur.execute("SELECT count(*) FROM events WHERE event_id = ANY(%s)", (list(all_sent),))
+                    return int(cur.fetchone()[0])
+
+            deadline = time.monotonic() + 120
+            while remote_count() < 1000:
+                assert time.monotonic() < deadline, f"the second homeserver has {remote_count()} of 1000"
+                time.sleep(0.5)
+
+            # A sync token issued before the restarts stays valid; the generic worker and the
+            # federation sender restart and catch up from their last positions.
+            token = followers["alice"].tokens[-1]
+            # Syncing through the generic worker made Alice online (USER_SYNC to the presence
+            # writer); the worker shutting down clears its users (CLEAR_USER_SYNC): offline.
+            main_alice = Http(main.client_port, alice_token)
+            assert main_alice.ok("GET", f"presence/{quote(alice_id)}/status")["presence"] == "online"
+            workers["g1"].stop()
+            deadline = time.monotonic() + 10
+            while main_alice.ok("GET", f"presence/{quote(alice_id)}/status")["presence"] != "offline":
+                assert time.monotonic() < deadline, "CLEAR_USER_SYNC did not take Alice offline"
+                time.sleep(0.1)
+            workers["fs1"].stop()
+            after = [alice.call("PUT", f"rooms/{quote(rooms[0], safe='')}/send/m.room.message/late-{i}",
+                                {"msgtype": "m.text", "body": f"late {i}"}) for i in range(5)]
+            assert all(status == 502 for status, _ in after)  # the generic worker is down
+            late = [main_alice.ok("PUT", f"rooms/{quote(rooms[0], safe='')}/send/m.room.message/late-{i}",
+                                  {"msgtype": "m.text", "body": f"late {i}"})["event_id"] for i in range(5)]
+            workers["g1"].start()
+            workers["fs1"].start()
+            flt = quote(json.dumps({"room": {"timeline": {"limit": 100}}}))
+            answer = alice.ok("GET", f"sync?since={token}&timeout=10000&filter={flt}")
+            timeline = answer["rooms"]["join"][rooms[0]]["timeline"]["events"]
+            assert [e["event_id"] for e in timeline if e["type"] == "m.room.message"] == late
+            deadline = time.monotonic() + 60
+            while True:
+                with psycopg2.connect(dsn_b) as conn, conn.cursor() as cur:
+                    cur.execute("SELECT count(*) FROM events WHERE event_id = ANY(%s)", (late,))
+                    if cur.fetchone()[0] == 5:
+                        break
+                assert time.monotonic() < deadline, "the restarted federation sender did not send what it missed"
+                time.sleep(0.5)
+            # nginx sent registration to the main process and /sync and sends to the generic worker.
+            generic_log = workers["g1"].log_path.read_text(encoding="utf-8")
+            main_log = main.log_path.read_text(encoding="utf-8")
+            assert "POST /_matrix/client/v3/register 200" in main_log
+            assert "POST /_matrix/client/v3/register 200" not in generic_log
+            assert "GET /_matrix/client/v3/sync" in generic_log and "GET /_matrix/client/v3/sync" not in main_log
+            assert f"PUT /_matrix/client/v3/rooms/{quote(rooms[1], safe='')}/send" in generic_log
+        finally:
+            nginx.stop()
+            for process in reversed(processes):
+                if process.process is not None:
+                    process.stop()
+
+
+def test_worker_command_refuses_unknown_names_and_bad_layouts(tmp_path: Path) -> None:
+    config = tmp_path / "homeserver.yaml"
+    base = {"server_name": "example.org", "database": {"url": "postgresql://127.0.0.1/none"},
+            "worker_replication_secret": "s", "redis": {"enabled": True},
+            "listeners": [{"type": "http", "port": 9000, "resources": ["replication"]}],
+            "instance_map": {"master": {"host": "127.0.0.1", "port": 9000}},
+            "workers": {"g1": {"app": "generic"}}}
+    cases = [
+        (base, "nope", "config error: workers: no worker named 'nope'"),
+        ({**base, "stream_writers": {"events": ["p1"]}}, "g1",
+         "config error: stream_writers.events[0]: 'p1' is neither the main process nor a worker"),
+        ({**base, "workers": {"g1": {"app": "sync"}}}, "g1", "config error: workers.g1.app: unknown worker app 'sync'"),
+        ({**base, "redis": {"enabled": False}, "stream_writers": {"events": ["p1"]},
+          "instance_map": {"master": {"host": "127.0.0.1", "port": 9000}, "p1": {"host": "127.0.0.1", "port": 9001}},
+          "workers": {"p1": {"app": "event_persister",
+                             "listeners": [{"type": "http", "port": 9001, "resources": ["replication"]}]}}},
+         "p1", "config error: redis.enabled: streams are written by 2 processes"),
+    ]
+    for raw, name, expected in cases:
+        config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        result = run_cli("worker", "--config", str(config), "--name", name)
+        assert result.returncode == 2, (expected, result.stderr)
+        assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+        assert expected in result.stderr, result.stderr

@@ -1,0 +1,301 @@
+"""Writes go to the process that owns them: room events to the room's event persister,
+ephemeral and account data to their stream's writer.
+
+One mechanism serves every write that a process may be asked for but does not
+own: an operation registered on the owner's internal API
+(``workers.internal_api``) and, on every other process, a stand-in that calls
+it. The owner runs the very same handler code a single process runs, so the
+rules (auth, rate limits, idempotency) do not depend on which process a client
+reached.
+
+- Room events. ``ShardedRoomEventCreator.send`` builds, signs and persists an
+  event on the room's owner (``Layout.events_writer_for_room``), under that
+  process's room lock, so a room's events never fork. ``RoutedPersister``
+  hands an already-built event (a remote PDU from federation, a room's create
+  event, backfilled history) to the owner to persist. ``create_room`` needs
+  nothing of its own: it persists the create event and sends the rest through
+  these two.
+- Stream writes (typing, receipts, presence, to-device, account data, and
+  remote users' EDUs, device lists included): the handler methods in
+  ``FORWARDED_METHODS`` are replaced, on processes that do not write the
+  stream, by calls to the writer. Their arguments are an optional leading
+  ``Requester`` and JSON values, and their result is JSON.
+"""
+
+# tests: tests/unit/workers/test_forwarding.py, tests/integration/test_workers.py
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import attrs
+
+from homeserver.events import EventTemplate, FrozenEvent, RoomVersion, get_room_version, make_event
+from homeserver.events.canonical import thaw
+from homeserver.handlers.auth import Requester
+from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
+from homeserver.handlers.rooms import events_error
+from homeserver.http.errors import MatrixError, bad_json
+from homeserver.events.errors import EventsError
+from storage.stores.events import DuplicateTxnId, PersistResult, SendTxn
+from storage.streams import StreamName
+from workers.internal_api import InternalApiClient, InternalApiServer
+from workers.layout import Layout
+
+logger = logging.getLogger(__name__)
+
+
+# --- events on the wire ---------------------------------------------------------------------
+
+
+def event_to_json(event: FrozenEvent) -> dict[str, Any]:
+    return {"room_version": event.room_version.identifier, "event_id": event.event_id, "pdu": thaw(event.pdu)}
+
+
+def event_from_json(data: Mapping[str, Any]) -> tuple[RoomVersion, FrozenEvent]:
+    """An event another process of this server built or verified (trusted: the secret authenticated it)."""
+    room_version = get_room_version(str(data["room_version"]))
+    return room_version, make_event(room_version, data["pdu"], trusted_event_id=str(data["event_id"]))
+
+
+def _result_to_json(result: PersistResult) -> dict[str, Any]:
+    return {
+        "stream_ordering": result.stream_ordering,
+        "state_group_after": result.state_group_after,
+        "already_persisted": result.already_persisted,
+        "destinations": sorted(result.destinations),
+    }
+
+
+def _result_from_json(data: Mapping[str, Any]) -> PersistResult:
+    return PersistResult(
+        stream_ordering=int(data["stream_ordering"]),
+        state_group_after=data["state_group_after"],
+        already_persisted=bool(data["already_persisted"]),
+        destinations=frozenset(data["destinations"]),
+    )
+
+
+def _send_error(error: Exception, room_id: str) -> MatrixError:
+    """What ``RoomHandler`` would have answered had the send failed in this process."""
+    if isinstance(error, RoomNotFound):
+        return MatrixError(404, "M_NOT_FOUND", f"Unknown room {room_id}", tributary_room_not_found=True)
+    if isinstance(error, EventsError):
+        return events_error(error)
+    return bad_json(f"Invalid event: {error}")
+
+
+# --- room events ----------------------------------------------------------------------------
+
+
+class RoutedPersister:
+    """An ``EventPersister`` whose writes happen on the room's owner; reads stay local."""
+
+    def __init__(self, local: EventPersister, layout: Layout, client: InternalApiClient) -> None:
+        self._local = local
+        self._layout = layout
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._local, name)
+
+    async def persist(self, room_version: RoomVersion, event: FrozenEvent, **options: Any) -> PersistResult:
+        owner = self._layout.events_writer_for_room(event.room_id)
+        if owner == self._layout.instance_name:
+            return await self._local.persist(room_version, event, **options)
+        body = {"event": event_to_json(event), "options": _options_to_json(options)}
+        result = _result_from_json(await self._client.call(owner, "persist_event", body))
+        self._local.remember(event)
+        return result
+
+    async def persist_backfilled(self, room_version: RoomVersion, event: FrozenEvent, **options: Any) -> PersistResult:
+        owner = self._layout.events_writer_for_room(event.room_id)
+        if owner == self._layout.instance_name:
+            return await self._local.persist_backfilled(room_version, event, **options)
+        body = {"event": event_to_json(event), "options": options}
+        return _result_from_json(await self._client.call(owner, "persist_backfilled", body))
+
+
+def _options_to_json(options: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(options)
+    if out.get("destinations") is not None:
+        out["destinations"] = sorted(out["destinations"])
+    if out.get("state_before") is not None:
+        out["state_before"] = [[t, k, e] for (t, k), e in out["state_before"].items()]
+    return out
+
+
+def _options_from_json(options: Mapping[str, Any]) -> dict[str, Any]:
+    allowed = {"is_local", "outlier", "rejection_reason", "state_before", "destinations", "soft_failed"}
+    unknown = set(options) - allowed
+    if unknown:
+        raise bad_json(f"unknown persist options {sorted(unknown)}")
+    out = dict(options)
+    if out.get("destinations") is not None:
+        out["destinations"] = frozenset(out["destinations"])
+    if out.get("state_before") is not None:
+        # JSON has no tuple keys: [[type, state_key, event_id], ...]
+        out["state_before"] = {(t, k): e for t, k, e in out["state_before"]}
+    return out
+
+
+class ShardedRoomEventCreator(RoomEventCreator):
+    """``RoomEventCreator`` whose ``send`` runs on the room's event persister."""
+
+    def __init__(self, *, layout: Layout, client: InternalApiClient, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._layout = layout
+        self._client = client
+
+    async def _send(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn | None) -> FrozenEvent:
+        # Every send (``send``, ``send_idempotent``, room creation) comes through here.
+        owner = self._layout.events_writer_for_room(room_id)
+        if owner == self._layout.instance_name:
+            return await super()._send(room_id, template, sender, txn)
+        body = {"room_id": room_id, "sender": sender, "template": _template_to_json(template),
+                "txn": None if txn is None else attrs.asdict(txn)}
+        try:
+            answer = await self._client.call(owner, "send_event", body)
+        except MatrixError as e:
+            if e.extra.pop("tributary_room_not_found", False):
+                raise RoomNotFound(room_id) from None
+            if e.extra.pop("tributary_duplicate_txn", False) and txn is not None:
+                raise DuplicateTxnId(txn.access_token_id, txn.txn_id) from None
+            raise
+        _, event = event_from_json(answer["event"])
+        self._persister.remember(event)
+        return event
+
+    async def send_here(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn | None) -> FrozenEvent:
+        """A send in this process, which owns the room (the internal API's ``send_event``)."""
+        return await super()._send(room_id, template, sender, txn)
+
+
+def _template_to_json(template: EventTemplate) -> dict[str, Any]:
+    return {
+        "type": template.type,
+        "content": thaw(template.content),
+        "state_key": template.state_key,
+        "redacts": template.redacts,
+    }
+
+
+def register_event_operations(
+    server: InternalApiServer, layout: Layout, creator: ShardedRoomEventCreator, persister: EventPersister
+) -> None:
+    """The operations an events writer performs for the rooms it owns."""
+
+    def check_owner(room_id: str) -> None:
+        owner = layout.events_writer_for_room(room_id)
+        if owner != layout.instance_name:
+            # Two processes disagree on the room mapping: their stream_writers.events differ.
+            raise MatrixError(409, "M_UNKNOWN", f"{room_id} belongs to {owner}, not {layout.instance_name}: "
+                                                "do all processes have the same stream_writers.events?")
+
+    async def send_event(body: dict[str, Any]) -> dict[str, Any]:
+        room_id = str(body["room_id"])
+        check_owner(room_id)
+        raw = body["template"]
+        try:
+            template = EventTemplate(type=raw["type"], content=raw["content"], state_key=raw.get("state_key"),
+                                     redacts=raw.get("redacts"))
+            txn = None if body.get("txn") is None else SendTxn(**body["txn"])
+            event = await creator.send_here(room_id, template, str(body["sender"]), txn)
+        except DuplicateTxnId as e:
+            raise MatrixError(409, "M_UNKNOWN", str(e), tributary_duplicate_txn=True) from None
+        except (RoomNotFound, EventsError, TypeError, ValueError) as e:
+            raise _send_error(e, room_id) from None
+        return {"event": event_to_json(event)}
+
+    async def persist_event(body: dict[str, Any]) -> dict[str, Any]:
+        room_version, event = event_from_json(body["event"])
+        check_owner(event.room_id)
+        result = await persister.persist(room_version, event, **_options_from_json(body.get("options", {})))
+        return _result_to_json(result)
+
+    async def persist_backfilled(body: dict[str, Any]) -> dict[str, Any]:
+        room_version, event = event_from_json(body["event"])
+        check_owner(event.room_id)
+        options = body.get("options", {})
+        result = await persister.persist_backfilled(
+            room_version, event, state_group_before=int(options["state_group_before"]),
+            state_group_after=int(options["state_group_after"]), rejection_reason=options.get("rejection_reason"),
+        )
+        return _result_to_json(result)
+
+    server.register("send_event", send_event)
+    server.register("persist_event", persist_event)
+    server.register("persist_backfilled", persist_backfilled)
+
+
+# --- stream writes --------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ForwardedMethod:
+    """A handler method that writes ``stream``: ``handler`` finds the handler object in the services."""
+
+    name: str
+    stream: StreamName
+    handler: Callable[[Any], Any]
+    method: str
+
+
+FORWARDED_METHODS: tuple[ForwardedMethod, ...] = (
+    # Local users' changes (the client API).
+    ForwardedMethod("typing", StreamName.TYPING, lambda s: s.rooms.typing, "set_typing"),
+    ForwardedMethod("receipt", StreamName.RECEIPTS, lambda s: s.rooms.receipts, "receipt"),
+    ForwardedMethod("fully_read", StreamName.ACCOUNT_DATA, lambda s: s.rooms.receipts, "set_fully_read"),
+    ForwardedMethod("presence", StreamName.PRESENCE, lambda s: s.rooms.presence, "set_status"),
+    ForwardedMethod("to_device", StreamName.TO_DEVICE, lambda s: s.rooms.e2e, "send_to_device"),
+    ForwardedMethod("account_data", StreamName.ACCOUNT_DATA, lambda s: s.accounts.account_data, "set_global"),
+    ForwardedMethod("room_account_data", StreamName.ACCOUNT_DATA, lambda s: s.accounts.account_data, "set_room"),
+    # Remote users' changes (EDUs in inbound federation transactions).
+    ForwardedMethod("remote_typing", StreamName.TYPING, lambda s: s.rooms.typing, "apply_remote"),
+    ForwardedMethod("remote_receipt", StreamName.RECEIPTS, lambda s: s.rooms.receipts, "apply_remote"),
+    ForwardedMethod("remote_presence", StreamName.PRESENCE, lambda s: s.rooms.presence, "apply_remote"),
+    ForwardedMethod("remote_to_device", StreamName.TO_DEVICE, lambda s: s.rooms.e2e, "apply_remote_to_device"),
+    ForwardedMethod("remote_device_list", StreamName.DEVICE_LISTS, lambda s: s.rooms.e2e,
+                    "apply_remote_device_list_update"),
+)
+
+
+def install_forwarding(services: Any, layout: Layout, server: InternalApiServer, client: InternalApiClient) -> None:
+    """For each of ``FORWARDED_METHODS``: serve it if this process writes its stream,
+    else replace the method with a call to the stream's (single) writer."""
+    for forwarded in FORWARDED_METHODS:
+        target = forwarded.handler(services)
+        local: Callable[..., Awaitable[Any]] = getattr(target, forwarded.method)
+        if layout.writes(forwarded.stream):
+            server.register(f"call/{forwarded.name}", _serve(local))
+        else:
+            writer = layout.writers(forwarded.stream)[0]
+            setattr(target, forwarded.method, _forward(client, writer, forwarded.name))
+
+
+def _serve(local: Callable[..., Awaitable[Any]]) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+    async def operation(body: dict[str, Any]) -> dict[str, Any]:
+        args = list(body.get("args", []))
+        if body.get("requester") is not None:
+            args.insert(0, Requester(**body["requester"]))
+        return {"result": await local(*args, **body.get("kwargs", {}))}
+
+    return operation
+
+
+def _forward(client: InternalApiClient, writer: str, name: str) -> Callable[..., Awaitable[Any]]:
+    """A stand-in for a handler method: same arguments (a ``Requester`` first, or not; JSON
+    values otherwise), same result, run by ``writer``."""
+
+    async def forwarded(*args: Any, **kwargs: Any) -> Any:
+        requester = None
+        if args and isinstance(args[0], Requester):
+            requester, args = attrs.asdict(args[0]), args[1:]
+        body = {"requester": requester, "args": [thaw(a) for a in args],
+                "kwargs": {key: thaw(value) for key, value in kwargs.items()}}
+        return (await client.call(writer, f"call/{name}", body))["result"]
+
+    return forwarded

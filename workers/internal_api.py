@@ -1,0 +1,152 @@
+"""The internal HTTP replication API: one process asks another to do a write it owns.
+
+Every process serves ``POST /_tributary/replication/{name}`` on its listeners
+with the ``replication`` resource (the address ``instance_map`` gives for it).
+A request carries ``Authorization: Bearer <worker_replication_secret>``; without
+the secret it gets ``403 M_FORBIDDEN`` and nothing runs. Bodies and answers are
+JSON objects. An operation that fails with a ``MatrixError`` answers with that
+error's status and JSON, and the caller raises the same ``MatrixError``, so a
+client sees the owner's verdict unchanged whichever process it asked.
+
+``InternalApiServer`` registers operations by name on a ``JsonRouter``;
+``InternalApiClient`` calls them on another instance over pooled HTTP/1.1
+connections. A call that could not be delivered (connection refused: the owner
+is restarting) is retried with backoff for ``retry_for`` seconds; a call that
+was delivered is never repeated here (the caller's own retry, with its
+transaction ID, is what makes a write idempotent).
+"""
+
+# tests: tests/unit/workers/test_internal_api.py, tests/integration/test_workers.py
+
+from __future__ import annotations
+
+import hmac
+from io import BytesIO
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.web.client import (
+    Agent,
+    FileBodyProducer,
+    HTTPConnectionPool,
+    PartialDownloadError,
+    ResponseFailed,
+    ResponseNeverReceived,
+    readBody,
+)
+from twisted.web.http_headers import Headers
+from twisted.web.server import Request
+
+from homeserver.http.errors import MatrixError, forbidden
+from homeserver.http.server import JsonRouter, parse_json_object
+from workers.layout import Layout
+
+logger = logging.getLogger(__name__)
+
+PREFIX: Final = "/_tributary/replication"
+
+Operation = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class InternalApiServer:
+    """The operations this process performs for others, behind the shared secret."""
+
+    def __init__(self, router: JsonRouter, secret: str | None) -> None:
+        self._router = router
+        self._secret = (secret or "").encode("utf-8")
+        self._names: set[str] = set()
+
+    def register(self, name: str, operation: Operation) -> None:
+        if name in self._names:
+            raise ValueError(f"internal API operation {name!r} registered twice")
+        self._names.add(name)
+
+        async def handle(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+            self._authenticate(request)
+            return 200, await operation(parse_json_object(request))
+
+        self._router.register(["POST"], f"{PREFIX}/{name}", handle, f"replication_{name}")
+
+    def _authenticate(self, request: Request) -> None:
+        header = request.getHeader(b"authorization") or b""
+        scheme, _, token = header.partition(b" ")
+        if not self._secret or scheme != b"Bearer" or not hmac.compare_digest(token, self._secret):
+            raise forbidden("the internal replication API needs worker_replication_secret")
+
+
+class InternalApiError(MatrixError):
+    """The owner could not be asked, or did not answer (it is restarting, or it crashed
+    mid-request). The client sees ``503``; retrying the request (with the same transaction
+    ID, for a send) is safe."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(503, "M_UNKNOWN", message)
+
+
+class InternalApiClient:
+    """Calls another instance's internal API operations."""
+
+    def __init__(self, reactor: Any, layout: Layout, secret: str | None, *, retry_for: float = 30.0) -> None:
+        self._reactor = reactor
+        self._layout = layout
+        self._auth = f"Bearer {secret or ''}".encode("utf-8")
+        pool = HTTPConnectionPool(reactor, persistent=True)
+        pool.maxPersistentPerHost = 16
+        pool.retryAutomatically = False  # a delivered write is never silently repeated
+        self._pool = pool
+        self._agent = Agent(reactor, pool=pool, connectTimeout=5)
+        self._retry_for = retry_for
+
+    async def call(self, instance: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Run operation ``name`` on ``instance``; its answer, or the ``MatrixError`` it raised."""
+        location = self._layout.location(instance)
+        url = f"http://{location.host}:{location.port}{PREFIX}/{name}".encode("ascii")
+        payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        deadline = self._reactor.seconds() + self._retry_for
+        delay = 0.05
+        while True:
+            try:
+                response = await self._agent.request(
+                    b"POST", url,
+                    Headers({b"Authorization": [self._auth], b"Content-Type": [b"application/json"]}),
+                    FileBodyProducer(BytesIO(payload)),
+                )
+                break
+            except (ResponseNeverReceived, ResponseFailed) as e:
+                # Delivered, maybe acted on, but unanswered: never repeat it here.
+                logger.warning("%s did not answer %s: %s", instance, name, e)
+                raise InternalApiError(f"{instance} did not answer {name}; the request may be retried") from None
+            except (ConnectError, ConnectionRefusedError) as e:
+                if self._reactor.seconds() + delay > deadline:
+                    raise InternalApiError(f"{instance} is unreachable for {name}: {e}") from None
+                logger.info("%s unreachable for %s (%s); retrying in %.2fs", instance, name, e, delay)
+                await _sleep(self._reactor, delay)
+                delay = min(delay * 2, 2.0)
+        try:
+            raw = await readBody(response)
+        except (ResponseFailed, PartialDownloadError) as e:
+            raise InternalApiError(f"{instance} broke off its answer to {name}: {e}") from None
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            raise InternalApiError(f"{instance} answered {name} with {response.code} and no JSON") from None
+        if not isinstance(answer, dict):
+            raise InternalApiError(f"{instance} answered {name} with a non-object")
+        if response.code != 200:
+            errcode = answer.pop("errcode", "M_UNKNOWN")
+            error = answer.pop("error", f"{instance} failed {name}")
+            raise MatrixError(response.code, str(errcode), str(error), **answer)
+        return answer
+
+    async def close(self) -> None:
+        await self._pool.closeCachedConnections()
+
+
+def _sleep(reactor: Any, seconds: float) -> Deferred[None]:
+    d: Deferred[None] = Deferred()
+    reactor.callLater(seconds, d.callback, None)
+    return d
