@@ -151,6 +151,8 @@ class HomeServer:
         self.signing_key = load_or_create_signing_key(self.config.effective_signing_key_path)
         await self._start_streams()
         self._build_services()
+        assert self.rooms is not None
+        await self.rooms.room_tokens.start()
         self._build_federation_sender()
         await self._start_replication()
         if self.federation_sender is not None:

@@ -4,7 +4,9 @@ Pagination tokens are room stream positions (``RoomStreamToken``, ``s{n}``):
 position ``n`` means "just after the event with stream ordering ``n``".
 Backwards from ``n`` returns orderings ``<= n``, newest first; forwards returns
 ``> n``, oldest first. ``/sync`` tokens are accepted too (their events
-component). Only events the history-visibility rules let the user see are returned.
+component), and with several event persisters a token is a position per
+writer (``m{min}~{id}.{pos}``), each event compared with its own writer's.
+Only events the history-visibility rules let the user see are returned.
 """
 
 # tests: tests/integration/test_client_rooms.py
@@ -24,6 +26,7 @@ from homeserver.handlers.rooms import unknown_room
 from homeserver.http.errors import forbidden, invalid_param, not_found
 from storage.stores.events import EventsStore
 from storage.stores.timeline import TimelineStore
+from storage.room_tokens import RoomPosition, RoomTokens
 from storage.tokens import InvalidTokenError, RoomStreamToken, StreamToken
 
 MAX_LIMIT = 1000
@@ -90,16 +93,15 @@ def parse_event_filter(value: object) -> EventFilter:
     )
 
 
-def parse_pagination_token(text: str) -> int:
+async def parse_pagination_token(text: str, room_tokens: RoomTokens) -> RoomPosition:
     """A stream position from a ``/messages`` or ``/sync`` token; 400 ``M_INVALID_PARAM`` otherwise.
 
     ``b{n}`` is position ``-n``: backfilled history, stored with negative stream orderings."""
     if text.startswith("b") and 1 < len(text) <= 20 and text[1:].isascii() and text[1:].isdigit():
-        return -int(text[1:])
+        return RoomPosition.at(-int(text[1:]))
     try:
-        if "_" in text:
-            return StreamToken.parse(text).events.max_position
-        return RoomStreamToken.parse(text).max_position
+        token = StreamToken.parse(text).events if "_" in text else RoomStreamToken.parse(text)
+        return await room_tokens.position(token)
     except InvalidTokenError as e:
         raise invalid_param(str(e)) from None
 
@@ -117,13 +119,18 @@ class MessagesHandler:
         events_store: EventsStore,
         timeline: TimelineStore,
         client_events: ClientEvents,
-        current_position: Callable[[], int],
+        room_tokens: RoomTokens,
     ) -> None:
         self._events_store = events_store
         self._timeline = timeline
         self._client_events = client_events
-        self._current_position = current_position
+        self._room_tokens = room_tokens
         self._backfill: Backfill | None = None
+
+    def _token(self, position: RoomPosition) -> str:
+        if not position.ahead:
+            return room_token(position.minimum)
+        return self._room_tokens.token(position).to_string()
 
     def set_backfill(self, backfill: Backfill) -> None:
         """Where to get older history when a room's runs out here (federation's backfill)."""
@@ -167,27 +174,28 @@ class MessagesHandler:
     ) -> dict[str, Any]:
         membership = await self._membership(requester, room_id)
         backwards = direction == "b"
-        current = self._current_position()
+        current_token = self._room_tokens.current()
         if from_token is not None:
-            start = parse_pagination_token(from_token)
+            start = await parse_pagination_token(from_token, self._room_tokens)
         else:
-            start = current if backwards else 0
-        end = parse_pagination_token(to_token) if to_token is not None else None
+            start = await self._room_tokens.position(current_token) if backwards else RoomPosition.at(0)
+        end = await parse_pagination_token(to_token, self._room_tokens) if to_token is not None else None
         if membership in (C.LEAVE, C.BAN):
             # A user who left sees history up to their leave, not after it.
             rooms = await self._timeline.get_rooms_for_user(requester.user_id)
             orderings = await self._timeline.get_stream_orderings([rooms[room_id][1]])
-            left_at = orderings.get(rooms[room_id][1], current)
-            if backwards:
-                start = min(start, left_at)
-            else:
-                end = min(end, left_at) if end is not None else left_at
+            left_at = orderings.get(rooms[room_id][1])
+            if left_at is not None:
+                if backwards:
+                    start = start.capped(left_at)
+                else:
+                    end = end.capped(left_at) if end is not None else RoomPosition.at(left_at)
         limit = min(max(limit, 0), MAX_LIMIT)
         rows = await self._timeline.get_room_events(room_id, start=start, end=end, limit=limit, backwards=backwards)
         backfilled = 0
         if backwards and self._backfill is not None:
             for _ in range(BACKFILL_ROUNDS):
-                if len(rows) >= limit or (end is not None and rows and rows[-1][1] <= end + 1):
+                if len(rows) >= limit or (end is not None and rows and rows[-1][1] <= end.minimum + 1):
                     break
                 fetched = await self._backfill(room_id, limit - len(rows))
                 if not fetched:
@@ -199,7 +207,7 @@ class MessagesHandler:
         events = await self._client_events.load([event_id for event_id, _ in rows])
         events = [e for e in await self._visible(requester, membership, events) if event_filter.matches(e)]
         chunk = await self._client_events.serialize(events, access_token_id=requester.access_token_id)
-        out: dict[str, Any] = {"chunk": chunk, "start": room_token(start)}
+        out: dict[str, Any] = {"chunk": chunk, "start": self._token(start)}
         if (len(rows) == limit or backfilled) and rows:
             last = rows[-1][1]
             out["end"] = room_token(last - 1 if backwards else last)
@@ -225,7 +233,8 @@ class MessagesHandler:
             room_id, start=position - 1, end=None, limit=before_n, backwards=True
         )
         after_rows = await self._timeline.get_room_events(
-            room_id, start=position, end=self._current_position(), limit=after_n, backwards=False
+            room_id, start=position, end=await self._room_tokens.position(self._room_tokens.current()),
+            limit=after_n, backwards=False,
         )
         before = [
             e for e in await self._visible(requester, membership, await self._client_events.load([r[0] for r in before_rows]))

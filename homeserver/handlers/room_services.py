@@ -35,6 +35,8 @@ from storage.notifier import Notifier
 from storage.stores.account_data import AccountDataStore
 from storage.stores.e2e import E2eStore
 from storage.stores.events import EventsStore, PersistResult
+from storage.room_tokens import RoomTokens
+from storage.stores.instance_map import InstanceMap
 from storage.stores.presence import PresenceStore
 from storage.stores.streams import insert_typing_txn
 from storage.stores.timeline import TimelineStore
@@ -54,6 +56,8 @@ class RoomServices:
     sync: SyncHandler
     e2e: E2eHandler
     presence: PresenceHandler
+    # Room stream tokens <-> per-writer positions; ``await room_tokens.start()`` before serving.
+    room_tokens: RoomTokens
 
     @classmethod
     def build(
@@ -108,12 +112,12 @@ class RoomServices:
             ratelimiters=accounts.ratelimiters,
         )
         accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
-        events_stream = streams[StreamName.EVENTS]
+        room_tokens = RoomTokens(streams[StreamName.EVENTS], InstanceMap(db))
         messages = MessagesHandler(
             events_store=events_store,
             timeline=timeline,
             client_events=client_events,
-            current_position=events_stream.get_current_token,
+            room_tokens=room_tokens,
         )
         typing_stream = streams[StreamName.TYPING]
 
@@ -156,8 +160,9 @@ class RoomServices:
             e2e=e2e,
             metrics=sync_metrics,
             presence=presence,
+            room_tokens=room_tokens,
         )
-        return cls(timeline, client_events, rooms, messages, typing, receipts, sync, e2e, presence)
+        return cls(timeline, client_events, rooms, messages, typing, receipts, sync, e2e, presence, room_tokens)
 
     def stop(self) -> None:
         """Cancel timers; ``HomeServer.stop`` should call this before closing the database."""

@@ -1,7 +1,9 @@
 """``/sync``: what changed for a user since a ``StreamToken``, long-polling on the notifier.
 
 A response covers the events stream up to one snapshot position: every
-timeline event with ``since < stream_ordering <= upto`` appears once (unless
+timeline event with ``since < stream_ordering <= upto``, both taken for the
+event's own writer (tokens are vector clocks with several event persisters,
+``storage/room_tokens.py``), appears once (unless
 the timeline limit cuts it, in which case ``limited`` is set and ``prev_batch``
 points before the first event returned). ``next_batch`` is the snapshot. Waiting
 is one notifier waiter (no polling); a wake-up that turns out to be irrelevant
@@ -40,6 +42,7 @@ from storage.stores.account_data import AccountDataStore, UserAccountData
 from storage.stores.events import EventsStore, StateKey
 from storage.stores.timeline import MembershipRow, TimelineStore
 from storage.streams import StreamName
+from storage.room_tokens import RoomPosition, RoomTokens
 from storage.tokens import MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
 
 T = TypeVar("T")
@@ -97,8 +100,10 @@ class SyncHandler:
         e2e: E2eHandler,
         metrics: SyncMetrics | None = None,
         presence: PresenceHandler | None = None,
+        room_tokens: RoomTokens,
     ) -> None:
         self._presence = presence
+        self._room_tokens = room_tokens
         self._e2e = e2e
         self._metrics = metrics if metrics is not None else SyncMetrics.create(CollectorRegistry())
         self._streams = streams
@@ -119,7 +124,7 @@ class SyncHandler:
             return MultiWriterStreamToken.at(self._streams[name].get_current_token())
 
         return StreamToken(
-            RoomStreamToken.at(self._streams[StreamName.EVENTS].get_current_token()),
+            self._room_tokens.current(),
             typing=pos(StreamName.TYPING),
             receipts=pos(StreamName.RECEIPTS),
             presence=pos(StreamName.PRESENCE),
@@ -173,8 +178,9 @@ class SyncHandler:
     ) -> dict[str, Any]:
         user_id = requester.user_id
         now = self.current_token()
-        upto = _stream_position(now, SyncStreamKey.EVENTS)
-        since_pos = _stream_position(since, SyncStreamKey.EVENTS) if since is not None else 0
+        # The events positions are per writer (a vector clock with several event persisters).
+        upto = await self._room_tokens.position(now.events)
+        since_pos = await self._room_tokens.position(since.events) if since is not None else RoomPosition.at(0)
         initial = since is None or full_state
         limit = sync_filter.timeline_limit
 
@@ -185,14 +191,13 @@ class SyncHandler:
             return (after, current) if current > after else None
 
         def full_rooms(
-            rooms_at: Mapping[str, tuple[str, str, int]], changes: Sequence[MembershipRow]
+            rooms_at: Mapping[str, tuple[str, str, int]], changes: Sequence[MembershipRow], late: set[str]
         ) -> set[str]:
             joined = {r for r, (m, _, _) in rooms_at.items() if m == C.JOIN}
             if initial:
                 return joined
-            # A membership that changed after the snapshot (a race with this request) makes
-            # the room "full": its timeline is then visibility-filtered, never assumed visible.
-            late = {r for r, (_, _, so) in rooms_at.items() if so > upto}
+            # A membership that changed after the snapshot (a race with this request: ``late``)
+            # makes the room "full": its timeline is then visibility-filtered, never assumed visible.
             newly_joined = {row.room_id for row in changes if row.membership == C.JOIN}
             return (newly_joined | late) & joined
 
@@ -268,7 +273,7 @@ class SyncHandler:
                 continue
             shown_rooms.append((room_id, ephemeral, room_ad))
             builds.append(self._room_section(
-                requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=upto
+                requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events
             ))
         for (room_id, ephemeral, room_ad), section in zip(shown_rooms, await _gather(builds)):
             section["ephemeral"] = {"events": ephemeral}
@@ -318,7 +323,7 @@ class SyncHandler:
         limit: int,
         full: bool,
         sync_filter: SyncFilter,
-        upto: int,
+        upto: RoomStreamToken,
     ) -> dict[str, Any]:
         limited = len(rows) > limit
         rows = list(reversed(rows[:limit]))
@@ -329,7 +334,7 @@ class SyncHandler:
             # initial and newly joined rooms may reach back past the join.
             events = await self._client_events.filter_visible(requester.user_id, events, joined_now=True)
         shown = [e for e in events if sync_filter.timeline.matches(e)]
-        prev_batch = room_token(rows[0][1] - 1) if rows else room_token(upto)
+        prev_batch = room_token(rows[0][1] - 1) if rows else upto.to_string()
         state_events: list[FrozenEvent] = []
         if full or limited:
             if rows:
@@ -370,10 +375,10 @@ class SyncHandler:
         return [strip_event(e) for e in events]
 
     async def _leave_section(
-        self, requester: Requester, room_id: str, leave_event_id: str, since_pos: int, limit: int
+        self, requester: Requester, room_id: str, leave_event_id: str, since_pos: RoomPosition, limit: int
     ) -> dict[str, Any]:
         orderings = await self._timeline.get_stream_orderings([leave_event_id])
-        left_at = orderings.get(leave_event_id, since_pos)
+        left_at = orderings.get(leave_event_id, since_pos.minimum)
         rows = await self._timeline.get_room_events(room_id, start=left_at, end=since_pos, limit=limit + 1, backwards=True)
         limited = len(rows) > limit
         rows = list(reversed(rows[:limit]))

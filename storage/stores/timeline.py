@@ -15,6 +15,14 @@ from typing import Any
 import attrs
 
 from storage.database import Database, Transaction
+from storage.room_tokens import RoomPosition
+
+# A bound in the events stream: a plain stream ordering, or a position per writer.
+Bound = RoomPosition | int
+
+
+def _position(bound: Bound) -> RoomPosition:
+    return bound if isinstance(bound, RoomPosition) else RoomPosition.at(bound)
 
 
 @attrs.frozen
@@ -54,30 +62,33 @@ class SyncRooms:
     recent: dict[str, list[tuple[str, int]]]
 
 
-# Chooses the full rooms of a sync from the user's rooms and membership changes.
-FullRoomsRule = Callable[[Mapping[str, tuple[str, str, int]], Sequence[MembershipRow]], set[str]]
+# Chooses the full rooms of a sync from the user's rooms, membership changes, and the rooms
+# whose membership event is past the sync's end (a race with the request).
+FullRoomsRule = Callable[[Mapping[str, tuple[str, str, int]], Sequence[MembershipRow], set[str]], set[str]]
 
 # Events clients may see in timelines: in the graph, accepted, not soft-failed (schema 0008).
 _LIVE = "NOT outlier AND rejection_reason IS NULL AND NOT soft_failed"
 
 
 def _recent_events_txn(
-    txn: Transaction, room_ids: Sequence[str], *, after: int, upto: int, limit: int
+    txn: Transaction, room_ids: Sequence[str], *, after: Bound, upto: Bound, limit: int
 ) -> dict[str, list[tuple[str, int]]]:
     """Per room, up to ``limit`` newest events with ``after < so <= upto``, newest first: one query."""
     if not room_ids:
         return {}
+    lower, lower_params = _position(after).sql_after()
+    upper, upper_params = _position(upto).sql_upto()
     txn.execute(
         f"""
         SELECT r.room_id, e.event_id, e.stream_ordering FROM unnest(%s::text[]) AS r(room_id)
         CROSS JOIN LATERAL (
             SELECT event_id, stream_ordering FROM events
-            WHERE events.room_id = r.room_id AND {_LIVE} AND stream_ordering > %s AND stream_ordering <= %s
+            WHERE events.room_id = r.room_id AND {_LIVE} AND {lower} AND {upper}
             ORDER BY stream_ordering DESC LIMIT %s
         ) e
         ORDER BY r.room_id, e.stream_ordering DESC
         """,
-        (list(room_ids), after, upto, limit),
+        (list(room_ids), *lower_params, *upper_params, limit),
     )
     out: dict[str, list[tuple[str, int]]] = {}
     for room_id, event_id, stream_ordering in txn.fetchall():
@@ -86,21 +97,22 @@ def _recent_events_txn(
 
 
 def _room_events_txn(
-    txn: Transaction, room_id: str, *, start: int, end: int | None, limit: int, backwards: bool
+    txn: Transaction, room_id: str, *, start: Bound, end: Bound | None, limit: int, backwards: bool
 ) -> list[tuple[str, int]]:
     """Event IDs with stream orderings. Backwards: ``end < so <= start`` newest first; forwards: ``start < so <= end``."""
     if backwards:
-        txn.execute(
-            f"SELECT event_id, stream_ordering FROM events WHERE room_id = %s AND {_LIVE} "
-            "AND stream_ordering <= %s AND stream_ordering > %s ORDER BY stream_ordering DESC LIMIT %s",
-            (room_id, start, end if end is not None else -(2**62), limit),
-        )
+        upper, upper_params = _position(start).sql_upto()
+        lower, lower_params = _position(end if end is not None else -(2**62)).sql_after()
+        order = "DESC"
     else:
-        txn.execute(
-            f"SELECT event_id, stream_ordering FROM events WHERE room_id = %s AND {_LIVE} "
-            "AND stream_ordering > %s AND stream_ordering <= %s ORDER BY stream_ordering ASC LIMIT %s",
-            (room_id, start, end if end is not None else 2**62, limit),
-        )
+        lower, lower_params = _position(start).sql_after()
+        upper, upper_params = _position(end if end is not None else 2**62).sql_upto()
+        order = "ASC"
+    txn.execute(
+        f"SELECT event_id, stream_ordering FROM events WHERE room_id = %s AND {_LIVE} "
+        f"AND {upper} AND {lower} ORDER BY stream_ordering {order} LIMIT %s",
+        (room_id, *upper_params, *lower_params, limit),
+    )
     return [(str(row[0]), int(row[1])) for row in txn.fetchall()]
 
 
@@ -227,20 +239,6 @@ class TimelineStore:
 
         return await self._db.run_interaction("get_rooms_for_user", txn_fn)
 
-    async def get_rooms_for_user_at(self, user_id: str) -> dict[str, tuple[str, str, int]]:
-        """room_id -> (membership, member event ID, its stream ordering) from the rooms' current state."""
-
-        def txn_fn(txn: Transaction) -> dict[str, tuple[str, str, int]]:
-            txn.execute(
-                "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering FROM current_state_events c "
-                "JOIN events e ON e.event_id = c.event_id "
-                "WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership IS NOT NULL",
-                (user_id,),
-            )
-            return {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in txn.fetchall()}
-
-        return await self._db.run_interaction("get_rooms_for_user_at", txn_fn)
-
     async def get_current_members(self, room_id: str) -> list[tuple[str, str, str]]:
         """(user_id, membership, event_id) of every member event in the room's current state."""
 
@@ -268,19 +266,6 @@ class TimelineStore:
 
         return await self._db.run_interaction("get_joined_profiles", txn_fn)
 
-    async def get_membership_changes(self, user_id: str, after: int, upto: int) -> list[MembershipRow]:
-        """The user's membership events with ``after < stream_ordering <= upto``, oldest first."""
-
-        def txn_fn(txn: Transaction) -> list[MembershipRow]:
-            txn.execute(
-                "SELECT room_id, user_id, membership, event_id, stream_ordering FROM room_memberships "
-                "WHERE user_id = %s AND stream_ordering > %s AND stream_ordering <= %s ORDER BY stream_ordering",
-                (user_id, after, upto),
-            )
-            return [MembershipRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in txn.fetchall()]
-
-        return await self._db.run_interaction("get_membership_changes", txn_fn)
-
     async def forget_room(self, user_id: str, room_id: str) -> None:
         def txn_fn(txn: Transaction) -> None:
             txn.execute(
@@ -306,49 +291,45 @@ class TimelineStore:
     # --- timelines ----------------------------------------------------------------------
 
     async def get_room_events(
-        self, room_id: str, *, start: int, end: int | None, limit: int, backwards: bool
+        self, room_id: str, *, start: Bound, end: Bound | None, limit: int, backwards: bool
     ) -> list[tuple[str, int]]:
         return await self._db.run_interaction(
             "get_room_events", _room_events_txn, room_id, start=start, end=end, limit=limit, backwards=backwards
         )
 
-    async def get_recent_events_for_rooms(
-        self, room_ids: Collection[str], *, after: int, upto: int, limit: int
-    ) -> dict[str, list[tuple[str, int]]]:
-        """Per room, up to ``limit`` newest events with ``after < so <= upto``, newest first
-        (rooms with none left out)."""
-        if not room_ids:
-            return {}
-        return await self._db.run_interaction(
-            "get_recent_events_for_rooms", _recent_events_txn, list(room_ids), after=after, upto=upto, limit=limit
-        )
-
     async def get_sync_rooms(
-        self, user_id: str, *, since: int | None, upto: int, limit: int, full_rooms: FullRoomsRule
+        self, user_id: str, *, since: Bound | None, upto: Bound, limit: int, full_rooms: FullRoomsRule
     ) -> SyncRooms:
         """What ``/sync`` needs of the user's rooms (see ``SyncRooms``), in one transaction.
         ``since`` None: an initial sync. ``full_rooms`` picks the joined rooms whose timeline
-        is read from scratch (it is given the rooms and the membership changes)."""
+        is read from scratch (it is given the rooms, the membership changes and the rooms whose
+        membership event is past ``upto``)."""
+        end = _position(upto)
 
         def txn_fn(txn: Transaction) -> SyncRooms:
             txn.execute(
-                "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering FROM current_state_events c "
-                "JOIN events e ON e.event_id = c.event_id "
+                "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering, e.instance_name "
+                "FROM current_state_events c JOIN events e ON e.event_id = c.event_id "
                 "WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership IS NOT NULL",
                 (user_id,),
             )
-            rooms_at = {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in txn.fetchall()}
+            rows = txn.fetchall()
+            rooms_at = {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in rows}
+            late = {str(r[0]) for r in rows if not end.covers(str(r[4]), int(r[3]))}
             txn.execute("SELECT room_id FROM room_forgotten WHERE user_id = %s", (user_id,))
             forgotten = {str(r[0]) for r in txn.fetchall()}
             changes: list[MembershipRow] = []
             if since is not None:
+                lower, lower_params = _position(since).sql_after("e.")
+                upper, upper_params = end.sql_upto("e.")
                 txn.execute(
-                    "SELECT room_id, user_id, membership, event_id, stream_ordering FROM room_memberships "
-                    "WHERE user_id = %s AND stream_ordering > %s AND stream_ordering <= %s ORDER BY stream_ordering",
-                    (user_id, since, upto),
+                    "SELECT m.room_id, m.user_id, m.membership, m.event_id, m.stream_ordering FROM room_memberships m "
+                    f"JOIN events e ON e.event_id = m.event_id WHERE m.user_id = %s AND {lower} AND {upper} "
+                    "ORDER BY m.stream_ordering",
+                    (user_id, *lower_params, *upper_params),
                 )
                 changes = [MembershipRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in txn.fetchall()]
-            full = full_rooms(rooms_at, changes)
+            full = full_rooms(rooms_at, changes, late)
             joined = sorted(r for r, (m, _, _) in rooms_at.items() if m == "join")
             recent = _recent_events_txn(txn, sorted(full), after=0, upto=upto, limit=limit)
             incremental = [r for r in joined if r not in full]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from homeserver.events import EventTemplate, FrozenEvent, get_room_version
@@ -10,6 +12,7 @@ from homeserver.handlers.client_events import format_event, strip_event
 from homeserver.handlers.messages import parse_event_filter, parse_pagination_token, room_token
 from homeserver.handlers.sync import DEFAULT_TIMELINE_LIMIT, MAX_TIMELINE_LIMIT, SyncFilter
 from homeserver.http.errors import MatrixError
+from storage.room_tokens import RoomPosition, RoomTokens
 from storage.tokens import RoomStreamToken, StreamToken
 
 V11 = get_room_version("11")
@@ -50,15 +53,48 @@ def test_event_filter_rejects_wrong_shapes_with_invalid_param(bad: object) -> No
     assert caught.value.status == 400 and caught.value.errcode == "M_INVALID_PARAM"
 
 
+class KnownInstances:
+    """The two instance IDs a test token uses (a fake of InstanceMap's lookups)."""
+
+    names = {1: "p1", 2: "p2"}
+
+    def get_cached_name(self, instance_id: int) -> str | None:
+        return self.names.get(instance_id)
+
+    async def get_name(self, instance_id: int) -> str | None:
+        return self.names.get(instance_id)
+
+    def ids(self) -> dict[str, int]:
+        return {name: i for i, name in self.names.items()}
+
+
+def run(coro: Any) -> Any:
+    """Drive a coroutine that never waits (every lookup here is answered at once)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("the coroutine waited")
+
+
 def test_pagination_tokens_round_trip_and_accept_sync_tokens() -> None:
-    assert parse_pagination_token(room_token(42)) == 42
+    tokens = RoomTokens(None, KnownInstances())  # type: ignore[arg-type]
+
+    def parse(text: str) -> RoomPosition:
+        return run(parse_pagination_token(text, tokens))
+
+    assert parse(room_token(42)) == RoomPosition.at(42)
     # Backfilled history has negative stream orderings: "b{n}" is position -n.
     assert room_token(-3) == "b3"
-    assert parse_pagination_token(room_token(-3)) == -3
-    assert parse_pagination_token(StreamToken(RoomStreamToken.at(17)).to_string()) == 17
-    for bad in ["", "garbage", "s-1", "s" + "9" * 40, "a_b", "b", "b-1", "bx", "b" + "9" * 40, "b\u0661"]:
+    assert parse(room_token(-3)) == RoomPosition.at(-3)
+    assert parse(StreamToken(RoomStreamToken.at(17)).to_string()) == RoomPosition.at(17)
+    # With several event persisters: a position per writer, named as in events.instance_name.
+    assert parse("m10~1.14~2.12") == RoomPosition(10, (("p1", 14), ("p2", 12)))
+    assert tokens.token(parse("m10~1.14~2.12")).to_string() == "m10~1.14~2.12"
+    for bad in ["", "garbage", "s-1", "s" + "9" * 40, "a_b", "b", "b-1", "bx", "b" + "9" * 40, "b\u0661",
+                "m10~3.14"]:
         with pytest.raises(MatrixError):
-            parse_pagination_token(bad)
+            parse(bad)
 
 
 def test_sync_filter_limits() -> None:
