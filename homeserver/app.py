@@ -51,7 +51,12 @@ from homeserver.handlers.auth import TokenCacheInvalidation
 from homeserver.handlers.typing import ReplicatedTyping
 from homeserver.handlers.presence import SyncTracker
 from homeserver.config import MAIN_INSTANCE, ConfigError
-from workers.federation import FederationStreamReader, FederationStreamSink, register_forward_pdu
+from workers.federation import (
+    FederationStreamReader,
+    FederationStreamSink,
+    RemoteEduSink,
+    register_main_operations,
+)
 from workers.forwarding import RoutedPersister, ShardedRoomEventCreator, install_forwarding, register_event_operations
 from workers.internal_api import InternalApiClient, InternalApiServer
 from workers.layout import Layout
@@ -376,18 +381,25 @@ class HomeServer:
                 events.get_current_token()))
             self.federation.membership.forward = sender.forward
             self.federation.remote_up_hooks.append(sender.notify_remote_server_up)
+            # EDUs from the federation stream (sender workers) and outbox wake-ups from other
+            # to-device writers (any sender): replication brings both.
+            self._row_handlers.append(FederationStreamReader(sender, self._send_federation_ack))
             if self.layout.is_main:
                 sink = sender
             else:
-                self._row_handlers.append(FederationStreamReader(sender, self._send_federation_ack))
                 self._remote_up_listeners.append(sender.notify_remote_server_up)
         elif self.layout.writes(StreamName.FEDERATION):
             stream_sink = sink = FederationStreamSink(self.db, self.streams[StreamName.FEDERATION],
                                                       server_name=self.config.server_name,
                                                       joined_servers=store.get_joined_servers)
             self.federation.membership.forward = stream_sink.forward
+        elif self.internal_client is not None and any(
+            self.layout.writes(s) for s in (StreamName.TYPING, StreamName.RECEIPTS, StreamName.PRESENCE)
+        ):
+            sink = RemoteEduSink(self.internal_client)  # a worker writing ephemeral streams
         if self.layout.has_workers:
-            register_forward_pdu(self.federation.membership, self.layout, self.internal_api, self.internal_client)
+            register_main_operations(self.federation.membership, sink, self.layout, self.internal_api,
+                                     self.internal_client)
         if sink is not None:
             sender_store = FederationSenderStore(self.db)
             edus = OutboundEdus(

@@ -172,7 +172,7 @@ class TributaryProcess:
 
 def configure_workers(
     tmp_path: Path, database_url: str, redis_url: str, *, persisters: int = 2, senders: int = 1,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None, stream_writers: dict[str, list[str]] | None = None,
 ) -> tuple[TributaryProcess, dict[str, TributaryProcess], int]:
     """A worker layout on loopback (docs/workers.md): the main process (federating, with a
     replication listener), ``persisters`` event persisters ``p1``..., a generic worker ``g1``
@@ -190,7 +190,7 @@ def configure_workers(
         "redis": {"enabled": True, "url": redis_url},
         "worker_replication_secret": "a shared secret",
         "instance_map": {name: {"host": "127.0.0.1", "port": port} for name, port in internal.items()},
-        "stream_writers": {"events": persister_names or ["master"]},
+        "stream_writers": {"events": persister_names or ["master"], **(stream_writers or {})},
     })
     if sender_names:
         config.update({"send_federation": False, "federation_sender_instances": sender_names})

@@ -41,7 +41,31 @@ logger = logging.getLogger(__name__)
 FORWARD_PDU = "tributary.forward_pdu"
 
 
-class FederationStreamSink:
+class _EduEncoder:
+    """The ``EduSink`` methods as plain EDUs, for a sink whose ``send_edu`` takes it elsewhere."""
+
+    def send_edu(self, destinations: Iterable[str], edu_type: str, content: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def send_typing(self, destinations: Iterable[str], room_id: str, user_id: str, typing: bool) -> None:
+        self.send_edu(destinations, "m.typing", {"room_id": room_id, "user_id": user_id, "typing": typing})
+
+    def send_receipt(self, destinations: Iterable[str], room_id: str, receipt_type: str, user_id: str,
+                     event_ids: list[str], data: Mapping[str, Any]) -> None:
+        content = {room_id: {receipt_type: {user_id: {"event_ids": event_ids, "data": dict(data)}}}}
+        self.send_edu(destinations, "m.receipt", content)
+
+    def send_presence(self, destinations: Iterable[str], state: Mapping[str, Any]) -> None:
+        self.send_edu(destinations, "m.presence", {"push": [dict(state)]})
+
+    def send_device_list_update(self, destinations: Iterable[str], content: Mapping[str, Any]) -> None:
+        self.send_edu(destinations, "m.device_list_update", content)
+
+    def wake_destination(self, destination: str) -> None:
+        """Nothing to send: the outbox row's to-device stream fact reaches the senders."""
+
+
+class FederationStreamSink(_EduEncoder):
     """An ``EduSink`` that writes EDUs to the ``federation`` stream for the sender workers."""
 
     def __init__(self, db: Database, stream: StreamIdGenerator, *, server_name: str,
@@ -80,22 +104,21 @@ class FederationStreamSink:
         d = Deferred.fromCoroutine(self._stream.run_interaction("queue_federation_edu", write))
         d.addErrback(lambda f: logger.error("could not queue %s for %d servers: %s", edu_type, len(targets), f.value))
 
-    def send_typing(self, destinations: Iterable[str], room_id: str, user_id: str, typing: bool) -> None:
-        self.send_edu(destinations, "m.typing", {"room_id": room_id, "user_id": user_id, "typing": typing})
 
-    def send_receipt(self, destinations: Iterable[str], room_id: str, receipt_type: str, user_id: str,
-                     event_ids: list[str], data: Mapping[str, Any]) -> None:
-        content = {room_id: {receipt_type: {user_id: {"event_ids": event_ids, "data": dict(data)}}}}
-        self.send_edu(destinations, "m.receipt", content)
+class RemoteEduSink(_EduEncoder):
+    """An ``EduSink`` in a worker that writes typing, receipts or presence: its EDUs go to the
+    main process (the internal API's ``queue_edu``), which queues them like its own."""
 
-    def send_presence(self, destinations: Iterable[str], state: Mapping[str, Any]) -> None:
-        self.send_edu(destinations, "m.presence", {"push": [dict(state)]})
+    def __init__(self, client: InternalApiClient) -> None:
+        self._client = client
 
-    def send_device_list_update(self, destinations: Iterable[str], content: Mapping[str, Any]) -> None:
-        self.send_edu(destinations, "m.device_list_update", content)
-
-    def wake_destination(self, destination: str) -> None:
-        """Nothing to write: the outbox row's to-device stream fact reaches the senders."""
+    def send_edu(self, destinations: Iterable[str], edu_type: str, content: Mapping[str, Any]) -> None:
+        targets = sorted(set(destinations))
+        if not targets:
+            return
+        body = {"destinations": targets, "edu_type": edu_type, "content": dict(content)}
+        d = Deferred.fromCoroutine(self._client.call(MAIN_INSTANCE, "queue_edu", body))
+        d.addErrback(lambda f: logger.error("could not hand %s to the main process: %s", edu_type, f.value))
 
 
 class FederationStreamReader:
@@ -122,37 +145,47 @@ class FederationStreamReader:
             except ValueError:
                 logger.error("federation stream row %d for %s is not JSON; dropped", token, destination)
                 continue
-            dispatch_edu(self._sender, destination, edu_type, content)
+            dispatch_edu(self._sender, [destination], edu_type, content)
         self._ack(token)
 
 
-def dispatch_edu(sender: FederationSender, destination: str, edu_type: str, content: Any) -> None:
-    """Queue one EDU from the stream the way the in-process handlers would have."""
+def dispatch_edu(sender: Any, destinations: list[str], edu_type: str, content: Any) -> None:
+    """Queue one EDU (from the stream, or from a worker) the way the in-process handlers would
+    have: ``sender`` is a ``FederationSender`` or another ``EduSink``."""
     if not isinstance(content, dict):
-        logger.error("%s for %s has non-object content; dropped", edu_type, destination)
+        logger.error("%s for %s has non-object content; dropped", edu_type, destinations)
         return
     if edu_type == FORWARD_PDU:
-        sender.send_pdu(content, [destination])
+        sender.send_pdu(content, destinations)
     elif edu_type == "m.typing":
-        sender.send_typing([destination], content["room_id"], content["user_id"], bool(content["typing"]))
+        sender.send_typing(destinations, content["room_id"], content["user_id"], bool(content["typing"]))
     elif edu_type == "m.presence":
         for state in content.get("push", []):
-            sender.send_presence([destination], state)
+            sender.send_presence(destinations, state)
     elif edu_type == "m.receipt":
         for room_id, by_type in content.items():
             for receipt_type, by_user in by_type.items():
                 for user_id, receipt in by_user.items():
-                    sender.send_receipt([destination], room_id, receipt_type, user_id,
+                    sender.send_receipt(destinations, room_id, receipt_type, user_id,
                                         list(receipt["event_ids"]), receipt.get("data", {}))
     else:
-        sender.send_edu([destination], edu_type, content)
+        sender.send_edu(destinations, edu_type, content)
 
 
-def register_forward_pdu(membership: Any, layout: Layout, server: InternalApiServer,
-                         client: InternalApiClient | None) -> None:
-    """Where the resident server's forwarding of remote members' events happens: the main process
-    serves ``forward_pdu``; any other process without its own sender hands the event to it."""
+def register_main_operations(membership: Any, sink: Any, layout: Layout, server: InternalApiServer,
+                             client: InternalApiClient | None) -> None:
+    """What the main process does for workers' outbound federation: ``forward_pdu`` (the resident
+    server's forwarding of remote members' events) and ``queue_edu`` (EDUs caused on a worker
+    that writes typing, receipts or presence). Any other process without its own sender hands
+    forwarded events to it."""
     if layout.is_main:
+        async def queue_edu(body: dict[str, Any]) -> dict[str, Any]:
+            if sink is not None:
+                dispatch_edu(sink, body["destinations"], str(body["edu_type"]), body["content"])
+            return {}
+
+        server.register("queue_edu", queue_edu)
+
         async def forward_pdu(body: dict[str, Any]) -> dict[str, Any]:
             _, event = event_from_json(body["event"])
             if membership.forward is not None:

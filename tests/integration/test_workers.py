@@ -101,7 +101,9 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
     postgres_template: str, redis_url: str, tmp_path: Path
 ) -> None:
     with scratch_database(postgres_template) as dsn, scratch_database(postgres_template) as dsn_b:
-        main, workers, generic_port = configure_workers(tmp_path / "a", dsn, redis_url)
+        # The generic worker writes typing: its EDUs reach other servers through the main process.
+        main, workers, generic_port = configure_workers(tmp_path / "a", dsn, redis_url,
+                                                        stream_writers={"typing": ["g1"]})
         remote = TributaryProcess.configure_federating(tmp_path / "b", database_url=dsn_b)
         nginx = Nginx.for_workers(tmp_path / "nginx", main_port=main.client_port, generic_port=generic_port)
         processes = [main, *workers.values(), remote]
@@ -136,6 +138,20 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
             for room in rooms:
                 carol.ok("POST", f"join/{quote(room, safe='')}", {})
                 bob.ok("POST", f"join/{quote(room, safe='')}?server_name={quote(name_a)}", {})
+
+            # Typing written by the generic worker reaches Bob on the other server.
+            alice.ok("PUT", f"rooms/{quote(rooms[0], safe='')}/typing/{quote(alice_id)}",
+                     {"typing": True, "timeout": 30000})
+            deadline = time.monotonic() + 20
+            since = None
+            while True:
+                status, synced = bob.call("GET", "sync?timeout=1000" + (f"&since={since}" if since else ""))
+                assert status == 200, synced
+                since = synced["next_batch"]
+                ephemeral = synced.get("rooms", {}).get("join", {}).get(rooms[0], {}).get("ephemeral", {})
+                if any(alice_id in e["content"].get("user_ids", []) for e in ephemeral.get("events", [])):
+                    break
+                assert time.monotonic() < deadline, "Alice's typing never reached the other server"
 
             followers = {"alice": SyncFollower(alice), "carol": SyncFollower(carol)}
             for follower in followers.values():
