@@ -37,7 +37,7 @@ from homeserver.events.canonical import thaw
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
-from homeserver.handlers.rooms import events_error
+from homeserver.handlers.rooms import send_error
 from homeserver.http.errors import MatrixError, bad_json
 from homeserver.events.errors import EventsError
 from storage.stores.events import DuplicateTxnId, PersistResult, SendTxn
@@ -80,12 +80,12 @@ def _result_from_json(data: Mapping[str, Any]) -> PersistResult:
 
 
 def _send_error(error: Exception, room_id: str) -> MatrixError:
-    """What ``RoomHandler`` would have answered had the send failed in this process."""
+    """What ``RoomHandler`` would have answered had the send failed in this process; an unknown
+    room is flagged so the caller raises ``RoomNotFound``, as a local send would."""
+    answer = send_error(error, room_id)
     if isinstance(error, RoomNotFound):
-        return MatrixError(404, "M_NOT_FOUND", f"Unknown room {room_id}", tributary_room_not_found=True)
-    if isinstance(error, EventsError):
-        return events_error(error)
-    return bad_json(f"Invalid event: {error}")
+        answer.extra["tributary_room_not_found"] = True
+    return answer
 
 
 # --- room events ----------------------------------------------------------------------------

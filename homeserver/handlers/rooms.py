@@ -110,6 +110,15 @@ def events_error(error: EventsError) -> MatrixError:
     return bad_json(str(error))
 
 
+def send_error(error: Exception, room_id: str) -> MatrixError:
+    """What a client sees when creating an event failed: an unknown room, a rejected or malformed event."""
+    if isinstance(error, RoomNotFound):
+        return unknown_room(room_id)
+    if isinstance(error, EventsError):
+        return events_error(error)
+    return bad_json(f"Invalid event: {error}")
+
+
 class RoomHandler:
     def __init__(
         self,
@@ -147,22 +156,14 @@ class RoomHandler:
     async def _send(self, room_id: str, template: EventTemplate, sender: str) -> FrozenEvent:
         try:
             return await self._room_events.send(room_id, template, sender)
-        except RoomNotFound:
-            raise unknown_room(room_id) from None
-        except EventsError as e:
-            raise events_error(e) from None
-        except (TypeError, ValueError) as e:
-            raise bad_json(f"Invalid event: {e}") from None
+        except (RoomNotFound, EventsError, TypeError, ValueError) as e:
+            raise send_error(e, room_id) from None
 
     async def _send_idempotent(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn) -> str:
         try:
             return await self._room_events.send_idempotent(room_id, template, sender, txn)
-        except RoomNotFound:
-            raise unknown_room(room_id) from None
-        except EventsError as e:
-            raise events_error(e) from None
-        except (TypeError, ValueError) as e:
-            raise bad_json(f"Invalid event: {e}") from None
+        except (RoomNotFound, EventsError, TypeError, ValueError) as e:
+            raise send_error(e, room_id) from None
 
     def _now(self) -> float:
         return self._clock_ms() / 1000.0
