@@ -154,6 +154,9 @@ class _Entry:
     keys: dict[str, ServerKey]
     response: dict[str, Any] | None
     last_fetch_ms: int
+    # Key ID -> when a fetch last looked for it: a missing key is looked for at most once a
+    # minute, but a key ID not seen before (a server that rotated its key) is fetched at once.
+    tried: dict[str, int] = attrs.Factory(dict)
 
 
 class Keyring:
@@ -202,9 +205,20 @@ class Keyring:
         entry = self._cache.get(server)
         now = self._clock_ms()
         if entry is None or not _has_valid(entry.keys, wanted, at_ms, now):
-            if entry is None or now - entry.last_fetch_ms >= MIN_REFETCH_INTERVAL_MS:
+            if entry is None or self._worth_fetching(entry, wanted, at_ms, now):
                 entry = await self._fetch(server, wanted, entry)
         return {k: v for k, v in entry.keys.items() if v.valid_until_ts >= at_ms}
+
+    @staticmethod
+    def _worth_fetching(entry: _Entry, wanted: set[str], at_ms: int, now: int) -> bool:
+        """Some wanted key is missing and was not looked for in the last minute."""
+        for key_id in wanted:
+            if _has_valid(entry.keys, {key_id}, at_ms, now):
+                continue
+            tried = entry.tried.get(key_id)
+            if tried is None or now - tried >= MIN_REFETCH_INTERVAL_MS:
+                return True
+        return False
 
     async def keyring_for(self, wanted: Mapping[str, Iterable[str]], *, at_ms: int) -> dict[str, dict[str, ServerKey]]:
         """A ``KeyRing`` (server -> key ID -> key) for verifying an event signed at ``at_ms``."""
@@ -257,7 +271,9 @@ class Keyring:
                     break
         if errors:
             logger.warning("fetching keys of %s: %s", server, "; ".join(errors))
-        entry = _Entry(keys, response, now)
+        tried = dict(previous.tried) if previous is not None else {}
+        tried.update((key_id, now) for key_id in wanted)
+        entry = _Entry(keys, response, now, tried)
         self._cache[server] = entry
         return entry
 

@@ -121,6 +121,19 @@ def test_unknown_key_is_not_refetched_within_a_minute() -> None:
     assert fetcher.direct == 2
 
 
+def test_a_key_id_not_looked_for_before_is_fetched_at_once() -> None:
+    """A server that rotated its key: its new key ID is fetched now, not a minute later."""
+    clock = Clock()
+    fetcher = Fetcher(clock)
+    keyring = _keyring(clock, fetcher)
+    assert run_sync(keyring.get_verify_key("remote.test", "ed25519:nope")) is None
+    clock.now += 1000
+    assert run_sync(keyring.get_verify_key("remote.test", "ed25519:other")) is None
+    assert fetcher.direct == 2
+    assert run_sync(keyring.get_verify_key("remote.test", "ed25519:other")) is None
+    assert fetcher.direct == 2
+
+
 def test_notary_is_asked_when_the_server_is_down() -> None:
     clock = Clock()
     fetcher = Fetcher(clock)
