@@ -1,8 +1,8 @@
 """Scale-out figures: the same send load with 1 and with 2 event persisters.
 
 For each layout it starts real processes on a scratch PostgreSQL database and
-Redis (main + N event persisters + a generic worker, no federation sender),
-registers users, creates rooms through the generic worker, then sends
+Redis (main + N event persisters + a generic worker + a federation sender,
+so the main process has no part in sending), registers users, creates rooms through the generic worker, then sends
 ``--messages`` messages from ``--senders`` concurrent senders (one room each)
 through the generic worker, and prints: messages persisted per second, send
 latency p50/p99, the CPU seconds each process used during the load (the main
@@ -44,7 +44,7 @@ async def run_layout(persisters: int, args: argparse.Namespace) -> dict[str, Any
     redis.Redis.from_url(REDIS_URL).flushdb()
     with tempfile.TemporaryDirectory() as tmp, scratch_database(None) as dsn:
         main, workers, generic_port = configure_workers(Path(tmp), dsn, REDIS_URL, persisters=persisters,
-                                                        senders=0, extra=LIMITS)
+                                                        senders=1, extra=LIMITS)
         processes: list[TributaryProcess] = [main, *workers.values()]
         try:
             for process in processes:
