@@ -200,7 +200,8 @@ def configure_workers(
 
     workers: dict[str, Any] = {name: {"app": "event_persister", "listeners": listeners(name)} for name in persister_names}
     workers["g1"] = {"app": "generic", "listeners": listeners(
-        "g1", {"type": "http", "port": generic_client, "resources": ["client", "health"]})}
+        "g1", {"type": "http", "port": generic_client, "resources": ["client", "health"]},
+        {"type": "metrics", "port": free_port()})}
     workers.update({name: {"app": "federation_sender", "listeners": listeners(name)} for name in sender_names})
     config["workers"] = workers
     main.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")

@@ -269,6 +269,17 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                         break
                 assert time.monotonic() < deadline, "the restarted federation sender did not send what it missed"
                 time.sleep(0.5)
+            # Every process serves its own metrics: the generic worker's show its syncs and what
+            # replication brought it from both persisters.
+            config = yaml.safe_load(main.config_path.read_text(encoding="utf-8"))
+            metrics_port = next(listener["port"] for listener in config["workers"]["g1"]["listeners"]
+                                if listener["type"] == "metrics")
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
+                metrics = response.read().decode()
+            assert 'tributary_http_requests_total{method="GET",servlet="client_sync",status_class="2xx"}' in metrics
+            assert 'tributary_stream_position{stream="events",writer="p1"}' in metrics
+            assert 'tributary_stream_position{stream="events",writer="p2"}' in metrics
+
             # nginx sent registration to the main process and /sync and sends to the generic worker.
             generic_log = workers["g1"].log_path.read_text(encoding="utf-8")
             main_log = main.log_path.read_text(encoding="utf-8")
