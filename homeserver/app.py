@@ -336,6 +336,7 @@ class HomeServer:
             metrics=FederationMetrics.create(self.registry),
         )
         self.rooms.rooms.set_remote_membership(self.federation.membership)
+        self.federation.membership.invites = self.rooms.remote_invites
         self.rooms.messages.set_backfill(self.federation.backfill.backfill)
         register_edu_handlers(self.federation.transactions, typing=self.rooms.typing, receipts=self.rooms.receipts,
                               presence=self.rooms.presence, e2e=self.rooms.e2e)

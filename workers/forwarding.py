@@ -253,6 +253,10 @@ FORWARDED_METHODS: tuple[ForwardedMethod, ...] = (
     ForwardedMethod("to_device", StreamName.TO_DEVICE, lambda s: s.rooms.e2e, "send_to_device"),
     ForwardedMethod("account_data", StreamName.ACCOUNT_DATA, lambda s: s.accounts.account_data, "set_global"),
     ForwardedMethod("room_account_data", StreamName.ACCOUNT_DATA, lambda s: s.accounts.account_data, "set_room"),
+    # Invites of local users to rooms this server is not in (a position on the events stream).
+    ForwardedMethod("remote_invite", StreamName.EVENTS, lambda s: s.rooms.remote_invites, "record_invite"),
+    ForwardedMethod("remote_invite_rejected", StreamName.EVENTS, lambda s: s.rooms.remote_invites,
+                    "record_rejection"),
     # Remote users' changes (EDUs in inbound federation transactions).
     ForwardedMethod("remote_typing", StreamName.TYPING, lambda s: s.rooms.typing, "apply_remote"),
     ForwardedMethod("remote_receipt", StreamName.RECEIPTS, lambda s: s.rooms.receipts, "apply_remote"),

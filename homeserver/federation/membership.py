@@ -48,6 +48,7 @@ from homeserver.federation.client import FederationClient, FederationClientError
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.handlers.rooms import RemoteMembershipError
 from homeserver.http.errors import MatrixError, bad_json, forbidden, not_found
 from storage.stores.events import EventsStore, StateKey
@@ -92,8 +93,8 @@ class MembershipHandler:
         self._clock_ms = clock_ms
         # Called with each remote membership event we accepted and its origin (set by the sender).
         self.forward: Callable[[FrozenEvent, str], None] | None = None
-        # Invites of our users to rooms this server is not in: (room ID, user ID) -> event.
-        self.pending_invites: dict[tuple[str, str], FrozenEvent] = {}
+        # Invites of our users to rooms this server is not in (set by the composition root).
+        self.invites: RemoteInvites | None = None
 
     # --- serving ---------------------------------------------------------------------------
 
@@ -215,9 +216,9 @@ class MembershipHandler:
         except FederationClientError as e:
             raise JoinError(str(e), forbidden=isinstance(e, HttpResponseError) and e.code == 403) from None
 
-    def pending_invite(self, room_id: str, user_id: str) -> FrozenEvent | None:
+    async def pending_invite(self, room_id: str, user_id: str) -> FrozenEvent | None:
         """The invite of a local user to a room this server is not in, if one came."""
-        return self.pending_invites.get((room_id, user_id))
+        return await self.invites.pending(room_id, user_id) if self.invites is not None else None
 
     async def join_by_alias(self, alias: str, user_id: str) -> FrozenEvent:
         room_id, servers = await self.resolve_alias(alias)
@@ -238,7 +239,8 @@ class MembershipHandler:
                 errors.append(f"{server}: {e}")
                 refused = refused or (isinstance(e, HttpResponseError) and e.code == 403)
                 continue
-            self.pending_invites.pop((room_id, user_id), None)
+            if self.invites is not None:
+                await self.invites.forget(room_id, user_id)
             return joined
         raise JoinError("; ".join(errors) or "no server to join through", forbidden=refused)
 
@@ -353,7 +355,9 @@ class MembershipHandler:
                     f"/_matrix/federation/v2/send_leave/{quote_path(room_id)}/{quote_path(leave.event_id)}",
                     leave.get_pdu_json(),
                 )
-                self.pending_invites.pop((room_id, user_id), None)
+                if self.invites is not None:
+                    await self.invites.record_rejection(user_id, room_id, room_version.identifier,
+                                                        leave.event_id, leave.get_pdu_json())
                 return leave
             except (FederationClientError, EventsError, JoinError) as e:
                 logger.warning("[%s] leaving %s via %s failed: %s", room_id, user_id, server, e)
@@ -384,9 +388,11 @@ class MembershipHandler:
         if server_name_of(event.sender) != origin:
             raise forbidden(f"{origin} may not send an invite from {event.sender}")
         signed = self._cosign(room_version, event)
-        if self._server_name not in await self._store.get_joined_servers(room_id):
-            # Not in the room: nothing in our graph to put it in; held for the client API.
-            self.pending_invites[(room_id, event.state_key)] = signed
+        if self._server_name not in await self._store.get_joined_servers(room_id) and self.invites is not None:
+            # Not in the room: nothing in our graph to put it in; kept for /sync and the client API.
+            state = body.get("invite_room_state")
+            await self.invites.record_invite(event.state_key, room_id, room_version.identifier, signed.event_id,
+                                             signed.get_pdu_json(), state if isinstance(state, list) else [])
         return {"event": signed.get_pdu_json()}
 
     async def invite_remote(self, room_id: str, inviter: str, invitee: str,

@@ -25,6 +25,7 @@ from homeserver.handlers.messages import MessagesHandler
 from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.presence import PresenceHandler
 from homeserver.handlers.receipts import ReceiptsHandler
+from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.handlers.room_events import RoomEventCreator
 from homeserver.handlers.rooms import RoomHandler
 from homeserver.handlers.sync import SyncHandler
@@ -38,6 +39,7 @@ from storage.stores.events import EventsStore, PersistResult
 from storage.room_tokens import RoomTokens
 from storage.stores.instance_map import InstanceMap
 from storage.stores.presence import PresenceStore
+from storage.stores.remote_invites import RemoteInviteStore
 from storage.stores.streams import insert_typing_txn
 from storage.stores.timeline import TimelineStore
 from storage.streams import StreamName
@@ -58,6 +60,7 @@ class RoomServices:
     presence: PresenceHandler
     # Room stream tokens <-> per-writer positions; ``await room_tokens.start()`` before serving.
     room_tokens: RoomTokens
+    remote_invites: RemoteInvites
 
     @classmethod
     def build(
@@ -162,7 +165,9 @@ class RoomServices:
             presence=presence,
             room_tokens=room_tokens,
         )
-        return cls(timeline, client_events, rooms, messages, typing, receipts, sync, e2e, presence, room_tokens)
+        remote_invites = RemoteInvites(store=RemoteInviteStore(db), stream=streams[StreamName.EVENTS])
+        return cls(timeline, client_events, rooms, messages, typing, receipts, sync, e2e, presence, room_tokens,
+                   remote_invites)
 
     def stop(self) -> None:
         """Cancel timers; ``HomeServer.stop`` should call this before closing the database."""

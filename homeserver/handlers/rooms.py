@@ -62,7 +62,7 @@ class RemoteMembership(Protocol):
     Each raises ``RemoteMembershipError`` (or an ``EventsError``) when it cannot be done.
     """
 
-    def pending_invite(self, room_id: str, user_id: str) -> FrozenEvent | None: ...
+    async def pending_invite(self, room_id: str, user_id: str) -> FrozenEvent | None: ...
 
     async def lookup_alias(self, alias: str) -> tuple[str, list[str]]: ...
 
@@ -340,7 +340,7 @@ class RoomHandler:
         if remote is not None and membership == C.INVITE and server_name_of(target) != self._server_name:
             return await self._invite_remote(remote, requester, room_id, target, reason, extra, ratelimited)
         if remote is not None and membership == C.LEAVE and target == requester.user_id:
-            invite = remote.pending_invite(room_id, target)
+            invite = await remote.pending_invite(room_id, target)
             if invite is not None and not await self._server_in_room(room_id):
                 # Rejecting an invite to a room this server is not in: make_leave/send_leave.
                 try:
@@ -404,7 +404,7 @@ class RoomHandler:
             room_id = await self.resolve_room(room_id_or_alias)
         user_id = requester.user_id
         if remote is not None and not await self._server_in_room(room_id):
-            invite = remote.pending_invite(room_id, user_id)
+            invite = await remote.pending_invite(room_id, user_id)
             if invite is not None:
                 candidates.append(server_name_of(invite.sender))
             candidates.append(server_name_of(room_id))

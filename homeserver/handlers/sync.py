@@ -29,6 +29,7 @@ from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents, strip_event
+from homeserver.handlers.remote_invites import event_of
 from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.messages import EventFilter, parse_event_filter, room_token
@@ -294,6 +295,23 @@ class SyncHandler:
                 and room_id not in forgotten
             ):
                 leave[room_id] = await self._leave_section(requester, room_id, event_id, since_pos, limit)
+        for room_id, row in snapshot.remote_invites.items():
+            # A room this server is not in: what its invite (or the rejection) carried.
+            event = event_of(row)
+            if row.membership == C.INVITE:
+                state = [e for e in json.loads(row.invite_state)
+                         if (e.get("type"), e.get("state_key")) != (C.MEMBER, user_id)]
+                invite[room_id] = {"invite_state": {"events": [*state, strip_event(event)]}}
+            elif room_id not in forgotten:
+                leave[room_id] = {
+                    "timeline": {
+                        "events": await self._client_events.serialize([event], include_room_id=False),
+                        "limited": False,
+                        "prev_batch": now.events.to_string(),
+                    },
+                    "state": {"events": []},
+                    "account_data": {"events": []},
+                }
 
         return {
             "next_batch": now.to_string(),

@@ -16,6 +16,7 @@ import attrs
 
 from storage.database import Database, Transaction
 from storage.room_tokens import RoomPosition
+from storage.stores.remote_invites import RemoteInviteRow, get_remote_invites_txn
 
 # A bound in the events stream: a plain stream ordering, or a position per writer.
 Bound = RoomPosition | int
@@ -60,6 +61,9 @@ class SyncRooms:
     changes: list[MembershipRow]
     full: set[str]
     recent: dict[str, list[tuple[str, int]]]
+    # Invites to rooms this server is not in that changed in the sync's range (all pending
+    # ones in an initial sync), by room; see storage/stores/remote_invites.py.
+    remote_invites: dict[str, RemoteInviteRow] = attrs.Factory(dict)
 
 
 # Chooses the full rooms of a sync from the user's rooms, membership changes, and the rooms
@@ -337,7 +341,14 @@ class TimelineStore:
                 recent.update(
                     _recent_events_txn(txn, incremental, after=since or 0, upto=upto, limit=limit)
                 )
-            return SyncRooms(rooms_at, forgotten, changes, full, recent)
+            start = None if since is None else _position(since)
+            remote = {
+                row.room_id: row for row in get_remote_invites_txn(txn, user_id)
+                if row.room_id not in rooms_at and end.covers(row.instance_name, row.stream_ordering)
+                and (row.membership == "invite" if start is None else not start.covers(row.instance_name,
+                                                                                       row.stream_ordering))
+            }
+            return SyncRooms(rooms_at, forgotten, changes, full, recent, remote)
 
         return await self._db.run_interaction("get_sync_rooms", txn_fn)
 

@@ -138,7 +138,8 @@ async def test_invites_leave_history_and_profile(database_dsn: str, second_datab
 
         # Invite to a server not in the room: held by B, and rejected via make_leave/send_leave.
         invite = await a.federation.membership.invite_remote(room_id, alice, dave)
-        assert b.federation.membership.pending_invites[(room_id, dave)].event_id == invite.event_id
+        pending = await b.federation.membership.pending_invite(room_id, dave)
+        assert pending is not None and pending.event_id == invite.event_id
         assert name(b) in invite.signatures  # B cosigned it
         leave = await b.federation.membership.leave_remote(room_id, dave, [name(a)])
         a_state = await a.events_store.get_current_state_ids(room_id)
@@ -206,10 +207,18 @@ async def test_client_api_joins_and_invites_across_servers(database_dsn: str, se
                                     {"msgtype": "m.text", "body": f"history {i}"}, token=alice["access_token"])
             assert sent.status == 200, sent
 
+        before_invite = await cb.request("GET", "sync?timeout=0", token=bob["access_token"])
         invited = await ca.request("POST", f"rooms/{quote(room_id)}/invite", {"user_id": bob["user_id"]},
                                    token=alice["access_token"])
         assert invited.status == 200, invited
-        assert b.federation is not None and b.federation.membership.pending_invite(room_id, bob["user_id"])
+        assert b.federation is not None and await b.federation.membership.pending_invite(room_id, bob["user_id"])
+        # B is not in the room, yet Bob's /sync on B shows the invite with the room's stripped state.
+        synced = await cb.request("GET", f"sync?timeout=5000&since={before_invite.body['next_batch']}",
+                                  token=bob["access_token"])
+        invite_state = synced.body["rooms"]["invite"][room_id]["invite_state"]["events"]
+        kinds = {(e["type"], e["state_key"]) for e in invite_state}
+        assert ("m.room.create", "") in kinds and ("m.room.member", bob["user_id"]) in kinds
+        assert all(set(e) == {"type", "state_key", "content", "sender"} for e in invite_state)
         joined = await cb.request("POST", f"rooms/{quote(room_id)}/join", {}, token=bob["access_token"])
         assert joined.status == 200, joined
         assert joined.body == {"room_id": room_id}
@@ -324,6 +333,27 @@ async def test_client_api_joins_and_invites_across_servers(database_dsn: str, se
                 else:
                     await fed_client.post_json(name(a), path, body)
             assert refused.value.code == 400, path
+
+        # Erin (B) is invited to a room B is not in and rejects it: her /sync shows the invite,
+        # then the room under rooms.leave with her leave event; A sees the leave.
+        erin = await cb.register_ok("erin")
+        private = (await ca.request("POST", "createRoom", {"preset": "private_chat"}, token=alice["access_token"]))
+        private_id = private.body["room_id"]
+        erin_since = (await cb.request("GET", "sync?timeout=0", token=erin["access_token"])).body["next_batch"]
+        assert (await ca.request("POST", f"rooms/{quote(private_id)}/invite", {"user_id": erin["user_id"]},
+                                 token=alice["access_token"])).status == 200
+        synced = await cb.request("GET", f"sync?timeout=5000&since={erin_since}", token=erin["access_token"])
+        assert private_id in synced.body["rooms"]["invite"]
+        rejected = await cb.request("POST", f"rooms/{quote(private_id)}/leave", {}, token=erin["access_token"])
+        assert rejected.status == 200, rejected
+        synced = await cb.request("GET", f"sync?timeout=5000&since={synced.body['next_batch']}",
+                                  token=erin["access_token"])
+        left = synced.body["rooms"]["leave"][private_id]["timeline"]["events"]
+        assert [(e["type"], e["content"]["membership"]) for e in left] == [("m.room.member", "leave")]
+        assert private_id not in synced.body["rooms"]["invite"]
+        assert (await cb.request("GET", "sync?timeout=0", token=erin["access_token"])).body["rooms"]["invite"] == {}
+        a_state = await events_store.get_current_state_ids(private_id)
+        assert a_state[("m.room.member", erin["user_id"])] == left[0]["event_id"]
 
         # Bob back-paginates past his join: B backfills A's history over federation, in order.
         seen: list[dict[str, Any]] = []

@@ -237,6 +237,19 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                 assert time.monotonic() < deadline, f"the second homeserver has {remote_count()} of 1000"
                 time.sleep(0.5)
 
+            # An invite from the other server to a room this server is not in: the main process
+            # takes PUT /invite, an event persister records it, Alice's /sync (generic worker) shows it.
+            since_invite = alice.ok("GET", "sync?timeout=0")["next_batch"]
+            remote_room = bob.ok("POST", "createRoom", {"preset": "private_chat"})["room_id"]
+            bob.ok("POST", f"rooms/{quote(remote_room, safe='')}/invite", {"user_id": alice_id})
+            deadline = time.monotonic() + 20
+            while True:  # other changes (presence, typing expiry) may wake a long-poll first
+                synced = alice.ok("GET", f"sync?timeout=5000&since={since_invite}")
+                since_invite = synced["next_batch"]
+                if remote_room in synced["rooms"]["invite"]:
+                    break
+                assert time.monotonic() < deadline, "the remote invite never reached Alice's /sync"
+
             # A sync token issued before the restarts stays valid; the generic worker and the
             # federation sender restart and catch up from their last positions.
             token = followers["alice"].tokens[-1]
