@@ -198,6 +198,24 @@ def scenario_invite_synapse_user(report: Report, sam: MatrixUser, tom: MatrixUse
         assert ordered == list(reversed(history)), f"history out of order: {ordered}"
 
 
+def scenario_invited_by_synapse(report: Report, sam: MatrixUser, tom: MatrixUser, room_version: str | None) -> None:
+    """Synapse hosts a private room and invites the Tributary user: the invite reaches Tributary's
+    /sync before Tributary is in the room (invite_room_state), then Tom joins by room ID."""
+    tag = f"synapse invites ({_version_tag(room_version)})"
+    with report.step(f"{tag}: Synapse user creates a private room and invites the Tributary user"):
+        room_id = sam.create_room(preset="private_chat", name="Interop (invite)", **_version_fields(room_version))
+        sam.send_text(room_id, "before the invite")
+        sam.invite(room_id, tom.user_id)
+    with report.step(f"{tag}: invite appears in Tributary /sync"):
+        tom.sync_until_invited(room_id)
+        assert room_id not in tom.joined
+    with report.step(f"{tag}: Tributary user joins (POST /join/{{roomId}}) and the two talk"):
+        joined = tom.join(room_id)
+        assert joined == room_id, f"joined {joined}, expected {room_id}"
+        tom.send_text(room_id, "thanks for the invite, from tributary")
+        sam.sync_until_bodies(room_id, ["thanks for the invite, from tributary"])
+
+
 def run_scenario(scenario: Callable[[], None]) -> None:
     try:
         scenario()
@@ -259,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                 room_version = None if version == "default" else version
                 run_scenario(lambda: scenario_join_synapse_room_by_alias(report, sam, tom, syn_name, room_version))
                 run_scenario(lambda: scenario_invite_synapse_user(report, sam, tom, room_version))
+                run_scenario(lambda: scenario_invited_by_synapse(report, sam, tom, room_version))
             return _finish(report, workdir, tributary, synapse, keep=args.keep)
         finally:
             # Only after an unexpected error (Ctrl-C, a bug here): _finish stops them otherwise.
