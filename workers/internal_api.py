@@ -41,7 +41,7 @@ from twisted.web.client import (
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
-from homeserver.http.errors import MatrixError, forbidden
+from homeserver.http.errors import MatrixError, bad_json, forbidden
 from homeserver.http.server import JsonRouter, parse_json_object
 from workers.layout import Layout
 
@@ -67,7 +67,14 @@ class InternalApiServer:
 
         async def handle(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
             self._authenticate(request)
-            return 200, await operation(parse_json_object(request))
+            body = parse_json_object(request)
+            try:
+                return 200, await operation(body)
+            except (KeyError, TypeError, ValueError) as e:
+                # Only our own processes call this (they hold the secret): a malformed body means
+                # mismatched versions. Say so, without a 500; the traceback helps find which field.
+                logger.warning("malformed %s request: %r", name, e, exc_info=True)
+                raise bad_json(f"malformed {name} request: {e!r}") from None
 
         self._router.register(["POST"], f"{PREFIX}/{name}", handle, f"replication_{name}")
 

@@ -122,6 +122,14 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                     urllib.request.urlopen(request, timeout=10)
                 assert refused.value.code == 403
                 assert json.loads(refused.value.read())["errcode"] == "M_FORBIDDEN"
+            # With the secret, a malformed body is a 400, never a 500.
+            url = f"http://127.0.0.1:{workers['p1'].client_port}/_tributary/replication/send_event"
+            request = urllib.request.Request(url, method="POST", data=b'{"sender": 5}',
+                                             headers={"Authorization": "Bearer a shared secret"})
+            with pytest.raises(urllib.error.HTTPError) as malformed:
+                urllib.request.urlopen(request, timeout=10)
+            assert malformed.value.code == 400
+            assert json.loads(malformed.value.read())["errcode"] == "M_BAD_JSON"
             # Writes that only the main process makes are not served by the generic worker.
             status, answer = Http(generic_port).call("POST", "register", {})
             assert (status, answer["errcode"]) == (404, "M_UNRECOGNIZED")
