@@ -2,9 +2,9 @@
 
 Pure data: ``default_push_rules(user_id)`` returns the ``global`` ruleset that
 ``GET /pushrules/`` serves, with the predefined override, content and underride
-rules in the spec's order (Client-Server API, "Predefined Rules"). Storing a
-user's own rules and evaluating rules against events come later, with
-notifications.
+rules in the spec's order (Client-Server API, "Predefined Rules"). /sync's
+unread counts evaluate them (``push_evaluator``); storing a user's own rules
+comes later.
 """
 
 # tests: tests/unit/handlers/test_push_rules.py

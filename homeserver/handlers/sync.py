@@ -27,8 +27,11 @@ from twisted.internet.defer import Deferred
 
 from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
+from homeserver.events.canonical import thaw
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents, strip_event
+from homeserver.handlers.push_evaluator import SILENT, Outcome, PushContext, evaluate
+from homeserver.handlers.push_rules import default_push_rules
 from homeserver.handlers.remote_invites import event_of
 from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.metrics import SyncMetrics
@@ -41,7 +44,7 @@ from storage.notifier import Notifier
 from storage.caches import DictCache
 from storage.stores.account_data import AccountDataStore, UserAccountData
 from storage.stores.events import EventsStore, StateKey
-from storage.stores.timeline import MembershipRow, TimelineStore
+from storage.stores.timeline import MembershipRow, TimelineStore, UnreadRoom
 from storage.streams import StreamName
 from storage.room_tokens import RoomPosition, RoomTokens
 from storage.tokens import MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
@@ -51,6 +54,10 @@ T = TypeVar("T")
 DEFAULT_TIMELINE_LIMIT = 10
 MAX_TIMELINE_LIMIT = 1000
 MAX_TIMEOUT_S = 300.0
+# Unread events counted per room for unread_notifications (clients show "99+" past that).
+MAX_UNREAD_COUNTED = 100
+# The event types the default push rules can notify for; others are never counted.
+NOTIFYING_TYPES = ("m.room.message", "m.room.encrypted", "m.call.invite", "m.room.tombstone", "m.room.member")
 INVITE_STATE_TYPES = (
     C.CREATE,
     C.JOIN_RULES,
@@ -119,6 +126,8 @@ class SyncHandler:
         # (user, device) -> the to-device position up to which this process deleted the
         # device's messages (acknowledged by a sync token): no need to delete again.
         self._to_device_acked = DictCache[int]("sync_to_device_acked", max_entries=100_000)
+        # (user, event) -> whether the event notifies / highlights the user (push rules, once each).
+        self._push_outcomes = DictCache[Outcome]("sync_push_outcomes", max_entries=200_000)
 
     def current_token(self) -> StreamToken:
         def pos(name: StreamName) -> MultiWriterStreamToken:
@@ -276,6 +285,7 @@ class SyncHandler:
             builds.append(self._room_section(
                 requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events
             ))
+        unread = _start(self._unread_counts(user_id, [room_id for room_id, _, _ in shown_rooms], upto))
         for (room_id, ephemeral, room_ad), section in zip(shown_rooms, await _gather(builds)):
             section["ephemeral"] = {"events": ephemeral}
             section["account_data"] = {
@@ -284,6 +294,9 @@ class SyncHandler:
             section["unread_notifications"] = {"highlight_count": 0, "notification_count": 0}
             section["summary"] = {}
             join[room_id] = section
+        for room_id, (notifications, highlights) in (await unread).items():
+            join[room_id]["unread_notifications"] = {
+                "highlight_count": highlights, "notification_count": notifications}
 
         for room_id, (membership, event_id) in rooms.items():
             if membership == C.INVITE and (since is None or room_id in changed_rooms):
@@ -324,6 +337,42 @@ class SyncHandler:
             "device_lists": {"changed": devices_changed, "left": []},
             "device_one_time_keys_count": key_counts,
         }
+
+    async def _unread_counts(
+        self, user_id: str, room_ids: list[str], upto: RoomPosition
+    ) -> dict[str, tuple[int, int]]:
+        """Per room with unread events: how many of them notify the user, and how many highlight,
+        under the default push rules (the newest ``MAX_UNREAD_COUNTED`` after the user's read
+        receipt). Each event is evaluated once per user (``_push_outcomes``), so a sync woken by
+        one new message evaluates that message only."""
+        unread = await self._timeline.get_unread_events(
+            user_id, room_ids, upto=upto, types=NOTIFYING_TYPES, limit=MAX_UNREAD_COUNTED
+        )
+        if not unread:
+            return {}
+        await _gather([
+            self._evaluate_room(user_id, room, new) for room in unread.values()
+            if (new := [e for e in room.event_ids if self._push_outcomes.get((user_id, e)) is None])
+        ])
+        counts: dict[str, tuple[int, int]] = {}
+        for room_id, room in unread.items():
+            outcomes = [self._push_outcomes.get((user_id, e), SILENT) for e in room.event_ids]
+            counts[room_id] = (sum(o.notify for o in outcomes), sum(o.highlight for o in outcomes))
+        return counts
+
+    async def _evaluate_room(self, user_id: str, room: UnreadRoom, event_ids: list[str]) -> None:
+        """Evaluate the default push rules for ``user_id`` on these events of one room."""
+        events = await self._client_events.load(event_ids)
+        state = await self._client_events.load([e for e in (room.power_levels_id, room.member_id) if e])
+        levels: Mapping[str, Any] = next((e.content for e in state if e.type == C.POWER_LEVELS), {})
+        member = next((e for e in state if e.type == C.MEMBER), None)
+        name = member.content.get("displayname") if member is not None else None
+        rules = default_push_rules(user_id)
+        notification_levels = _notification_levels(levels)
+        for event in events:
+            push_context = PushContext(user_id, name if isinstance(name, str) else None, room.joined_members,
+                                       _power_level(levels, event.sender), notification_levels)
+            self._push_outcomes.set((user_id, event.event_id), evaluate(rules, thaw(event.pdu), push_context))
 
     async def _to_device(self, requester: Requester, after: int, upto: int) -> list[Any]:
         """The device's to-device messages in (after, upto]; those up to ``after`` are deleted
@@ -413,6 +462,20 @@ class SyncHandler:
             "state": {"events": []},
             "account_data": {"events": []},
         }
+
+
+def _power_level(levels: Mapping[str, Any], user_id: str) -> int:
+    users = levels.get("users")
+    if isinstance(users, Mapping) and isinstance(users.get(user_id), int):
+        return int(users[user_id])
+    default = levels.get("users_default", 0)
+    return default if isinstance(default, int) else 0
+
+
+def _notification_levels(levels: Mapping[str, Any]) -> dict[str, int]:
+    notifications = levels.get("notifications")
+    room = notifications.get("room") if isinstance(notifications, Mapping) else None
+    return {"room": room if isinstance(room, int) else 50}
 
 
 def _device_key(requester: Requester) -> tuple[str, str]:

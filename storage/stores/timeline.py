@@ -66,6 +66,17 @@ class SyncRooms:
     remote_invites: dict[str, RemoteInviteRow] = attrs.Factory(dict)
 
 
+@attrs.frozen
+class UnreadRoom:
+    """A room's unread events (newest first) and what push rules need of the room: its power
+    levels and the user's member event IDs, and how many members are joined."""
+
+    event_ids: list[str]
+    power_levels_id: str | None
+    member_id: str | None
+    joined_members: int
+
+
 # Chooses the full rooms of a sync from the user's rooms, membership changes, and the rooms
 # whose membership event is past the sync's end (a race with the request).
 FullRoomsRule = Callable[[Mapping[str, tuple[str, str, int]], Sequence[MembershipRow], set[str]], set[str]]
@@ -351,6 +362,58 @@ class TimelineStore:
             return SyncRooms(rooms_at, forgotten, changes, full, recent, remote)
 
         return await self._db.run_interaction("get_sync_rooms", txn_fn)
+
+    async def get_unread_events(
+        self, user_id: str, room_ids: Collection[str], *, upto: Bound, types: Collection[str], limit: int
+    ) -> dict[str, UnreadRoom]:
+        """Per room, the newest (at most ``limit``) events of ``types`` from others after the user's
+        latest read receipt (``m.read`` or ``m.read.private``) and at or before ``upto``, newest
+        first, with the room's push context; rooms with none left out. One transaction."""
+        if not room_ids:
+            return {}
+        upper, upper_params = _position(upto).sql_upto()
+
+        def txn_fn(txn: Transaction) -> dict[str, UnreadRoom]:
+            txn.execute(
+                f"""
+                SELECT r.room_id, e.event_id FROM unnest(%s::text[]) AS r(room_id)
+                CROSS JOIN LATERAL (
+                    SELECT COALESCE(max(seen.stream_ordering), -9223372036854775808) AS read_so
+                    FROM receipts rc JOIN events seen ON seen.event_id = rc.event_id
+                    WHERE rc.room_id = r.room_id AND rc.user_id = %s
+                      AND rc.receipt_type IN ('m.read', 'm.read.private')
+                ) receipt
+                CROSS JOIN LATERAL (
+                    SELECT event_id, stream_ordering FROM events
+                    WHERE events.room_id = r.room_id AND {_LIVE} AND stream_ordering > receipt.read_so
+                      AND {upper} AND sender <> %s AND type = ANY(%s)
+                    ORDER BY stream_ordering DESC LIMIT %s
+                ) e
+                ORDER BY r.room_id, e.stream_ordering DESC
+                """,
+                (sorted(room_ids), user_id, *upper_params, user_id, sorted(types), limit),
+            )
+            unread: dict[str, list[str]] = {}
+            for room_id, event_id in txn.fetchall():
+                unread.setdefault(str(room_id), []).append(str(event_id))
+            if not unread:
+                return {}
+            txn.execute(
+                """
+                SELECT r.room_id,
+                    (SELECT event_id FROM current_state_events c WHERE c.room_id = r.room_id
+                       AND c.type = 'm.room.power_levels' AND c.state_key = ''),
+                    (SELECT event_id FROM current_state_events c WHERE c.room_id = r.room_id
+                       AND c.type = 'm.room.member' AND c.state_key = %s),
+                    (SELECT count(*) FROM current_state_events c WHERE c.room_id = r.room_id
+                       AND c.type = 'm.room.member' AND c.membership = 'join')
+                FROM unnest(%s::text[]) AS r(room_id)
+                """,
+                (user_id, sorted(unread)),
+            )
+            return {str(r[0]): UnreadRoom(unread[str(r[0])], r[1], r[2], int(r[3])) for r in txn.fetchall()}
+
+        return await self._db.run_interaction("get_unread_events", txn_fn)
 
     async def get_redactions_and_txn_ids(
         self, event_ids: Collection[str], access_token_id: int | None

@@ -244,3 +244,30 @@ async def test_limited_sync_prev_batch_and_lazy_loading(database_dsn: str, tmp_p
             client, "GET", f"rooms/{room_id}/messages?dir=b&limit=4&from={room['timeline']['prev_batch']}", token=bob
         )
         assert [e["event_id"] for e in back["chunk"]] == list(reversed(ids[:4]))
+
+
+async def test_unread_notification_counts_follow_the_push_rules_and_the_read_receipt(
+    database_dsn: str, tmp_path: Path
+) -> None:
+    """Alice sends Bob three messages, one naming him and one a notice; Bob's /sync counts what
+    notifies (2: the notice is silent) and what highlights (1); his read receipt clears both."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        since = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+        for txn, content in (("n1", {"msgtype": "m.text", "body": "lunch?"}),
+                             ("n2", {"msgtype": "m.notice", "body": "bot says hi"}),
+                             ("n3", {"msgtype": "m.text", "body": "bob, are you there?"})):
+            last = await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/{txn}", content, token=alice)
+        synced = await _ok(client, "GET", f"sync?since={since}", token=bob)
+        counts = synced["rooms"]["join"][room_id]["unread_notifications"]
+        assert counts == {"notification_count": 2, "highlight_count": 1}
+        # Alice's own view: nothing unread (her own messages never count).
+        mine = await _ok(client, "GET", "sync", token=alice)
+        assert mine["rooms"]["join"][room_id]["unread_notifications"] == {
+            "notification_count": 0, "highlight_count": 0}
+        await _ok(client, "POST", f"rooms/{room_id}/receipt/m.read/{quote(last['event_id'])}", {}, token=bob)
+        synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=bob)
+        assert synced["rooms"]["join"][room_id]["unread_notifications"] == {
+            "notification_count": 0, "highlight_count": 0}
