@@ -10,6 +10,7 @@ Then the generic worker and the federation sender restart and catch up from wher
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import nio
 import psycopg2
 import pytest
 import yaml
@@ -94,6 +96,30 @@ class SyncFollower(threading.Thread):
                         self.seen.append((room_id, event["event_id"], event["content"]["body"]))
             since = answer["next_batch"]
             self.tokens.append(since)
+
+
+async def nio_round_trip(base_url: str, room_id: str) -> None:
+    alice, carol = nio.AsyncClient(base_url, "alice"), nio.AsyncClient(base_url, "carol")
+    try:
+        for client in (alice, carol):
+            logged_in = await client.login("correct horse", device_name="nio through nginx")
+            assert isinstance(logged_in, nio.LoginResponse), logged_in
+            synced = await client.sync(timeout=0, full_state=True)
+            assert isinstance(synced, nio.SyncResponse), synced
+            assert room_id in synced.rooms.join
+        sent = await alice.room_send(room_id, "m.room.message", {"msgtype": "m.text", "body": "from nio"})
+        assert isinstance(sent, nio.RoomSendResponse), sent
+        deadline = time.monotonic() + 20
+        seen: list[str] = []
+        while sent.event_id not in seen:
+            assert time.monotonic() < deadline, "carol's nio client never saw the message"
+            synced = await carol.sync(timeout=3000)
+            assert isinstance(synced, nio.SyncResponse), synced
+            room = synced.rooms.join.get(room_id)
+            seen.extend(event.event_id for event in (room.timeline.events if room else []))
+    finally:
+        await alice.close()
+        await carol.close()
 
 
 @pytest.mark.timeout(400)
@@ -290,6 +316,10 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                         break
                 assert time.monotonic() < deadline, "the restarted federation sender did not send what it missed"
                 time.sleep(0.5)
+            # A real client library, unmodified, through nginx: matrix-nio logs in (main process),
+            # syncs and sends (generic worker, event persister), and another nio client sees it.
+            asyncio.run(nio_round_trip(f"http://127.0.0.1:{front}", rooms[0]))
+
             # Every process serves its own metrics: the generic worker's show its syncs and what
             # replication brought it from both persisters.
             config = yaml.safe_load(main.config_path.read_text(encoding="utf-8"))
