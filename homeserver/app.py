@@ -60,6 +60,8 @@ from workers.federation import (
 from workers.forwarding import RoutedPersister, ShardedRoomEventCreator, install_forwarding, register_event_operations
 from workers.internal_api import InternalApiClient, InternalApiServer
 from workers.layout import Layout
+from workers.pruning import StreamPruner
+from storage.stores.pruning import PruningStore
 from workers.roles import MAIN, WorkerRole, load_role
 from replication.commands import JsonValue
 from replication.handler import CacheInvalidationHandler, RowHandler
@@ -118,6 +120,7 @@ class HomeServer:
         # Replication consumers that services add before replication starts.
         self._row_handlers: list[RowHandler] = []
         self._remote_up_listeners: list[Callable[[str], None]] = []
+        self.pruner: StreamPruner | None = None
         # Who syncs here, for the presence writer (USER_SYNC from workers).
         self.sync_tracker = SyncTracker(reactor, self._report_user_sync)
         self.federation: FederationServices | None = None
@@ -160,6 +163,7 @@ class HomeServer:
         await self.rooms.room_tokens.start()
         self._build_federation_sender()
         await self._start_replication()
+        self._start_pruner()
         if self.federation_sender is not None:
             await self.federation_sender.start()
         self._register_servlets()
@@ -246,6 +250,20 @@ class HomeServer:
             # Inbound requests prove a server is up: tell the process that sends to it.
             self.federation.remote_up_hooks.append(handler.send_remote_server_up)
         connect_streams(handler, generators)
+
+    def _start_pruner(self) -> None:
+        """Stream table pruning (workers/pruning.py): on the background worker, or the main
+        process when the layout has none."""
+        has_background = any(worker.app == "background" for worker in self.config.workers.values())
+        if not (self.role.name == "background" or (self.layout.is_main and not has_background)):
+            return
+        assert self.db is not None
+        pruner = StreamPruner(PruningStore(self.db), self.reactor,
+                              federation_senders=self.config.federation_sender_instances)
+        if self.replication is not None:
+            self.replication.handler.add_federation_ack_listener(pruner.on_federation_ack)
+        pruner.start()
+        self.pruner = pruner
 
     def _report_user_sync(self, user_id: str, syncing: bool) -> Any:
         """``SyncTracker``'s report: to the presence handler here, or to its writer by USER_SYNC."""
@@ -503,6 +521,8 @@ class HomeServer:
                 await drained
             except Exception:
                 logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
+        if self.pruner is not None:
+            self.pruner.stop()
         syncing = self.sync_tracker.stop()
         if self.replication is not None and not self.layout.writes(StreamName.PRESENCE):
             self.replication.handler.send_clear_user_sync()  # the presence writer forgets our users

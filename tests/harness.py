@@ -173,16 +173,18 @@ class TributaryProcess:
 def configure_workers(
     tmp_path: Path, database_url: str, redis_url: str, *, persisters: int = 2, senders: int = 1,
     extra: dict[str, Any] | None = None, stream_writers: dict[str, list[str]] | None = None,
+    background: bool = False,
 ) -> tuple[TributaryProcess, dict[str, TributaryProcess], int]:
     """A worker layout on loopback (docs/workers.md): the main process (federating, with a
     replication listener), ``persisters`` event persisters ``p1``..., a generic worker ``g1``
-    with a client listener, and ``senders`` federation senders ``fs1``..., over Redis.
+    with a client listener, ``senders`` federation senders ``fs1``..., and (``background``) a
+    background worker ``bg1``, over Redis.
     Returns the main process, the workers by name (not started) and g1's client port."""
     main = TributaryProcess.configure_federating(tmp_path, database_url=database_url, extra=extra)
     config = yaml.safe_load(main.config_path.read_text(encoding="utf-8"))
     persister_names = [f"p{i}" for i in range(1, persisters + 1)]
     sender_names = [f"fs{i}" for i in range(1, senders + 1)]
-    names = [*persister_names, "g1", *sender_names]
+    names = [*persister_names, "g1", *sender_names, *(["bg1"] if background else [])]
     internal = {name: free_port() for name in ("master", *names)}
     generic_client = free_port()
     config["listeners"].append({"type": "http", "port": internal["master"], "resources": ["replication"]})
@@ -203,6 +205,8 @@ def configure_workers(
         "g1", {"type": "http", "port": generic_client, "resources": ["client", "health"]},
         {"type": "metrics", "port": free_port()})}
     workers.update({name: {"app": "federation_sender", "listeners": listeners(name)} for name in sender_names})
+    if background:
+        workers["bg1"] = {"app": "background", "listeners": listeners("bg1")}
     config["workers"] = workers
     main.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return main, {name: main.worker(name, internal[name]) for name in names}, generic_client

@@ -100,7 +100,7 @@ FEDERATION_SENDER: Final = WorkerRole(
 
 BACKGROUND: Final = WorkerRole(
     name="background",
-    description="Follows every stream and serves metrics; a home for periodic jobs.",
+    description="Periodic jobs (pruning stream tables: workers/pruning.py), taken off the main process.",
     resources=frozenset({"replication", "health"}),
 )
 

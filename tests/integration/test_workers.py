@@ -129,7 +129,7 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
     with scratch_database(postgres_template) as dsn, scratch_database(postgres_template) as dsn_b:
         # The generic worker writes typing: its EDUs reach other servers through the main process.
         main, workers, generic_port = configure_workers(tmp_path / "a", dsn, redis_url,
-                                                        stream_writers={"typing": ["g1"]})
+                                                        stream_writers={"typing": ["g1"]}, background=True)
         remote = TributaryProcess.configure_federating(tmp_path / "b", database_url=dsn_b)
         nginx = Nginx.for_workers(tmp_path / "nginx", main_port=main.client_port, generic_port=generic_port)
         processes = [main, *workers.values(), remote]
@@ -330,6 +330,10 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
             assert 'tributary_http_requests_total{method="GET",servlet="client_sync",status_class="2xx"}' in metrics
             assert 'tributary_stream_position{stream="events",writer="p1"}' in metrics
             assert 'tributary_stream_position{stream="events",writer="p2"}' in metrics
+
+            # The background worker, not the main process, prunes the stream tables.
+            assert "as background" in workers["bg1"].log_path.read_text(encoding="utf-8")
+            assert "pruning stream tables failed" not in workers["bg1"].log_path.read_text(encoding="utf-8")
 
             # nginx sent registration to the main process and /sync and sends to the generic worker.
             generic_log = workers["g1"].log_path.read_text(encoding="utf-8")
