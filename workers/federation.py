@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -41,11 +42,12 @@ logger = logging.getLogger(__name__)
 FORWARD_PDU = "tributary.forward_pdu"
 
 
-class _EduEncoder:
+class _EduEncoder(ABC):
     """The ``EduSink`` methods as plain EDUs, for a sink whose ``send_edu`` takes it elsewhere."""
 
+    @abstractmethod
     def send_edu(self, destinations: Iterable[str], edu_type: str, content: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        """Queue one EDU for each of ``destinations``."""
 
     def send_typing(self, destinations: Iterable[str], room_id: str, user_id: str, typing: bool) -> None:
         self.send_edu(destinations, "m.typing", {"room_id": room_id, "user_id": user_id, "typing": typing})
