@@ -10,14 +10,13 @@ is reproducible in tests. Persisting the state (``destinations.retry_last_ts``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import attrs
 
 from homeserver.config import BackoffConfig
+from storage.kernel.backoff import BackoffPolicy, Jitter
 
-# A draw from [low, high]: ``random.uniform`` in production, a constant in tests.
-Jitter = Callable[[float, float], float]
+__all__ = ["BackoffPolicy", "Jitter", "RetryState", "HEALTHY", "after_failure", "is_unhealthy", "policy_from_config"]
+
 
 
 @attrs.frozen
@@ -48,38 +47,29 @@ class RetryState:
 HEALTHY = RetryState()
 
 
-@attrs.frozen
-class BackoffPolicy:
-    initial_ms: int
-    multiplier: float
-    max_ms: int
-    jitter: tuple[float, float]
+def policy_from_config(config: BackoffConfig) -> BackoffPolicy:
+    """The kernel's policy in milliseconds, from ``federation_sender.backoff``."""
+    return BackoffPolicy(
+        initial=config.initial.total_seconds() * 1000,
+        multiplier=config.multiplier,
+        maximum=config.max.total_seconds() * 1000,
+        jitter=config.jitter,
+    )
 
-    @classmethod
-    def from_config(cls, config: BackoffConfig) -> BackoffPolicy:
-        return cls(
-            initial_ms=int(config.initial.total_seconds() * 1000),
-            multiplier=config.multiplier,
-            max_ms=int(config.max.total_seconds() * 1000),
-            jitter=config.jitter,
-        )
 
-    def after_failure(self, state: RetryState, now_ms: int, jitter: Jitter) -> RetryState:
-        """The state after one more failed attempt at ``now_ms``.
+def after_failure(policy: BackoffPolicy, state: RetryState, now_ms: int, jitter: Jitter) -> RetryState:
+    """The state after one more failed attempt at ``now_ms``.
 
-        The first failure waits exactly ``initial``; each later one multiplies
-        the previous interval by ``multiplier`` and a jitter draw, capped at ``max``.
-        """
-        if state.retry_interval <= 0:
-            interval = self.initial_ms
-        else:
-            interval = int(state.retry_interval * self.multiplier * jitter(*self.jitter))
-        interval = max(1, min(interval, self.max_ms))
-        return RetryState(
-            retry_last_ts=now_ms,
-            retry_interval=interval,
-            failure_ts=state.failure_ts if state.failure_ts is not None else now_ms,
-        )
+    The first failure waits exactly ``initial``; each later one multiplies the
+    previous interval by ``multiplier`` and a jitter draw, capped at ``max``
+    (``BackoffPolicy.next_interval``).
+    """
+    interval = max(1, int(policy.next_interval(state.retry_interval, jitter)))
+    return RetryState(
+        retry_last_ts=now_ms,
+        retry_interval=interval,
+        failure_ts=state.failure_ts if state.failure_ts is not None else now_ms,
+    )
 
 
 def is_unhealthy(status: int | None) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from federation_sender.backoff import HEALTHY, BackoffPolicy, Jitter, RetryState
+from federation_sender.backoff import HEALTHY, BackoffPolicy, Jitter, RetryState, after_failure
 
 JsonDict = dict[str, Any]
 
@@ -225,7 +225,7 @@ class PerDestinationQueue:
             self.on_rejected()
             return FailureOutcome(self.retry, backed_off=False, entered_catch_up=False, dropped_pdus=0)
         self.retained = txn
-        self.retry = policy.after_failure(self.retry, now_ms, jitter)
+        self.retry = after_failure(policy, self.retry, now_ms, jitter)
         dropped = 0
         entered = False
         if self.retry.retry_interval > catch_up_threshold_ms:

@@ -34,7 +34,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
-from federation_sender.backoff import HEALTHY, BackoffPolicy, Jitter, RetryState, is_unhealthy
+from federation_sender.backoff import HEALTHY, Jitter, RetryState, is_unhealthy, policy_from_config
 from federation_sender.catch_up import CatchUpChunk, CatchUpRoom, plan_chunks
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.queue import (
@@ -47,7 +47,7 @@ from federation_sender.queue import (
 )
 from homeserver.config import FederationSenderConfig
 from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
-from homeserver.logging_setup import log_context
+from storage.kernel.logcontext import log_context
 from storage.stores.federation_sender import CatchUpEvent, FederationSenderStore
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class FederationSender:
         self._joined_servers = joined_servers
         self._should_handle = should_handle
         self._jitter = jitter
-        self._policy = BackoffPolicy.from_config(config.backoff)
+        self._policy = policy_from_config(config.backoff)
         self._threshold_ms = int(config.catch_up.threshold.total_seconds() * 1000)
         self._semaphore = DeferredSemaphore(config.max_concurrent_transactions)
 

@@ -63,7 +63,7 @@ from workers.layout import Layout
 from workers.pruning import StreamPruner
 from storage.stores.pruning import PruningStore
 from workers.roles import MAIN, WorkerRole, load_role
-from replication.commands import JsonValue
+from replication.commands import JsonValue, UserSyncCommand
 from replication.handler import CacheInvalidationHandler, RowHandler
 from replication.stream_sources import connect_streams, stream_sources
 from replication.transport import ReplicationService, start_replication
@@ -78,6 +78,7 @@ from storage.streams import STREAMS, StreamName, create_id_generator
 from storage.embedded import EmbeddedPostgres, find_binaries
 from storage.metrics import StorageMetrics, StreamMetrics
 from storage.prepare import check_server_name, prepare_database
+from storage.kernel.background import register_metrics as register_background_metrics, run_in_background
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ def new_registry() -> CollectorRegistry:
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
+    register_background_metrics(registry)
     Info("tributary_build", "Tributary version and Python implementation of this process.", registry=registry).info(
         {"version": __version__}
     )
@@ -242,10 +244,16 @@ class HomeServer:
             handler.add_remote_server_up_listener(listener)
         if self.layout.writes(StreamName.PRESENCE):
             presence = self.rooms.presence
-            handler.add_user_sync_listener(lambda command: _background(
-                "user_sync", presence.user_syncing(command.instance, command.user_id, command.is_syncing)))
-            handler.add_clear_user_sync_listener(lambda instance: _background(
-                "clear_user_sync", presence.clear_process(instance)))
+
+            def user_sync(command: UserSyncCommand) -> None:
+                run_in_background("user_sync", presence.user_syncing(command.instance, command.user_id,
+                                                                     command.is_syncing))
+
+            def clear_user_sync(instance: str) -> None:
+                run_in_background("clear_user_sync", presence.clear_process(instance))
+
+            handler.add_user_sync_listener(user_sync)
+            handler.add_clear_user_sync_listener(clear_user_sync)
         if self.layout.config.federation_sender_instances:
             # Inbound requests prove a server is up: tell the process that sends to it.
             self.federation.remote_up_hooks.append(handler.send_remote_server_up)
@@ -362,9 +370,8 @@ class HomeServer:
             stream = self.cache_invalidation
 
             def revoked(hashes: list[bytes]) -> None:
-                d = Deferred.fromCoroutine(stream.invalidate_and_stream(
+                run_in_background("stream_revoked_tokens", stream.invalidate_and_stream(
                     TokenCacheInvalidation.name, tuple(digest.hex() for digest in hashes)))
-                d.addErrback(lambda f: logger.error("could not tell other processes of revoked tokens: %s", f.value))
 
             self.accounts.auth.revoked_hooks.append(revoked)
         self.caches.register(TokenCacheInvalidation(self.accounts.auth))
@@ -557,11 +564,6 @@ class HomeServer:
             embedded, self.embedded_db = self.embedded_db, None
             await deferToThread(embedded.stop)
         logger.info("stopped")
-
-
-def _background(what: str, coro: Any) -> None:
-    d = Deferred.fromCoroutine(coro)
-    d.addErrback(lambda f: logger.error("%s failed: %s", what, f.value))
 
 
 class HealthResource(Resource):

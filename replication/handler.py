@@ -46,6 +46,7 @@ from replication.commands import (
     UserSyncCommand,
 )
 from replication.metrics import ReplicationMetrics
+from storage.kernel.backoff import BackoffPolicy
 
 __all__ = [
     "CACHES_STREAM",
@@ -81,6 +82,11 @@ POSITION_ANNOUNCE_INTERVAL_SECONDS: Final = 1.0
 #: Delay before retrying a failed database read or a writer pump.
 RETRY_DELAY_SECONDS: Final = 1.0
 MAX_RETRY_DELAY_SECONDS: Final = 30.0
+RETRY_BACKOFF: Final = BackoffPolicy(initial=RETRY_DELAY_SECONDS, multiplier=2.0, maximum=MAX_RETRY_DELAY_SECONDS)
+
+
+def _NO_JITTER(low: float, high: float) -> float:
+    return 1.0
 
 #: The cache invalidation stream's name.
 CACHES_STREAM: Final = "caches"
@@ -645,7 +651,7 @@ class ReplicationHandler:
             written.failures = 0
         except Exception:
             written.failures += 1
-            delay = min(RETRY_DELAY_SECONDS * 2 ** (written.failures - 1), MAX_RETRY_DELAY_SECONDS)
+            delay = RETRY_BACKOFF.delay(written.failures, _NO_JITTER)
             logger.exception("replication: sending %s rows failed; retrying in %.1f s", written.stream, delay)
             written.dirty = True
             self._retry_later(delay, lambda: self.on_stream_advanced(written.stream))
@@ -854,7 +860,7 @@ class ReplicationHandler:
                     )
                 except Exception:
                     failures += 1
-                    delay = min(RETRY_DELAY_SECONDS * 2 ** (failures - 1), MAX_RETRY_DELAY_SECONDS)
+                    delay = RETRY_BACKOFF.delay(failures, _NO_JITTER)
                     logger.exception(
                         "replication: reading %s/%s after %d failed; retrying in %.1f s",
                         feed.stream, feed.instance, start, delay,

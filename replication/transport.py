@@ -44,6 +44,8 @@ from replication.connection import (
 )
 from replication.handler import ReplicationHandler, StreamSource
 from replication.metrics import ReplicationMetrics, TransportCounters
+from storage.kernel.background import run_in_background
+from storage.kernel.backoff import BackoffPolicy
 
 __all__ = [
     "RECONNECT_INITIAL_DELAY_SECONDS",
@@ -74,14 +76,17 @@ RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
 RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
 RECONNECT_FACTOR: Final = 2.0
 RECONNECT_JITTER: Final = 0.2
+RECONNECT_BACKOFF: Final = BackoffPolicy(
+    initial=RECONNECT_INITIAL_DELAY_SECONDS, multiplier=RECONNECT_FACTOR, maximum=RECONNECT_MAX_DELAY_SECONDS,
+    jitter=(1 - RECONNECT_JITTER, 1 + RECONNECT_JITTER),
+)
 
 _connection_ids = itertools.count(1)
 
 
 def backoff_delay(attempt: int, rand: Callable[[], float] = random.random) -> float:
-    """Seconds to wait before reconnection attempt ``attempt`` (1-based)."""
-    delay = min(RECONNECT_INITIAL_DELAY_SECONDS * RECONNECT_FACTOR ** (attempt - 1), RECONNECT_MAX_DELAY_SECONDS)
-    return delay * (1 + RECONNECT_JITTER * (2 * rand() - 1))
+    """Seconds to wait before reconnection attempt ``attempt`` (1-based); ``rand`` draws from [0, 1)."""
+    return RECONNECT_BACKOFF.delay(attempt, lambda low, high: low + (high - low) * rand())
 
 
 class TwistedScheduler:
@@ -99,7 +104,7 @@ class TwistedScheduler:
         return deferLater(self.clock, delay)
 
     def run_in_background(self, coro: Coroutine[Any, Any, None]) -> None:
-        Deferred.fromCoroutine(coro)
+        run_in_background("replication", coro)
 
 
 def _describe(address: IAddress | None) -> str:

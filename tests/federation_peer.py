@@ -57,7 +57,7 @@ from homeserver.events.canonical import thaw
 from homeserver.federation.auth import authenticate_request
 from homeserver.federation.client import FederationClient
 from homeserver.federation.keys import Keyring, server_key_response
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 from homeserver.keys import ensure_self_signed_certificate
 
 logger = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from homeserver.handlers.auth import Requester
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
 from homeserver.handlers.rooms import send_error
-from homeserver.http.errors import MatrixError, bad_json
+from storage.kernel.errors import MatrixError, bad_json
 from homeserver.events.errors import EventsError
 from storage.stores.events import DuplicateTxnId, PersistResult, SendTxn
 from storage.streams import StreamName

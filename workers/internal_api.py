@@ -41,7 +41,8 @@ from twisted.web.client import (
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
-from homeserver.http.errors import MatrixError, bad_json, forbidden
+from storage.kernel.backoff import BackoffPolicy
+from storage.kernel.errors import MatrixError, bad_json, forbidden
 from homeserver.http.server import JsonRouter, parse_json_object
 from workers.layout import Layout
 
@@ -51,6 +52,9 @@ PREFIX: Final = "/_tributary/replication"
 
 Operation = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
+
+# An unreachable owner (restarting, say) is retried after 50 ms, doubling up to 2 s.
+_RETRY: Final = BackoffPolicy(initial=0.05, multiplier=2.0, maximum=2.0)
 
 class InternalApiServer:
     """The operations this process performs for others, behind the shared secret."""
@@ -114,7 +118,7 @@ class InternalApiClient:
         url = f"http://{location.host}:{location.port}{PREFIX}/{name}".encode("ascii")
         payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         deadline = self._reactor.seconds() + self._retry_for
-        delay = 0.05
+        delay = _RETRY.initial
         while True:
             try:
                 response = await self._agent.request(
@@ -132,7 +136,7 @@ class InternalApiClient:
                     raise InternalApiError(f"{instance} is unreachable for {name}: {e}") from None
                 logger.info("%s unreachable for %s (%s); retrying in %.2fs", instance, name, e, delay)
                 await _sleep(self._reactor, delay)
-                delay = min(delay * 2, 2.0)
+                delay = _RETRY.next_interval(delay)
         try:
             raw = await readBody(response)
         except (ResponseFailed, PartialDownloadError) as e:

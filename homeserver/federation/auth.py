@@ -21,7 +21,7 @@ from signedjson.types import SigningKey, VerifyKey
 from unpaddedbase64 import decode_base64, encode_base64
 
 from homeserver.events.canonical import encode_canonical
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 
 logger = logging.getLogger(__name__)
 

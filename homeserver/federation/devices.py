@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.validation import is_local_user_id
-from homeserver.http.errors import bad_json, invalid_param
+from storage.kernel.errors import bad_json, invalid_param
 from storage.stores.devices import DeviceRow
 from storage.stores.e2e import E2eStore
 

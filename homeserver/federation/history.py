@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from homeserver.events import FrozenEvent, get_room_version
 from homeserver.handlers.event_persistence import EventPersister
-from homeserver.http.errors import forbidden, not_found
+from storage.kernel.errors import forbidden, not_found
 from storage.stores.events import EventsStore
 
 MAX_BACKFILL: Final = 100

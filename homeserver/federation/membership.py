@@ -50,7 +50,7 @@ from homeserver.federation.pdus import by_depth, check_against_auth_events, chec
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.handlers.rooms import RemoteMembershipError
-from homeserver.http.errors import MatrixError, bad_json, forbidden, not_found
+from storage.kernel.errors import MatrixError, bad_json, forbidden, not_found
 from storage.stores.events import EventsStore, StateKey
 
 logger = logging.getLogger(__name__)

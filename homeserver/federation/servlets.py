@@ -30,7 +30,7 @@ from homeserver.federation.membership import MembershipHandler
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.transaction import TransactionHandler
 from homeserver.handlers.event_persistence import EventPersister
-from homeserver.http.errors import bad_json, not_found
+from storage.kernel.errors import bad_json, not_found
 from homeserver.http.server import JsonRouter, parse_json_body, parse_json_object
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore

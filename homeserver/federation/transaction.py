@@ -33,7 +33,7 @@ from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_persistence import EventPersister
-from homeserver.http.errors import MatrixError, bad_json
+from storage.kernel.errors import MatrixError, bad_json
 from storage.stores.events import EventsStore
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.validation import check_event_type, check_room_id, dump_json_object
-from homeserver.http.errors import MatrixError, forbidden, not_found
+from storage.kernel.errors import MatrixError, forbidden, not_found
 from storage.stores.account_data import AccountDataStore
 
 # Reserve one account_data stream ID for the duration of a write.

@@ -31,7 +31,7 @@ import attrs
 import bcrypt
 from twisted.web.server import Request
 
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 from storage.stores.accounts import AccountStore, TokenOwner
 from storage.stores.devices import DeviceStore
 

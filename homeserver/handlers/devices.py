@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from homeserver.handlers.auth import Auth
-from homeserver.http.errors import not_found
+from storage.kernel.errors import not_found
 from storage.stores.devices import DeletedDevices, DeviceRow, DeviceStore
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any
 from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.validation import is_local_user_id, is_storable_text
-from homeserver.http.errors import bad_json, invalid_param
+from storage.kernel.errors import bad_json, invalid_param
 from homeserver.events.identifiers import is_valid_user_id
 from storage.id_generators import StreamIdGenerator
 from storage.stores.e2e import E2eStore

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.validation import dump_json_object
-from homeserver.http.errors import bad_json, forbidden, not_found
+from storage.kernel.errors import bad_json, forbidden, not_found
 from storage.stores.filters import FilterStore
 
 _MAX_FILTER_ID_DIGITS: Final = 18

@@ -29,7 +29,7 @@ from homeserver.handlers.ratelimit import Ratelimiters, limit_exceeded, ratelimi
 from homeserver.handlers.register import LoginResult
 from homeserver.handlers.ui_auth import StageFailed
 from homeserver.handlers.validation import MAX_PASSWORD_LENGTH, check_text, is_storable_text
-from homeserver.http.errors import MatrixError, bad_json, forbidden
+from storage.kernel.errors import MatrixError, bad_json, forbidden
 from storage.stores.accounts import AccountStore, NewLogin
 
 logger = logging.getLogger(__name__)

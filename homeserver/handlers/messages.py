@@ -23,7 +23,7 @@ from homeserver.events import constants as C
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.rooms import unknown_room
-from homeserver.http.errors import forbidden, invalid_param, not_found
+from storage.kernel.errors import forbidden, invalid_param, not_found
 from storage.stores.events import EventsStore
 from storage.stores.timeline import TimelineStore
 from storage.room_tokens import RoomPosition, RoomTokens

@@ -25,9 +25,10 @@ from twisted.internet.defer import Deferred
 
 from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.auth import Requester
-from homeserver.http.errors import forbidden, not_found
+from storage.kernel.errors import forbidden, not_found
 from storage.id_generators import StreamIdGenerator
 from storage.stores.presence import PresenceStore
+from storage.kernel.background import run_in_background
 
 logger = logging.getLogger(__name__)
 
@@ -182,5 +183,5 @@ class SyncTracker:
         result = self._report(user_id, syncing)
         if not isinstance(result, Deferred):
             return None
-        result.addErrback(lambda f: logger.warning("presence of %s not updated: %s", user_id, f.value))
+        run_in_background("report_user_sync", result)
         return result

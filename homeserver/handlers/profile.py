@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.validation import MAX_AVATAR_URL_LENGTH, MAX_DISPLAYNAME_LENGTH, check_text, is_local_user_id
-from homeserver.http.errors import MatrixError, forbidden, invalid_param, not_found
+from storage.kernel.errors import MatrixError, forbidden, invalid_param, not_found
 from storage.stores.profiles import ProfileRow, ProfileStore
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from collections.abc import Hashable
 import attrs
 
 from homeserver.config import HomeserverConfig, RateLimit
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 
 _MIN_SWEEP_SIZE = 1024
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.auth import Requester
-from homeserver.http.errors import forbidden, invalid_param, not_found
+from storage.kernel.errors import forbidden, invalid_param, not_found
 from storage.id_generators import StreamIdGenerator
 from storage.stores.account_data import AccountDataStore
 from storage.stores.timeline import TimelineStore

@@ -21,7 +21,7 @@ import attrs
 from homeserver.handlers.auth import PasswordHasher, generate_access_token, generate_device_id, hash_access_token
 from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.validation import check_localpart
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 from storage.stores.accounts import AccountStore, NewLogin
 
 logger = logging.getLogger(__name__)

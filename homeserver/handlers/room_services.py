@@ -43,6 +43,7 @@ from storage.stores.remote_invites import RemoteInviteStore
 from storage.stores.streams import insert_typing_txn
 from storage.stores.timeline import TimelineStore
 from storage.streams import StreamName
+from storage.kernel.background import run_in_background
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,7 @@ class RoomServices:
             # serve their targets pruned. Local sends also record synchronously.
             if event.type == C.REDACTION and event.redacts is not None and not result.already_persisted:
                 redacts = event.redacts
-                d = Deferred.fromCoroutine(timeline.record_redaction(event.event_id, redacts, event.room_id))
-                d.addErrback(lambda f: logger.error("recording redaction %s failed: %s", event.event_id, f.value))
+                run_in_background("record_redaction", timeline.record_redaction(event.event_id, redacts, event.room_id))
 
         persister.add_listener(on_persisted)
         client_events = ClientEvents(

@@ -37,7 +37,7 @@ from homeserver.handlers.profile import ProfileHandler
 from homeserver.handlers.ratelimit import Ratelimiters, ratelimit
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
 from homeserver.handlers.validation import check_text
-from homeserver.http.errors import MatrixError, bad_json, forbidden, invalid_param, not_found
+from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, not_found
 from storage.caches import DictCache
 from storage.stores.events import EventsStore, SendTxn, StateKey
 from storage.stores.profiles import ProfileRow

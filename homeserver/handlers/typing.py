@@ -19,8 +19,9 @@ from twisted.internet.interfaces import IDelayedCall
 
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.federation_edus import OutboundEdus
-from homeserver.http.errors import forbidden
+from storage.kernel.errors import forbidden
 from storage.id_generators import StreamIdGenerator
+from storage.kernel.background import run_in_background
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +100,7 @@ class TypingHandler:
         self._timers.pop((room_id, user_id), None)
         if self._stopped:
             return
-        d = Deferred.fromCoroutine(self._change(room_id, user_id, False))
-        # A warning, not an error: after a shutdown without stop() the database is gone.
-        d.addErrback(lambda f: logger.warning("typing expiry in %s failed: %s", room_id, f.value))
+        run_in_background("typing_expiry", self._change(room_id, user_id, False))
 
     async def _change(self, room_id: str, user_id: str, typing: bool) -> None:
         users = self._typing.setdefault(room_id, {})

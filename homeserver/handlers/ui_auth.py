@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import attrs
 
-from homeserver.http.errors import MatrixError, bad_json
+from storage.kernel.errors import MatrixError, bad_json
 
 LOGIN_DUMMY: Final = "m.login.dummy"
 LOGIN_PASSWORD: Final = "m.login.password"

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from homeserver.events.constants import MAX_ID_BYTES
 from homeserver.events.identifiers import is_valid_user_id
-from homeserver.http.errors import MatrixError, bad_json, invalid_param
+from storage.kernel.errors import MatrixError, bad_json, invalid_param
 
 # The localpart grammar for new user IDs (spec appendix, "User Identifiers").
 _LOCALPART_RE: Final = re.compile(r"[a-z0-9._=\-/+]+")

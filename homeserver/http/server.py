@@ -27,9 +27,9 @@ from twisted.internet.defer import Deferred
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from homeserver.http.errors import MatrixError, bad_json, unrecognized
+from storage.kernel.errors import MatrixError, bad_json, unrecognized
 from homeserver.http.metrics import HttpMetrics, method_label
-from homeserver.logging_setup import log_context, set_log_context
+from storage.kernel.logcontext import log_context, set_log_context
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("homeserver.http.access")

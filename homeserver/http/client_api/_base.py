@@ -15,7 +15,7 @@ from typing import Any, Final
 from twisted.web.server import Request
 
 from homeserver.handlers.validation import check_text
-from homeserver.http.errors import MatrixError, bad_json, invalid_param, missing_param
+from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param
 from homeserver.http.server import JsonDict, parse_json_object
 
 # matrix-nio and older clients still use r0 for some endpoints; both are served.

@@ -35,7 +35,7 @@ from homeserver.http.client_api._base import (
     query_string,
     required_string,
 )
-from homeserver.http.errors import MatrixError, bad_json, forbidden, invalid_param, missing_param
+from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, missing_param
 from homeserver.http.server import JsonRouter, parse_json_object
 
 REGISTER_FLOWS: Final = ((LOGIN_DUMMY,),)

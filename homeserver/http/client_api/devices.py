@@ -20,7 +20,7 @@ from homeserver.handlers.devices import DeviceHandler
 from homeserver.handlers.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
 from homeserver.handlers.validation import MAX_DEVICE_DISPLAY_NAME_LENGTH, MAX_DEVICE_ID_LENGTH, check_text
 from homeserver.http.client_api._base import client_path, empty, optional_string, parse_optional_json_object
-from homeserver.http.errors import bad_json, invalid_param, missing_param
+from storage.kernel.errors import bad_json, invalid_param, missing_param
 from homeserver.http.server import JsonRouter, parse_json_object
 from storage.stores.devices import DeviceRow
 

@@ -14,7 +14,7 @@ from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.presence import PRESENCE_STATES, PresenceHandler
 from homeserver.handlers.validation import check_text, check_user_id
 from homeserver.http.client_api._base import client_path, empty, optional_string, required_string
-from homeserver.http.errors import invalid_param
+from storage.kernel.errors import invalid_param
 from homeserver.http.server import JsonRouter, parse_json_object
 
 MAX_ID_LENGTH: Final = 255

@@ -18,7 +18,7 @@ from homeserver.handlers.auth import Auth
 from homeserver.handlers.profile import ProfileHandler
 from homeserver.handlers.validation import check_user_id
 from homeserver.http.client_api._base import client_path, empty
-from homeserver.http.errors import bad_json, missing_param
+from storage.kernel.errors import bad_json, missing_param
 from homeserver.http.server import JsonRouter, parse_json_object
 from storage.stores.profiles import ProfileRow
 

@@ -31,7 +31,7 @@ from homeserver.http.client_api._base import (
     query_string,
     required_string,
 )
-from homeserver.http.errors import bad_json, invalid_param
+from storage.kernel.errors import bad_json, invalid_param
 from homeserver.http.server import JsonRouter, parse_json_object
 
 MAX_ID_LENGTH: Final = 255

@@ -18,7 +18,7 @@ from homeserver.handlers.auth import Auth
 from homeserver.handlers.push_rules import default_push_rules
 from homeserver.handlers.server_info import capabilities, client_well_known
 from homeserver.http.client_api._base import client_path
-from homeserver.http.errors import not_found
+from storage.kernel.errors import not_found
 from homeserver.http.server import JsonRouter
 
 

@@ -19,7 +19,7 @@ from homeserver.handlers.sync import SyncFilter, SyncHandler
 from homeserver.http.client_api.e2e import register_e2e_servlets
 from homeserver.http.client_api.rooms import register_room_servlets
 from homeserver.http.client_api._base import client_path, query_string
-from homeserver.http.errors import invalid_param
+from storage.kernel.errors import invalid_param
 from homeserver.http.server import JsonRouter
 from storage.tokens import InvalidTokenError, StreamToken
 

@@ -12,7 +12,7 @@ from homeserver.federation.auth import (
     sign_request,
     verify_request_signature,
 )
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 from tests.twisted_plugin import run_sync
 
 KEY = generate_signing_key("k1")

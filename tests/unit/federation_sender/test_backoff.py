@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from federation_sender.backoff import HEALTHY, BackoffPolicy, RetryState, is_unhealthy
+from federation_sender.backoff import HEALTHY, RetryState, after_failure, is_unhealthy, policy_from_config
 from homeserver.config import BackoffConfig
 
 MINUTE = 60_000
-DEFAULT = BackoffPolicy.from_config(BackoffConfig())
+DEFAULT = policy_from_config(BackoffConfig())
 
 
 def fixed(value: float):  # type: ignore[no-untyped-def]
@@ -20,16 +20,16 @@ def fixed(value: float):  # type: ignore[no-untyped-def]
 
 
 def test_defaults_start_at_ten_minutes_and_double() -> None:
-    first = DEFAULT.after_failure(HEALTHY, 1_000, fixed(1.0))
+    first = after_failure(DEFAULT, HEALTHY, 1_000, fixed(1.0))
     assert first == RetryState(retry_last_ts=1_000, retry_interval=10 * MINUTE, failure_ts=1_000)
-    second = DEFAULT.after_failure(first, 5_000, fixed(1.0))
+    second = after_failure(DEFAULT, first, 5_000, fixed(1.0))
     assert second.retry_interval == 20 * MINUTE
     assert second.failure_ts == 1_000, "failure_ts stays at the first failure of the run"
     assert second.retry_last_ts == 5_000
 
 
 def test_backing_off_until_the_interval_has_passed() -> None:
-    state = DEFAULT.after_failure(HEALTHY, 0, fixed(1.0))
+    state = after_failure(DEFAULT, HEALTHY, 0, fixed(1.0))
     assert state.backing_off(10 * MINUTE - 1)
     assert not state.backing_off(10 * MINUTE)
     assert not HEALTHY.backing_off(0)
@@ -38,17 +38,17 @@ def test_backing_off_until_the_interval_has_passed() -> None:
 def test_capped_at_seven_days() -> None:
     state = HEALTHY
     for i in range(40):
-        state = DEFAULT.after_failure(state, i, fixed(1.4))
+        state = after_failure(DEFAULT, state, i, fixed(1.4))
     assert state.retry_interval == int(timedelta(days=7).total_seconds() * 1000)
 
 
 @given(st.lists(st.floats(min_value=0.8, max_value=1.4), min_size=1, max_size=30))
 def test_interval_grows_within_the_jitter_bounds(draws: list[float]) -> None:
-    state = DEFAULT.after_failure(HEALTHY, 0, fixed(1.0))
+    state = after_failure(DEFAULT, HEALTHY, 0, fixed(1.0))
     for draw in draws:
-        grown = DEFAULT.after_failure(state, 0, fixed(draw))
-        low = min(int(state.retry_interval * 2 * 0.8), DEFAULT.max_ms)
-        high = min(int(state.retry_interval * 2 * 1.4), DEFAULT.max_ms)
+        grown = after_failure(DEFAULT, state, 0, fixed(draw))
+        low = min(int(state.retry_interval * 2 * 0.8), DEFAULT.maximum)
+        high = min(int(state.retry_interval * 2 * 1.4), DEFAULT.maximum)
         assert low <= grown.retry_interval <= high
         state = grown
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from federation_sender.backoff import BackoffPolicy
+from federation_sender.backoff import policy_from_config
 from federation_sender.queue import Added, Edu, PendingPdu, PerDestinationQueue, PlannedTransaction
 from homeserver.config import BackoffConfig
 
-POLICY = BackoffPolicy.from_config(BackoffConfig())
+POLICY = policy_from_config(BackoffConfig())
 HOUR = 3_600_000
 
 

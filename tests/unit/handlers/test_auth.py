@@ -17,7 +17,7 @@ from homeserver.handlers.auth import (
     generate_device_id,
     hash_access_token,
 )
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 from storage.stores.accounts import TokenOwner
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from homeserver.handlers.filters import parse_filter_id, validate_filter
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 
 
 def test_a_full_filter_is_accepted_unchanged() -> None:

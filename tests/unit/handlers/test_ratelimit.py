@@ -9,7 +9,7 @@ import pytest
 
 from homeserver.config import ConfigError, LoginRateLimits, RateLimit, parse_config
 from homeserver.handlers.ratelimit import Ratelimiter, Ratelimiters, limit_exceeded, ratelimit
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 
 
 def test_burst_then_refill_at_the_configured_rate() -> None:

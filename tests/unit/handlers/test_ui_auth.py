@@ -16,7 +16,7 @@ from homeserver.handlers.ui_auth import (
     UserInteractiveAuth,
     check_dummy,
 )
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 
 
 class FakeClock:

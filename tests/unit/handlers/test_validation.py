@@ -18,7 +18,7 @@ from homeserver.handlers.validation import (
     is_local_user_id,
     is_storable_text,
 )
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 
 
 @pytest.mark.parametrize("localpart", ["alice", "a", "bob.smith", "x_y-z=1/2+3", "0123456789"])

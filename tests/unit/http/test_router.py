@@ -14,7 +14,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 
-from homeserver.http.errors import MatrixError
+from storage.kernel.errors import MatrixError
 from homeserver.http.metrics import HttpMetrics
 from homeserver.http.server import JsonRouter, make_site, parse_json_object
 from tests.twisted_plugin import reactor, run_sync

@@ -1,4 +1,10 @@
-"""Matrix errors: the one exception type the HTTP layer turns into error JSON."""
+"""Matrix errors: the one exception type every layer raises for what a client or peer must see.
+
+Handlers, stores and the federation code raise ``MatrixError`` (or one of the
+constructors below); the HTTP router is the one place that turns it into a
+status and ``{"errcode", "error"}`` JSON. Nothing here knows about HTTP
+requests.
+"""
 
 # tests: tests/unit/http/test_router.py
 

@@ -1,0 +1,78 @@
+"""The shared kernel: the backoff policy's numbers, and background work that never fails silently."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry
+from twisted.internet.defer import Deferred, fail, succeed
+
+from storage.kernel.background import register_metrics, run_in_background
+from storage.kernel.backoff import BackoffPolicy
+
+
+def fixed(value: float):  # type: ignore[no-untyped-def]
+    return lambda low, high: value
+
+
+def test_backoff_starts_at_initial_then_grows_to_the_cap() -> None:
+    policy = BackoffPolicy(initial=0.5, multiplier=2.0, maximum=30.0)
+    assert [policy.delay(n, fixed(1.0)) for n in range(1, 9)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert policy.next_interval(None) == 0.5
+    assert policy.next_interval(0.5, fixed(1.0)) == 1.0
+    assert policy.next_interval(20.0, fixed(1.0)) == 30.0
+    # A run of failures far longer than any real one neither overflows nor passes the cap.
+    assert policy.delay(10_000, fixed(1.0)) == 30.0
+
+
+def test_backoff_jitter_scales_the_delay() -> None:
+    policy = BackoffPolicy(initial=1.0, multiplier=2.0, maximum=60.0, jitter=(0.8, 1.2))
+    assert policy.delay(3, fixed(0.8)) == pytest.approx(3.2)
+    assert policy.delay(3, fixed(1.2)) == pytest.approx(4.8)
+
+
+@pytest.mark.parametrize("bad", [dict(initial=0), dict(initial=5, maximum=1), dict(multiplier=0.5),
+                                 dict(jitter=(1.2, 0.8)), dict(jitter=(0.0, 1.0))])
+def test_backoff_refuses_nonsense(bad: dict[str, object]) -> None:
+    args: dict[str, object] = dict(initial=1.0, multiplier=2.0, maximum=10.0)
+    args.update(bad)
+    with pytest.raises(ValueError):
+        BackoffPolicy(**args)  # type: ignore[arg-type]
+
+
+def test_background_failure_is_logged_counted_and_swallowed(caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    register_metrics(registry)
+    before = registry.get_sample_value("tributary_background_task_failures_total", {"task": "kernel_test"}) or 0.0
+
+    async def boom() -> None:
+        raise RuntimeError("the disk is on fire")
+
+    with caplog.at_level(logging.ERROR, logger="storage.kernel.background"):
+        d = run_in_background("kernel_test", boom())
+    results: list[object] = []
+    d.addBoth(results.append)
+    assert results == [None], "the returned Deferred fires with None, never an error"
+    assert "kernel_test" in caplog.text and "the disk is on fire" in caplog.text
+    after = registry.get_sample_value("tributary_background_task_failures_total", {"task": "kernel_test"})
+    assert after == before + 1
+
+
+def test_background_passes_results_through_and_accepts_deferreds() -> None:
+    async def answer() -> int:
+        return 42
+
+    results: list[object] = []
+    run_in_background("kernel_test_ok", answer()).addBoth(results.append)
+    run_in_background("kernel_test_ok", succeed(7)).addBoth(results.append)
+    run_in_background("kernel_test_ok", fail(ValueError("x"))).addBoth(results.append)
+    assert results == [42, 7, None]
+
+
+def test_cancelling_background_work_is_not_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    waiting: Deferred[None] = Deferred()
+    with caplog.at_level(logging.ERROR, logger="storage.kernel.background"):
+        d = run_in_background("kernel_test_cancel", waiting)
+        d.cancel()
+    assert "kernel_test_cancel" not in caplog.text
