@@ -1,11 +1,26 @@
-"""The composition root: builds every service of a homeserver process from its config.
+"""The composition root: builds one homeserver process from its config, in stages.
 
-``HomeServer.start()`` brings the process up in order (database, schema, keys,
-listeners) and marks it ready; ``stop()`` takes it down in reverse: stop
-accepting connections, let requests in flight finish (bounded by
-``shutdown_grace_period``), close the database pool, stop the embedded
-database. Nothing here looks anything up globally: collaborators are built here
-and handed down.
+``HomeServer.start()`` opens the database, then builds frozen bundles in order,
+each from the ones before it and nothing else:
+
+1. ``Storage``: the database (embedded or at ``database.url``), migrated and
+   checked, and the signing key;
+2. ``Streams``: one ID generator per stream, the notifier and the caches;
+3. replication (when the layout needs it), started here so that the
+   services below can be handed its signals; they register their row
+   handlers before the reactor runs again, so no row is missed;
+4. ``Services``: accounts, event persistence, outbound federation (the sender,
+   or the sink that hands EDUs to the process that sends), the federation
+   handlers and the room handlers, each built with its collaborators as
+   constructor arguments; single-writer streams are written through
+   ``Writers`` (``routing/writers.py``), local or remote as the layout says;
+5. ``Process``: the above plus what runs (servlets, role hooks, listeners).
+
+``stop()`` takes it down in reverse: stop accepting connections, let requests in
+flight finish (bounded by ``shutdown_grace_period``), stop what runs, close the
+pool, stop the embedded database. Nothing here looks anything up globally, and
+nothing is wired by setting attributes after construction. Worker roles are
+plug-ins found by name (``homeserver/roles.py``); this module imports none.
 """
 
 # tests: tests/integration/test_process.py
@@ -14,9 +29,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 from prometheus_client import CollectorRegistry, GCCollector, Info, PlatformCollector, ProcessCollector
 from signedjson.types import SigningKey
 from twisted.internet.defer import Deferred, gatherResults
@@ -25,60 +41,63 @@ from twisted.internet.threads import deferToThread
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
+from federation_sender.metrics import FederationSenderMetrics
+from federation_sender.sender import FederationSender, client_transport
 from homeserver import __version__
-from homeserver.config import HomeserverConfig, ListenerConfig
+from homeserver.config import MAIN_INSTANCE, ConfigError, HomeserverConfig, ListenerConfig
+from homeserver.events import FrozenEvent
+from homeserver.federation.devices import FederationDeviceHandler
+from homeserver.federation.edus import register_edu_handlers
+from homeserver.federation.metrics import FederationMetrics
+from homeserver.federation.servlets import FederationServices, build_federation_client, register_federation_servlets
 from homeserver.handlers.account_services import AccountServices
+from homeserver.handlers.auth import TokenCacheInvalidation
+from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
+from homeserver.handlers.federation_edus import EduSink, OutboundEdus
+from homeserver.handlers.metrics import SyncMetrics
+from homeserver.handlers.presence import SyncTracker
+from homeserver.handlers.remote_invites import RemoteInvites
+from homeserver.handlers.room_events import RoomEventCreator
+from homeserver.handlers.room_services import RoomServices
+from homeserver.handlers.typing import ReplicatedTyping
 from homeserver.http.client import register_versions
 from homeserver.http.client_api import register_client_api_servlets
+from homeserver.http.client_api.sync import register_room_api_servlets
 from homeserver.http.metrics import HttpMetrics
 from homeserver.http.server import JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
-from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
-from homeserver.handlers.room_events import RoomEventCreator
-from homeserver.handlers.room_services import RoomServices
-from homeserver.http.client_api.sync import register_room_api_servlets
-from homeserver.federation.metrics import FederationMetrics
-from homeserver.handlers.metrics import SyncMetrics
 from homeserver.metrics import ReactorMetrics, ReactorTickMonitor
-from homeserver.federation.servlets import FederationServices, register_federation_servlets
-from homeserver.federation.devices import FederationDeviceHandler
-from homeserver.federation.edus import register_edu_handlers
-from storage.stores.e2e import E2eStore
-from federation_sender.metrics import FederationSenderMetrics
-from federation_sender.sender import FederationSender, client_transport
-from homeserver.handlers.federation_edus import EduSink, OutboundEdus
-from homeserver.handlers.auth import TokenCacheInvalidation
-from homeserver.handlers.typing import ReplicatedTyping
-from homeserver.handlers.presence import SyncTracker
-from homeserver.config import MAIN_INSTANCE, ConfigError
-from workers.federation import (
+from homeserver.roles import MAIN, RoleContext, RoleHook, Stoppable, WorkerRole, known_roles, load_role
+from homeserver.routing.federation import (
     FederationStreamReader,
     FederationStreamSink,
     RemoteEduSink,
+    forward_to_main,
     register_main_operations,
 )
-from workers.forwarding import RoutedPersister, ShardedRoomEventCreator, install_forwarding, register_event_operations
-from workers.internal_api import InternalApiClient, InternalApiServer
-from workers.layout import Layout
-from workers.pruning import StreamPruner
-from storage.stores.pruning import PruningStore
-from workers.roles import MAIN, WorkerRole, load_role
+from homeserver.routing.forwarding import RoutedPersister, ShardedRoomEventCreator, register_event_operations
+from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
+from homeserver.routing.layout import Layout
+from homeserver.routing.writers import Writers, build_writers, choose_invite_writer, register_writer_operations
 from replication.commands import JsonValue, UserSyncCommand
-from replication.handler import CacheInvalidationHandler, RowHandler
+from replication.handler import CacheInvalidationHandler
 from replication.stream_sources import connect_streams, stream_sources
 from replication.transport import ReplicationService, start_replication
 from storage.caches import CacheInvalidationStream, CacheRegistry
 from storage.database import Database
+from storage.embedded import EmbeddedPostgres, find_binaries
 from storage.id_generators import StreamIdGenerator
+from storage.kernel.background import register_metrics as register_background_metrics
+from storage.kernel.background import run_in_background
+from storage.metrics import StorageMetrics, StreamMetrics
 from storage.notifier import Notifier
+from storage.prepare import check_server_name, prepare_database
+from storage.stores.e2e import E2eStore
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
 from storage.stores.federation_sender import FederationSenderStore
+from storage.stores.remote_invites import RemoteInviteStore
 from storage.streams import STREAMS, StreamName, create_id_generator
-from storage.embedded import EmbeddedPostgres, find_binaries
-from storage.metrics import StorageMetrics, StreamMetrics
-from storage.prepare import check_server_name, prepare_database
-from storage.kernel.background import register_metrics as register_background_metrics, run_in_background
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +115,114 @@ def new_registry() -> CollectorRegistry:
     return registry
 
 
+# --- the stages ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Storage:
+    db: Database
+    # The embedded PostgreSQL this process started (no ``database.url``), stopped after the pool.
+    embedded: EmbeddedPostgres | None
+    signing_key: SigningKey
+
+
+@attrs.frozen
+class Streams:
+    generators: Mapping[StreamName, StreamIdGenerator]
+    notifier: Notifier
+    caches: CacheRegistry
+    # Where this process tells others to drop cache entries (it writes the caches stream), if it does.
+    cache_invalidation: CacheInvalidationStream | None
+
+
+@attrs.frozen
+class Outbound:
+    """Outbound federation as this process takes part in it."""
+
+    # This process's sender, when it sends to some destinations.
+    sender: FederationSender | None
+    # Where typing, receipts, presence and to-device EDUs go (None: this process causes none).
+    edus: OutboundEdus | None
+    # Where remote members' events we accepted as the resident server go.
+    forward: Callable[[FrozenEvent, str], None] | None
+    # The sink behind ``edus`` (the sender, or the stream/process that hands EDUs to it).
+    sink: EduSink | None
+
+
+@attrs.frozen
+class Services:
+    events_store: EventsStore
+    persister: EventPersister
+    room_events: RoomEventCreator
+    accounts: AccountServices
+    federation: FederationServices
+    rooms: RoomServices
+    writers: Writers
+    outbound: Outbound
+    sync_tracker: SyncTracker
+
+
+@attrs.frozen
+class Process:
+    """Everything one running process is made of; ``HomeServer.process`` once started."""
+
+    storage: Storage
+    streams: Streams
+    replication: ReplicationService | None
+    services: Services
+    internal_client: InternalApiClient | None
+    # What the role hooks started (periodic jobs), stopped first.
+    jobs: tuple[Stoppable, ...]
+
+    # The services tests and tools use most, by name.
+    @property
+    def db(self) -> Database:
+        return self.storage.db
+
+    @property
+    def signing_key(self) -> SigningKey:
+        return self.storage.signing_key
+
+    @property
+    def notifier(self) -> Notifier:
+        return self.streams.notifier
+
+    @property
+    def events_store(self) -> EventsStore:
+        return self.services.events_store
+
+    @property
+    def persister(self) -> EventPersister:
+        return self.services.persister
+
+    @property
+    def room_events(self) -> RoomEventCreator:
+        return self.services.room_events
+
+    @property
+    def accounts(self) -> AccountServices:
+        return self.services.accounts
+
+    @property
+    def rooms(self) -> RoomServices:
+        return self.services.rooms
+
+    @property
+    def federation(self) -> FederationServices:
+        return self.services.federation
+
+    @property
+    def federation_sender(self) -> FederationSender | None:
+        return self.services.outbound.sender
+
+
+class NotStarted(RuntimeError):
+    pass
+
+
 class HomeServer:
     """One process: the main process (``instance_name`` "master") or a worker named in
-    ``workers`` whose role (workers/roles.py) decides what it serves."""
+    ``workers`` whose role (a plug-in, ``homeserver/roles.py``) decides what it serves."""
 
     def __init__(self, config: HomeserverConfig, reactor: Any, *, registry: CollectorRegistry | None = None,
                  instance_name: str = MAIN_INSTANCE) -> None:
@@ -115,31 +239,9 @@ class HomeServer:
         self.router = JsonRouter(self.http_metrics)
         # Served on listeners with the federation or keys resource (homeserver/federation/).
         self.federation_router = JsonRouter(self.http_metrics)
-        # /_tributary/replication/...: what other processes ask of this one (workers/internal_api.py).
+        # /_tributary/replication/...: what other processes ask of this one (routing/internal_api.py).
         self.internal_router = JsonRouter(self.http_metrics)
         self.internal_api = InternalApiServer(self.internal_router, config.worker_replication_secret)
-        self.internal_client: InternalApiClient | None = None
-        # Replication consumers that services add before replication starts.
-        self._row_handlers: list[RowHandler] = []
-        self._remote_up_listeners: list[Callable[[str], None]] = []
-        self.pruner: StreamPruner | None = None
-        # Who syncs here, for the presence writer (USER_SYNC from workers).
-        self.sync_tracker = SyncTracker(reactor, self._report_user_sync)
-        self.federation: FederationServices | None = None
-        self.federation_sender: FederationSender | None = None
-        self.embedded_db: EmbeddedPostgres | None = None
-        self.db: Database | None = None
-        self.signing_key: SigningKey | None = None
-        self.accounts: AccountServices | None = None
-        self.rooms: RoomServices | None = None
-        self.streams: dict[StreamName, StreamIdGenerator] = {}
-        self.notifier = Notifier(reactor)
-        self.caches = CacheRegistry()
-        self.cache_invalidation: CacheInvalidationStream | None = None
-        self.replication: ReplicationService | None = None
-        self.events_store: EventsStore | None = None
-        self.persister: EventPersister | None = None
-        self.room_events: RoomEventCreator | None = None
         self.persistence_metrics = PersistenceMetrics.create(self.registry)
         self.stream_metrics = StreamMetrics.create(self.registry)
         self.reactor_monitor = ReactorTickMonitor(reactor, ReactorMetrics.create(self.registry))
@@ -147,6 +249,16 @@ class HomeServer:
         self.ready = False
         self.stopping = False
         self.started_at: float | None = None
+        # The built process, between start() and stop(); a database opened by a start()
+        # that failed half way is kept here so that stop() still closes it.
+        self._process: Process | None = None
+        self._opened: Storage | None = None
+
+    @property
+    def process(self) -> Process:
+        if self._process is None:
+            raise NotStarted(f"{self.instance_name} is not running: call start() first")
+        return self._process
 
     # --- start ----------------------------------------------------------------------
 
@@ -154,23 +266,21 @@ class HomeServer:
         start = time.monotonic()
         self.reactor_monitor.start()
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.db = await self._open_database()
-        applied = await prepare_database(self.db)
-        self.storage_metrics.migrations_applied.inc(applied)
-        await check_server_name(self.db, self.config.server_name)
-        self.signing_key = load_or_create_signing_key(self.config.effective_signing_key_path)
-        await self._start_streams()
-        self._build_services()
-        assert self.rooms is not None
-        await self.rooms.room_tokens.start()
-        self._build_federation_sender()
-        await self._start_replication()
-        self._start_pruner()
-        if self.federation_sender is not None:
-            await self.federation_sender.start()
-        self._register_servlets()
-        if self.role.start is not None:
-            await self.role.start(self)
+        storage = self._opened = await self._open_storage()
+        streams = await self._build_streams(storage.db)
+        replication = await self._start_replication(storage.db, streams)
+        internal_client = (InternalApiClient(self.reactor, self.layout, self.config.worker_replication_secret)
+                           if self.layout.has_workers else None)
+        services = self._build_services(storage, streams, replication, internal_client)
+        if replication is not None:
+            self._connect_replication(replication, streams, services)
+        await services.rooms.room_tokens.start()
+        if services.outbound.sender is not None:
+            await services.outbound.sender.start()
+        self._register_servlets(storage, streams, services)
+        jobs = await self._start_jobs(storage, replication)
+        self._process = Process(storage=storage, streams=streams, replication=replication, services=services,
+                                internal_client=internal_client, jobs=jobs)
         for listener in self.listeners:
             self._listen(listener)
         self.ready = True
@@ -180,11 +290,13 @@ class HomeServer:
             __version__, self.instance_name, self.role.name,
         )
 
-    async def _open_database(self) -> Database:
+    async def _open_storage(self) -> Storage:
+        """The database, migrated and checked against the server name, and the signing key."""
         dsn = self.config.database.url
+        embedded = None
         if dsn is None:
-            self.embedded_db = EmbeddedPostgres(self.config.data_dir, find_binaries(self.config.database.embedded.binaries))
-            dsn = await deferToThread(self.embedded_db.start)
+            embedded = EmbeddedPostgres(self.config.data_dir, find_binaries(self.config.database.embedded.binaries))
+            dsn = await deferToThread(embedded.start)
         db = Database(
             self.reactor,
             dsn,
@@ -193,15 +305,18 @@ class HomeServer:
             max_connections=self.config.database.max_connections,
         )
         db.start()
-        self.db = db
+        storage = Storage(db=db, embedded=embedded, signing_key=load_or_create_signing_key(
+            self.config.effective_signing_key_path))
+        self._opened = storage
         version = await db.check_connection()
-        logger.info("connected to PostgreSQL %s%s", version, " (embedded)" if self.embedded_db else "")
-        return db
+        logger.info("connected to PostgreSQL %s%s", version, " (embedded)" if embedded else "")
+        applied = await prepare_database(db)
+        self.storage_metrics.migrations_applied.inc(applied)
+        await check_server_name(db, self.config.server_name)
+        return storage
 
-    async def _start_streams(self) -> None:
-        """One ID generator per stream; this single process writes every stream."""
-        db = self.db
-        assert db is not None
+    async def _build_streams(self, db: Database) -> Streams:
+        """One ID generator per stream, writing the streams the layout gives this process."""
 
         async def create(name: StreamName) -> StreamIdGenerator:
             return await create_id_generator(
@@ -209,82 +324,33 @@ class HomeServer:
             )
 
         names = list(StreamName)
-        generators = await gatherResults([Deferred.fromCoroutine(create(name)) for name in names], consumeErrors=True)
-        for name, generator in zip(names, generators, strict=True):
-            self.streams[name] = generator
-            self.notifier.add_stream(generator)
+        created = await gatherResults([Deferred.fromCoroutine(create(name)) for name in names], consumeErrors=True)
+        generators = dict(zip(names, created, strict=True))
+        notifier = Notifier(self.reactor)
+        for generator in generators.values():
+            notifier.add_stream(generator)
             self.stream_metrics.track(generator)
-        if self.layout.writes(StreamName.CACHES):
-            self.cache_invalidation = CacheInvalidationStream(self.streams[StreamName.CACHES], self.caches, self.reactor)
+        caches = CacheRegistry()
+        invalidation = (CacheInvalidationStream(generators[StreamName.CACHES], caches, self.reactor)
+                        if self.layout.writes(StreamName.CACHES) else None)
+        return Streams(generators=generators, notifier=notifier, caches=caches, cache_invalidation=invalidation)
 
-    async def _start_replication(self) -> None:
-        """Tell other processes of every stream fact: over the replication
-        listeners (TCP), or the Redis channel when ``redis.enabled``."""
-        assert self.db is not None
+    async def _start_replication(self, db: Database, streams: Streams) -> ReplicationService | None:
+        """Tell other processes of every stream fact: over the replication listeners (TCP), or
+        the Redis channel when ``redis.enabled``. None for a lone process with neither."""
         listens = any(listener.type == "replication" for listener in self.listeners)
         if not (listens or self.config.redis.enabled or not self.layout.is_main):
-            return
-        generators = {str(name): generator for name, generator in self.streams.items()}
-        self.replication = await start_replication(
+            return None
+        generators = {str(name): generator for name, generator in streams.generators.items()}
+        return await start_replication(
             self.reactor,
             self.config,
             self.registry,
             instance_name=self.instance_name,
-            sources=stream_sources(STREAMS, generators, self.db),
+            sources=stream_sources(STREAMS, generators, db),
             writes=[name for name, g in generators.items() if g.instance_name == self.instance_name],
             connect_to=None if self.layout.is_main else self._main_replication_address(),
         )
-        handler = self.replication.handler
-        handler.add_row_handler(CacheInvalidationHandler(self._invalidate_replicated))
-        assert self.rooms is not None and self.federation is not None
-        handler.add_row_handler(ReplicatedTyping(self.rooms.typing))
-        for row_handler in self._row_handlers:
-            handler.add_row_handler(row_handler)
-        for listener in self._remote_up_listeners:
-            handler.add_remote_server_up_listener(listener)
-        if self.layout.writes(StreamName.PRESENCE):
-            presence = self.rooms.presence
-
-            def user_sync(command: UserSyncCommand) -> None:
-                run_in_background("user_sync", presence.user_syncing(command.instance, command.user_id,
-                                                                     command.is_syncing))
-
-            def clear_user_sync(instance: str) -> None:
-                run_in_background("clear_user_sync", presence.clear_process(instance))
-
-            handler.add_user_sync_listener(user_sync)
-            handler.add_clear_user_sync_listener(clear_user_sync)
-        if self.layout.config.federation_sender_instances:
-            # Inbound requests prove a server is up: tell the process that sends to it.
-            self.federation.remote_up_hooks.append(handler.send_remote_server_up)
-        connect_streams(handler, generators)
-
-    def _start_pruner(self) -> None:
-        """Stream table pruning (workers/pruning.py): on the background worker, or the main
-        process when the layout has none."""
-        has_background = any(worker.app == "background" for worker in self.config.workers.values())
-        if not (self.role.name == "background" or (self.layout.is_main and not has_background)):
-            return
-        assert self.db is not None
-        pruner = StreamPruner(PruningStore(self.db), self.reactor,
-                              federation_senders=self.config.federation_sender_instances)
-        if self.replication is not None:
-            self.replication.handler.add_federation_ack_listener(pruner.on_federation_ack)
-        pruner.start()
-        self.pruner = pruner
-
-    def _report_user_sync(self, user_id: str, syncing: bool) -> Any:
-        """``SyncTracker``'s report: to the presence handler here, or to its writer by USER_SYNC."""
-        if self.layout.writes(StreamName.PRESENCE):
-            assert self.rooms is not None
-            return Deferred.fromCoroutine(self.rooms.presence.user_syncing(self.instance_name, user_id, syncing))
-        if self.replication is not None:
-            self.replication.handler.send_user_sync(user_id, None, syncing, int(self.reactor.seconds() * 1000))
-        return None
-
-    def _send_federation_ack(self, token: int) -> None:
-        if self.replication is not None:
-            self.replication.handler.send_federation_ack(token)
 
     def _main_replication_address(self) -> tuple[str, int] | None:
         """Where a worker reaches the main process over TCP (without Redis): its replication listener."""
@@ -297,168 +363,220 @@ class HomeServer:
                 return ("127.0.0.1" if host in ("0.0.0.0", "::") else host), listener.port
         raise ConfigError("listeners", "workers need Redis (redis.enabled) or a replication listener on the main process")
 
-    def _invalidate_replicated(self, cache_name: str, keys: tuple[JsonValue, ...] | None) -> None:
-        # Cache keys are tuples of strings; a replicated row carries them as JSON.
-        self.caches.invalidate(cache_name, None if keys is None else tuple(str(k) for k in keys))
+    def _build_services(self, storage: Storage, streams: Streams, replication: ReplicationService | None,
+                        internal_client: InternalApiClient | None) -> Services:
+        """Every service, in dependency order; synchronous, so replication rows wait until the
+        row handlers exist."""
+        config, layout, reactor, db = self.config, self.layout, self.reactor, storage.db
+        generators = streams.generators
 
-    def _build_services(self) -> None:
-        assert self.db is not None and self.signing_key is not None
-        self.events_store = EventsStore(self.db)
-        persister = local_persister = EventPersister(
-            store=self.events_store,
-            stream_ids=self.streams[StreamName.EVENTS],
-            server_name=self.config.server_name,
-            instance_name=self.instance_name,
-            metrics=self.persistence_metrics,
-            backfill_ids=self.streams[StreamName.BACKFILL],
-        )
-        creator_options: dict[str, Any] = dict(
-            store=self.events_store,
-            server_name=self.config.server_name,
-            signing_key=self.signing_key,
-            default_room_version=self.config.default_room_version,
-            clock_ms=lambda: int(self.reactor.seconds() * 1000),
-        )
-        sharded: ShardedRoomEventCreator | None = None
-        if self.layout.has_workers:
-            # Every room's events are written by its owner (workers/forwarding.py).
-            client = self.internal_client = InternalApiClient(
-                self.reactor, self.layout, self.config.worker_replication_secret
-            )
-            # Reads stay local; persisting goes to the room's owner (the same interface, duck-typed).
-            persister = RoutedPersister(local_persister, self.layout, client)  # type: ignore[assignment]
-            sharded = ShardedRoomEventCreator(layout=self.layout, client=client, persister=persister,
-                                              **creator_options)
-            self.room_events = sharded
-        else:
-            self.room_events = RoomEventCreator(persister=persister, **creator_options)
-        self.persister = persister
-        self.accounts = AccountServices.build(
-            self.config,
-            self.db,
-            self.reactor,
-            account_data_stream_ids=self.streams[StreamName.ACCOUNT_DATA].get_next,
-            instance_name=self.instance_name,
-        )
-        self.rooms = RoomServices.build(
-            db=self.db,
-            reactor=self.reactor,
-            server_name=self.config.server_name,
-            streams=self.streams,
-            notifier=self.notifier,
-            events_store=self.events_store,
-            persister=persister,
-            room_events=self.room_events,
-            accounts=self.accounts,
-            sync_metrics=SyncMetrics.create(self.registry),
-        )
-        self.federation = FederationServices.build(
-            self.config,
-            self.reactor,
-            signing_key=self.signing_key,
-            store=self.events_store,
-            persister=persister,
-            federation_store=FederationStore(self.db),
-            metrics=FederationMetrics.create(self.registry),
-        )
-        self.rooms.rooms.set_remote_membership(self.federation.membership)
-        self.federation.membership.invites = self.rooms.remote_invites
-        self.rooms.messages.set_backfill(self.federation.backfill.backfill)
-        register_edu_handlers(self.federation.transactions, typing=self.rooms.typing, receipts=self.rooms.receipts,
-                              presence=self.rooms.presence, e2e=self.rooms.e2e)
-        if self.cache_invalidation is not None:
-            stream = self.cache_invalidation
+        def clock_ms() -> int:
+            return int(reactor.seconds() * 1000)
 
-            def revoked(hashes: list[bytes]) -> None:
-                run_in_background("stream_revoked_tokens", stream.invalidate_and_stream(
+        def revoked(hashes: list[bytes]) -> None:
+            if streams.cache_invalidation is not None:
+                run_in_background("stream_revoked_tokens", streams.cache_invalidation.invalidate_and_stream(
                     TokenCacheInvalidation.name, tuple(digest.hex() for digest in hashes)))
 
-            self.accounts.auth.revoked_hooks.append(revoked)
-        self.caches.register(TokenCacheInvalidation(self.accounts.auth))
-        if sharded is not None:
-            assert self.internal_client is not None
-            if self.layout.writes(StreamName.EVENTS):
-                register_event_operations(self.internal_api, self.layout, sharded, local_persister)
-            install_forwarding(self, self.layout, self.internal_api, self.internal_client)
+        accounts = AccountServices.build(config, db, reactor,
+                                         account_data_stream_ids=generators[StreamName.ACCOUNT_DATA].get_next,
+                                         instance_name=self.instance_name)
+        accounts.auth.revoked_hooks.append(revoked)
+        streams.caches.register(TokenCacheInvalidation(accounts.auth))
 
-    def _build_federation_sender(self) -> None:
-        """Outbound federation: in the main process (``send_federation``), or in federation
-        sender workers, each for the destinations it owns (workers/federation.py)."""
-        assert self.db is not None and self.federation is not None and self.events_store is not None
-        assert self.rooms is not None
-        sends = self.config.send_federation if self.layout.is_main else self.role.sends_federation
-        store = self.events_store
+        # Events: persisted here for the rooms this process owns, by the room's owner otherwise.
+        events_store = EventsStore(db)
+        persister_options: dict[str, Any] = dict(
+            store=events_store, stream_ids=generators[StreamName.EVENTS], server_name=config.server_name,
+            instance_name=self.instance_name, metrics=self.persistence_metrics,
+            backfill_ids=generators[StreamName.BACKFILL],
+        )
+        creator_options: dict[str, Any] = dict(
+            store=events_store, server_name=config.server_name, signing_key=storage.signing_key,
+            default_room_version=config.default_room_version, clock_ms=clock_ms,
+        )
+        persister: EventPersister
+        room_events: RoomEventCreator
+        if internal_client is not None:
+            persister = RoutedPersister(layout=layout, client=internal_client, **persister_options)
+            room_events = sharded = ShardedRoomEventCreator(layout=layout, client=internal_client,
+                                                             persister=persister, **creator_options)
+            if layout.writes(StreamName.EVENTS):
+                register_event_operations(self.internal_api, layout, sharded, persister)
+        else:
+            persister = EventPersister(**persister_options)
+            room_events = RoomEventCreator(persister=persister, **creator_options)
+
+        federation_metrics = FederationMetrics.create(self.registry)
+        client = build_federation_client(config, reactor, storage.signing_key, federation_metrics)
+        outbound = self._build_outbound(db, generators, events_store, internal_client, client)
+        remote_invites = RemoteInvites(store=RemoteInviteStore(db), stream=generators[StreamName.EVENTS])
+        # Federation records invites before the other writers exist: chosen the same way.
+        invite_writer = choose_invite_writer(remote_invites, layout, internal_client)
+
+        up_targets: list[Callable[[str], None]] = []
+        if outbound.sender is not None:
+            up_targets.append(outbound.sender.notify_remote_server_up)
+        if replication is not None and config.federation_sender_instances:
+            # Inbound requests prove a server is up: tell the process that sends to it.
+            up_targets.append(replication.handler.send_remote_server_up)
+        remote_up = tuple(up_targets)
+
+        def on_remote_up(origin: str) -> None:
+            for target in remote_up:
+                target(origin)
+
+        federation = FederationServices.build(
+            config, reactor, client=client, signing_key=storage.signing_key, store=events_store,
+            persister=persister, federation_store=FederationStore(db),
+            metrics=federation_metrics,
+            invites=remote_invites, invite_writer=invite_writer, forward=outbound.forward, on_remote_up=on_remote_up,
+        )
+        rooms = RoomServices.build(
+            db=db, reactor=reactor, server_name=config.server_name, streams=generators, notifier=streams.notifier,
+            events_store=events_store, persister=persister, room_events=room_events, accounts=accounts,
+            remote_invites=remote_invites, remote=federation.membership, backfill=federation.backfill.backfill,
+            edus=outbound.edus, sync_metrics=SyncMetrics.create(self.registry),
+        )
+        local_writers = rooms.local_writers(accounts)
+        writers = build_writers(local_writers, layout, internal_client)
+        if internal_client is not None:
+            register_writer_operations(self.internal_api, layout, local_writers)
+        register_edu_handlers(federation.transactions, writers)
+        if layout.has_workers and layout.is_main:
+            register_main_operations(self.internal_api, outbound.sink, outbound.forward)
+
+        presence_here = layout.writes(StreamName.PRESENCE)
+
+        def report_user_sync(user_id: str, syncing: bool) -> Any:
+            """``SyncTracker``'s report: to the presence handler here, or to its writer by USER_SYNC."""
+            if presence_here:
+                return Deferred.fromCoroutine(rooms.presence.user_syncing(self.instance_name, user_id, syncing))
+            if replication is not None:
+                replication.handler.send_user_sync(user_id, None, syncing, int(reactor.seconds() * 1000))
+            return None
+
+        return Services(events_store=events_store, persister=persister, room_events=room_events, accounts=accounts,
+                        federation=federation, rooms=rooms, writers=writers, outbound=outbound,
+                        sync_tracker=SyncTracker(reactor, report_user_sync))
+
+    def _build_outbound(self, db: Database, generators: Mapping[StreamName, StreamIdGenerator],
+                        store: EventsStore, internal_client: InternalApiClient | None,
+                        client: Any) -> Outbound:
+        """Outbound federation: a sender here (the main process with ``send_federation``, or a
+        federation sender worker, each for the destinations it owns), or a sink that hands EDUs
+        to the processes that send (routing/federation.py)."""
+        config, layout = self.config, self.layout
+        sends = config.send_federation if layout.is_main else self.role.sends_federation
+        sender: FederationSender | None = None
         sink: EduSink | None = None
+        forward: Callable[[FrozenEvent, str], None] | None = None
         if sends:
-            events = self.streams[StreamName.EVENTS]
+            events = generators[StreamName.EVENTS]
             sender = FederationSender(
-                server_name=self.config.server_name,
-                config=self.config.federation_sender,
-                store=FederationSenderStore(self.db),
-                transport=client_transport(self.federation.client),
+                server_name=config.server_name,
+                config=config.federation_sender,
+                store=FederationSenderStore(db),
+                transport=client_transport(client),
                 clock=self.reactor,
                 current_position=events.get_current_token,
                 metrics=FederationSenderMetrics.create(self.registry),
                 joined_servers=store.get_joined_servers,
-                should_handle=self.layout.sends_to,
+                should_handle=layout.sends_to,
             )
-            self.federation_sender = sender
-            events.add_position_listener(lambda stream, instance, old, new: sender.notify_new_events(
+            running = sender
+            events.add_position_listener(lambda stream, instance, old, new: running.notify_new_events(
                 events.get_current_token()))
-            self.federation.membership.forward = sender.forward
-            self.federation.remote_up_hooks.append(sender.notify_remote_server_up)
-            # EDUs from the federation stream (sender workers) and outbox wake-ups from other
-            # to-device writers (any sender): replication brings both.
-            self._row_handlers.append(FederationStreamReader(sender, self._send_federation_ack))
-            if self.layout.is_main:
+            forward = sender.forward
+            if layout.is_main:
                 sink = sender
-            else:
-                self._remote_up_listeners.append(sender.notify_remote_server_up)
-        elif self.layout.writes(StreamName.FEDERATION):
-            stream_sink = sink = FederationStreamSink(self.db, self.streams[StreamName.FEDERATION],
-                                                      server_name=self.config.server_name,
-                                                      joined_servers=store.get_joined_servers)
-            self.federation.membership.forward = stream_sink.forward
-        elif self.internal_client is not None and any(
-            self.layout.writes(s) for s in (StreamName.TYPING, StreamName.RECEIPTS, StreamName.PRESENCE)
-        ):
-            sink = RemoteEduSink(self.internal_client)  # a worker writing ephemeral streams
-        if self.layout.has_workers:
-            register_main_operations(self.federation.membership, sink, self.layout, self.internal_api,
-                                     self.internal_client)
+        elif layout.writes(StreamName.FEDERATION):
+            stream_sink = FederationStreamSink(db, generators[StreamName.FEDERATION], server_name=config.server_name,
+                                               joined_servers=store.get_joined_servers)
+            sink, forward = stream_sink, stream_sink.forward
+        elif internal_client is not None:
+            if any(layout.writes(s) for s in (StreamName.TYPING, StreamName.RECEIPTS, StreamName.PRESENCE)):
+                sink = RemoteEduSink(internal_client)  # a worker writing ephemeral streams
+            forward = forward_to_main(internal_client)
+        edus = None
         if sink is not None:
-            sender_store = FederationSenderStore(self.db)
+            sender_store = FederationSenderStore(db)
             edus = OutboundEdus(
-                server_name=self.config.server_name, sink=sink, joined_servers=store.get_joined_servers,
+                server_name=config.server_name, sink=sink, joined_servers=store.get_joined_servers,
                 sharing_servers=store.get_servers_sharing_rooms, add_to_outbox=sender_store.add_to_outbox,
                 clock_ms=lambda: int(self.reactor.seconds() * 1000),
             )
-            self.rooms.typing.federation = edus
-            self.rooms.receipts.federation = edus
-            self.rooms.presence.federation = edus
-            self.rooms.e2e.federation = edus
+        return Outbound(sender=sender, edus=edus, forward=forward, sink=sink)
 
-    def _register_servlets(self) -> None:
+    def _connect_replication(self, replication: ReplicationService, streams: Streams, services: Services) -> None:
+        """The replication consumers: cache invalidation, typing, the sender's streams, presence."""
+        handler = replication.handler
+        caches = streams.caches
+
+        def invalidate(cache_name: str, keys: tuple[JsonValue, ...] | None) -> None:
+            # Cache keys are tuples of strings; a replicated row carries them as JSON.
+            caches.invalidate(cache_name, None if keys is None else tuple(str(k) for k in keys))
+
+        handler.add_row_handler(CacheInvalidationHandler(invalidate))
+        handler.add_row_handler(ReplicatedTyping(services.rooms.typing))
+        sender = services.outbound.sender
+        if sender is not None:
+            # EDUs from the federation stream (sender workers) and outbox wake-ups from other
+            # to-device writers (any sender): replication brings both.
+            handler.add_row_handler(FederationStreamReader(sender, handler.send_federation_ack))
+            if not self.layout.is_main:
+                handler.add_remote_server_up_listener(sender.notify_remote_server_up)
+        if self.layout.writes(StreamName.PRESENCE):
+            presence = services.rooms.presence
+
+            def user_sync(command: UserSyncCommand) -> None:
+                run_in_background("user_sync", presence.user_syncing(command.instance, command.user_id,
+                                                                     command.is_syncing))
+
+            def clear_user_sync(instance: str) -> None:
+                run_in_background("clear_user_sync", presence.clear_process(instance))
+
+            handler.add_user_sync_listener(user_sync)
+            handler.add_clear_user_sync_listener(clear_user_sync)
+        connect_streams(handler, {str(name): generator for name, generator in streams.generators.items()})
+
+    async def _start_jobs(self, storage: Storage, replication: ReplicationService | None) -> tuple[Stoppable, ...]:
+        """The role's own hook, and, on the main process, the hooks of roles that must run
+        somewhere when no worker of theirs is configured (periodic jobs)."""
+        hooks: list[RoleHook] = [] if self.role.start is None else [self.role.start]
+        if self.layout.is_main:
+            configured = {worker.app for worker in self.config.workers.values()}
+            for name in known_roles():
+                role = load_role(name)
+                if name not in configured and role.main_runs_without_worker and role.start is not None:
+                    hooks.append(role.start)
+
+        def on_federation_ack(listener: Callable[[str, int], None]) -> None:
+            if replication is not None:
+                replication.handler.add_federation_ack_listener(listener)
+
+        context = RoleContext(config=self.config, instance_name=self.instance_name, reactor=self.reactor,
+                              db=storage.db, on_federation_ack=on_federation_ack)
+        return tuple([await hook(context) for hook in hooks])
+
+    def _register_servlets(self, storage: Storage, streams: Streams, services: Services) -> None:
         """The client and federation servlets this process's role serves."""
-        assert self.accounts is not None
         if self.role.servlets == "none":
             return
+        accounts, rooms = services.accounts, services.rooms
         router: Any = _RoleRouter(self.router, self.role)
         register_versions(router)
-        register_client_api_servlets(router, self.config, self.accounts)
-        assert self.rooms is not None
-        register_room_api_servlets(router, self.rooms, self.accounts, self.sync_tracker)
-        assert self.federation is not None
-        assert self.db is not None
+        register_client_api_servlets(router, self.config, accounts, services.writers)
+        register_room_api_servlets(router, rooms, accounts, services.writers, services.sync_tracker)
         register_federation_servlets(
             _RoleRouter(self.federation_router, self.role),  # type: ignore[arg-type]
-            self.federation,
-            profile_lookup=self.accounts.profiles.get_profile,
-            alias_lookup=self.rooms.timeline.get_alias,
+            services.federation,
+            profile_lookup=accounts.profiles.get_profile,
+            alias_lookup=rooms.timeline.get_alias,
             devices=FederationDeviceHandler(
-                server_name=self.config.server_name, store=E2eStore(self.db), e2e=self.rooms.e2e,
-                devices=self.accounts.devices.get_devices,
-                device_list_position=self.streams[StreamName.DEVICE_LISTS].get_current_token,
+                server_name=self.config.server_name, store=E2eStore(storage.db), e2e=rooms.e2e,
+                devices=accounts.devices.get_devices,
+                device_list_position=streams.generators[StreamName.DEVICE_LISTS].get_current_token,
             ),
         )
 
@@ -528,42 +646,45 @@ class HomeServer:
                 await drained
             except Exception:
                 logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
-        if self.pruner is not None:
-            self.pruner.stop()
-        syncing = self.sync_tracker.stop()
-        if self.replication is not None and not self.layout.writes(StreamName.PRESENCE):
-            self.replication.handler.send_clear_user_sync()  # the presence writer forgets our users
-        elif self.rooms is not None and syncing:
+        process, self._process = self._process, None
+        if process is not None:
+            await self._stop_process(process)
+        storage, self._opened = self._opened, None
+        if storage is not None:
+            await deferToThread(storage.db.close)
+            if storage.embedded is not None:
+                await deferToThread(storage.embedded.stop)
+        logger.info("stopped")
+
+    async def _stop_process(self, process: Process) -> None:
+        """What runs, in reverse order of starting; the database stays open for ``stop``."""
+        services, replication = process.services, process.replication
+        for job in process.jobs:
+            job.stop()
+        syncing = services.sync_tracker.stop()
+        if replication is not None and not self.layout.writes(StreamName.PRESENCE):
+            replication.handler.send_clear_user_sync()  # the presence writer forgets our users
+        elif syncing:
             for user_id in syncing:
                 try:
-                    await self.rooms.presence.user_syncing(self.instance_name, user_id, False)
+                    await services.rooms.presence.user_syncing(self.instance_name, user_id, False)
                 except Exception as e:
                     logger.warning("could not mark %d syncing users offline: %s", len(syncing), e)
                     break
-        if self.rooms is not None:
-            self.rooms.stop()  # typing timers must not fire into a closed database
-        if self.federation_sender is not None:
-            await self.federation_sender.stop()
-        if self.federation is not None:
-            await self.federation.stop()
-        if self.internal_client is not None:
-            await self.internal_client.close()
-        if self.replication is not None:
-            replication, self.replication = self.replication, None
+        services.rooms.stop()  # typing timers must not fire into a closed database
+        if services.outbound.sender is not None:
+            await services.outbound.sender.stop()
+        await services.federation.stop()
+        if process.internal_client is not None:
+            await process.internal_client.close()
+        if replication is not None:
             await replication.stop()
-        for generator in self.streams.values():
+        for generator in process.streams.generators.values():
             if generator.instance_name is not None:
                 try:
                     await generator.flush()
                 except Exception:
                     logger.warning("could not persist the %s stream position on shutdown", generator.stream_name)
-        if self.db is not None:
-            db, self.db = self.db, None
-            await deferToThread(db.close)
-        if self.embedded_db is not None:
-            embedded, self.embedded_db = self.embedded_db, None
-            await deferToThread(embedded.stop)
-        logger.info("stopped")
 
 
 class HealthResource(Resource):

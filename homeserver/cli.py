@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from workers.roles import UnknownRole, load_role
+    from homeserver.roles import UnknownRole, load_role
 
     try:
         config = load_config(args.config)

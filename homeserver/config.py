@@ -608,7 +608,7 @@ def _workers(path: str, raw: object) -> dict[str, WorkerConfig]:
 
 def _worker_app(path: str, value: object) -> str:
     """A worker role installed in the ``tributary.workers`` entry-point group (workers/roles.py)."""
-    from workers.roles import known_roles
+    from homeserver.roles import known_roles
 
     name = _expect_str(path, value)
     known = known_roles() or list(WORKER_APPS)

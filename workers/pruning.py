@@ -19,6 +19,7 @@ from typing import Any, Final
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
+from homeserver.roles import RoleContext
 from storage.stores.pruning import PruningStore
 
 logger = logging.getLogger(__name__)
@@ -88,3 +89,12 @@ class StreamPruner:
             total += count
             if count < self._batch:
                 return total
+
+
+async def start_pruning(context: RoleContext) -> StreamPruner:
+    """The ``background`` role's hook (also run by the main process when no background worker exists)."""
+    pruner = StreamPruner(PruningStore(context.db), context.reactor,
+                          federation_senders=context.config.federation_sender_instances)
+    context.on_federation_ack(pruner.on_federation_ack)
+    pruner.start()
+    return pruner

@@ -1,79 +1,19 @@
-"""Worker roles: what a kind of process serves, found by name among installed plugins.
+"""The worker roles this package ships, published as plug-ins (``pyproject.toml``'s
+``tributary.workers`` entry points) and looked up by name by ``homeserver.roles.load_role``.
 
-A role is a ``WorkerRole`` published under the entry-point group
-``tributary.workers`` (this package's own roles are declared in
-``pyproject.toml``). ``tributary worker --name NAME`` looks up the role named
-by ``workers.NAME.app`` and the process is built from what the role declares:
-
-- ``resources``: the HTTP resources its listeners may serve (``client``,
-  ``federation``, ``keys``, ``replication``, ``health``);
-- ``servlets``: which client and federation servlets it registers (all of
-  them, or all but those that must run on the main process);
-- ``streams``: the streams it may be named a writer of in ``stream_writers``
-  (it follows every stream, through replication);
-- ``sends_federation``: whether it runs a federation sender for its share of
-  destinations;
-- ``start``: an optional hook, run once the process's services exist, for
-  whatever else the role does.
-
-A new role is a module with a ``WorkerRole`` and an entry point; the launcher
-does not change.
+Each is data: which resources and servlets the process serves, which streams it
+may write, whether it sends federation, and an optional ``start`` hook for what
+else it runs. Nothing in ``homeserver/`` imports this module.
 """
 
-# tests: tests/unit/workers/test_roles.py
+# tests: tests/unit/test_roles.py
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from importlib.metadata import entry_points
-from typing import Any, Final
+from typing import Final
 
-import attrs
-
-ENTRY_POINT_GROUP: Final = "tributary.workers"
-
-# Servlets that write what only the main process writes (device lists, access
-# tokens and devices): served by the main process alone; nginx sends them there.
-MAIN_ONLY_SERVLETS: Final = frozenset({
-    "client_register",
-    "client_login",
-    "client_logout",
-    "client_logout_all",
-    "client_change_password",
-    "client_device_update",
-    "client_device_delete",
-    "client_delete_devices",
-    "client_keys_upload",
-})
-
-
-@attrs.frozen
-class WorkerRole:
-    name: str
-    description: str
-    resources: frozenset[str] = frozenset({"health"})
-    # "all": every servlet; "worker": all but MAIN_ONLY_SERVLETS; "none".
-    servlets: str = "none"
-    streams: frozenset[str] = frozenset()
-    sends_federation: bool = False
-    start: Callable[[Any], Awaitable[None]] | None = None
-
-    def serves_servlet(self, servlet: str) -> bool:
-        if self.servlets == "all":
-            return True
-        if self.servlets == "worker":
-            return servlet not in MAIN_ONLY_SERVLETS
-        return False
-
-
-MAIN: Final = WorkerRole(
-    name="main",
-    description="The main process: every API, and every stream not given to a worker.",
-    resources=frozenset({"client", "federation", "keys", "replication", "health"}),
-    servlets="all",
-    streams=frozenset({"events", "typing", "receipts", "presence", "to_device", "account_data"}),
-    sends_federation=True,
-)
+from homeserver.roles import WorkerRole
+from workers.pruning import start_pruning
 
 GENERIC: Final = WorkerRole(
     name="generic",
@@ -102,25 +42,6 @@ BACKGROUND: Final = WorkerRole(
     name="background",
     description="Periodic jobs (pruning stream tables: workers/pruning.py), taken off the main process.",
     resources=frozenset({"replication", "health"}),
+    start=start_pruning,
+    main_runs_without_worker=True,
 )
-
-
-class UnknownRole(LookupError):
-    pass
-
-
-def load_role(name: str) -> WorkerRole:
-    """The role registered as ``name`` in the ``tributary.workers`` entry-point group."""
-    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if not found:
-        known = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-        raise UnknownRole(f"no worker role {name!r} is installed (known: {', '.join(known) or 'none'}); "
-                          "is the package installed (pip install -e .)?")
-    role = found[0].load()
-    if not isinstance(role, WorkerRole):
-        raise UnknownRole(f"entry point {found[0].value} is not a WorkerRole")
-    return role
-
-
-def known_roles() -> list[str]:
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))

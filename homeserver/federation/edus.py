@@ -17,11 +17,16 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from homeserver.events.identifiers import server_name_of
-from homeserver.handlers.e2e import E2eHandler
-from homeserver.handlers.presence import PRESENCE_STATES, PresenceHandler
-from homeserver.handlers.receipts import ReceiptsHandler
-from homeserver.handlers.typing import TypingHandler
+from homeserver.handlers.presence import PRESENCE_STATES
 from homeserver.handlers.validation import is_storable_text
+from homeserver.routing.writers import (
+    DeviceListWriter,
+    PresenceWriter,
+    ReceiptsWriter,
+    ToDeviceWriter,
+    TypingWriter,
+    Writers,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +59,15 @@ def _object(value: object, what: str) -> Mapping[str, Any]:
 
 
 class EduHandlers:
-    def __init__(self, *, typing: TypingHandler, receipts: ReceiptsHandler, presence: PresenceHandler,
-                 e2e: E2eHandler) -> None:
+    """Inbound EDUs, checked here and written through the writer of each stream (``routing/writers.py``)."""
+
+    def __init__(self, *, typing: TypingWriter, receipts: ReceiptsWriter, presence: PresenceWriter,
+                 to_device: ToDeviceWriter, device_lists: DeviceListWriter) -> None:
         self._typing = typing
         self._receipts = receipts
         self._presence = presence
-        self._e2e = e2e
+        self._to_device = to_device
+        self._device_lists = device_lists
 
     def handlers(self) -> dict[str, Any]:
         """``edu_type -> handler(origin, content)`` for ``TransactionHandler.register_edu_handler``."""
@@ -133,7 +141,7 @@ class EduHandlers:
         event_type = _text(body.get("type"), "type")
         message_id = _text(body.get("message_id"), "message_id")
         messages = _object(body.get("messages"), "messages")
-        await self._e2e.apply_remote_to_device(sender, event_type, message_id, messages)
+        await self._to_device.apply_remote_to_device(sender, event_type, message_id, messages)
 
     async def on_device_list_update(self, origin: str, content: object) -> None:
         body = _object(content, "m.device_list_update content")
@@ -145,13 +153,13 @@ class EduHandlers:
             keys = _object(keys, "keys")
             if keys.get("user_id", user_id) != user_id or keys.get("device_id", device_id) != device_id:
                 raise EduRejected("'keys' are for another user or device")
-        await self._e2e.apply_remote_device_list_update(user_id, device_id, deleted=deleted, keys=keys)
+        await self._device_lists.apply_remote_device_list_update(user_id, device_id, deleted=deleted, keys=keys)
 
 
-def register_edu_handlers(transactions: Any, *, typing: TypingHandler, receipts: ReceiptsHandler,
-                          presence: PresenceHandler, e2e: E2eHandler) -> EduHandlers:
+def register_edu_handlers(transactions: Any, writers: Writers) -> EduHandlers:
     """Register every inbound EDU handler on a ``TransactionHandler``."""
-    edus = EduHandlers(typing=typing, receipts=receipts, presence=presence, e2e=e2e)
+    edus = EduHandlers(typing=writers.typing, receipts=writers.receipts, presence=writers.presence,
+                       to_device=writers.to_device, device_lists=writers.device_lists)
     for edu_type, handler in edus.handlers().items():
         transactions.register_edu_handler(edu_type, handler)
     return edus

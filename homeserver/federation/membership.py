@@ -49,6 +49,7 @@ from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
+from homeserver.routing.writers import InviteWriter
 from homeserver.handlers.rooms import RemoteMembershipError
 from storage.kernel.errors import MatrixError, bad_json, forbidden, not_found
 from storage.stores.events import EventsStore, StateKey
@@ -83,6 +84,9 @@ class MembershipHandler:
         keyring: Keyring,
         client: FederationClient,
         clock_ms: Callable[[], int],
+        invites: RemoteInvites,
+        invite_writer: InviteWriter,
+        forward: Callable[[FrozenEvent, str], None] | None,
     ) -> None:
         self._server_name = server_name
         self._signing_key = signing_key
@@ -91,10 +95,12 @@ class MembershipHandler:
         self._keyring = keyring
         self._client = client
         self._clock_ms = clock_ms
-        # Called with each remote membership event we accepted and its origin (set by the sender).
-        self.forward: Callable[[FrozenEvent, str], None] | None = None
-        # Invites of our users to rooms this server is not in (set by the composition root).
-        self.invites: RemoteInvites | None = None
+        # Called with each remote membership event we accepted as the resident server and its
+        # origin, so the other servers in the room get it (the sender, or the process that has one).
+        self._forward = forward
+        # Invites of our users to rooms this server is not in: read here, recorded by their writer.
+        self._invites = invites
+        self._invite_writer = invite_writer
 
     # --- serving ---------------------------------------------------------------------------
 
@@ -166,8 +172,8 @@ class MembershipHandler:
             raise forbidden(f"{membership} not allowed: {e}") from None
         signed = self._cosign(room_version, event)
         result = await self._persister.persist(room_version, signed, is_local=False)
-        if self.forward is not None and not result.already_persisted:
-            self.forward(signed, origin)
+        if self._forward is not None and not result.already_persisted:
+            self._forward(signed, origin)
         state_ids = set(state_before.values())
         chain_ids = await self._store.get_auth_chain_ids(state_ids | set(event.auth_event_ids))
         loaded = await self._persister.load_events(state_ids | chain_ids)
@@ -218,7 +224,7 @@ class MembershipHandler:
 
     async def pending_invite(self, room_id: str, user_id: str) -> FrozenEvent | None:
         """The invite of a local user to a room this server is not in, if one came."""
-        return await self.invites.pending(room_id, user_id) if self.invites is not None else None
+        return await self._invites.pending(room_id, user_id)
 
     async def join_by_alias(self, alias: str, user_id: str) -> FrozenEvent:
         room_id, servers = await self.resolve_alias(alias)
@@ -239,8 +245,7 @@ class MembershipHandler:
                 errors.append(f"{server}: {e}")
                 refused = refused or (isinstance(e, HttpResponseError) and e.code == 403)
                 continue
-            if self.invites is not None:
-                await self.invites.forget(room_id, user_id)
+            await self._invites.forget(room_id, user_id)
             return joined
         raise JoinError("; ".join(errors) or "no server to join through", forbidden=refused)
 
@@ -355,9 +360,8 @@ class MembershipHandler:
                     f"/_matrix/federation/v2/send_leave/{quote_path(room_id)}/{quote_path(leave.event_id)}",
                     leave.get_pdu_json(),
                 )
-                if self.invites is not None:
-                    await self.invites.record_rejection(user_id, room_id, room_version.identifier,
-                                                        leave.event_id, leave.get_pdu_json())
+                await self._invite_writer.record_rejection(user_id, room_id, room_version.identifier,
+                                                           leave.event_id, leave.get_pdu_json())
                 return leave
             except (FederationClientError, EventsError, JoinError) as e:
                 logger.warning("[%s] leaving %s via %s failed: %s", room_id, user_id, server, e)
@@ -388,10 +392,10 @@ class MembershipHandler:
         if server_name_of(event.sender) != origin:
             raise forbidden(f"{origin} may not send an invite from {event.sender}")
         signed = self._cosign(room_version, event)
-        if self._server_name not in await self._store.get_joined_servers(room_id) and self.invites is not None:
+        if self._server_name not in await self._store.get_joined_servers(room_id):
             # Not in the room: nothing in our graph to put it in; kept for /sync and the client API.
             state = body.get("invite_room_state")
-            await self.invites.record_invite(event.state_key, room_id, room_version.identifier, signed.event_id,
+            await self._invite_writer.record_invite(event.state_key, room_id, room_version.identifier, signed.event_id,
                                              signed.get_pdu_json(), state if isinstance(state, list) else [])
         return {"event": signed.get_pdu_json()}
 

@@ -22,6 +22,7 @@ from homeserver import __version__
 from homeserver.config import HomeserverConfig
 from homeserver.federation.auth import authenticate_request
 from homeserver.federation.backfill import BackfillHandler
+from homeserver.events import FrozenEvent
 from homeserver.federation.client import FederationClient
 from homeserver.federation.devices import FederationDeviceHandler
 from homeserver.federation.history import HistoryHandler
@@ -30,6 +31,8 @@ from homeserver.federation.membership import MembershipHandler
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.transaction import TransactionHandler
 from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.remote_invites import RemoteInvites
+from homeserver.routing.writers import InviteWriter
 from storage.kernel.errors import bad_json, not_found
 from homeserver.http.server import JsonRouter, parse_json_body, parse_json_object
 from storage.stores.events import EventsStore
@@ -54,7 +57,7 @@ class FederationServices:
     backfill: BackfillHandler
     # Called with the origin of every authenticated inbound request: the server is up
     # (the federation sender clears its backoff and wakes its queue).
-    remote_up_hooks: list[Callable[[str], None]] = attrs.field(factory=list)
+    on_remote_up: Callable[[str], None]
 
     @classmethod
     def build(
@@ -62,22 +65,21 @@ class FederationServices:
         config: HomeserverConfig,
         reactor: Any,
         *,
+        client: FederationClient,
         signing_key: SigningKey,
         store: EventsStore,
         persister: EventPersister,
         federation_store: FederationStore,
         metrics: FederationMetrics,
+        invites: RemoteInvites,
+        invite_writer: InviteWriter,
+        forward: Callable[[FrozenEvent, str], None] | None,
+        on_remote_up: Callable[[str], None],
     ) -> FederationServices:
         server_name = config.server_name
 
         def clock_ms() -> int:
             return int(reactor.seconds() * 1000)
-
-        client = FederationClient(
-            reactor, server_name=server_name, signing_key=signing_key,
-            verify_certificates=config.federation.verify_certificates,
-            ip_range_whitelist=config.federation.ip_range_whitelist, metrics=metrics,
-        )
 
         async def fetch_direct(server: str) -> Any:
             return await client.get_json(server, f"{KEY_V2}/server", signed=False, timeout=15)
@@ -89,18 +91,19 @@ class FederationServices:
         keyring = Keyring(server_name=server_name, signing_key=signing_key, clock_ms=clock_ms,
                           fetch_direct=fetch_direct, fetch_notary=fetch_notary, key_store=federation_store,
                           notaries=config.federation.trusted_key_servers)
-        services = cls(
+        return cls(
             server_name=server_name, signing_key=signing_key, clock_ms=clock_ms, client=client, keyring=keyring,
             transactions=TransactionHandler(server_name=server_name, store=store, persister=persister,
                                             keyring=keyring, client=client, txn_store=federation_store,
                                             clock_ms=clock_ms, metrics=metrics),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
-                                         persister=persister, keyring=keyring, client=client, clock_ms=clock_ms),
+                                         persister=persister, keyring=keyring, client=client, clock_ms=clock_ms,
+                                         invites=invites, invite_writer=invite_writer, forward=forward),
             history=HistoryHandler(server_name=server_name, store=store, persister=persister, clock_ms=clock_ms),
             backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, keyring=keyring,
                                      client=client),
+            on_remote_up=on_remote_up,
         )
-        return services
 
     async def stop(self) -> None:
         await self.client.close()
@@ -169,8 +172,7 @@ def register_federation_servlets(router: JsonRouter, fed: FederationServices, *,
                 method, request.uri.decode("ascii", "replace"), fed.server_name, content,
                 fed.keyring.get_verify_key,
             )
-            for hook in fed.remote_up_hooks:
-                hook(origin)
+            fed.on_remote_up(origin)
             return await handler(origin, request, params, content)
 
         router.register([method], pattern, wrapped, servlet)
@@ -286,3 +288,12 @@ def register_federation_servlets(router: JsonRouter, fed: FederationServices, *,
     authed("POST", f"{FED_V1}/get_missing_events/(?P<room_id>{_SEG})", missing, "federation_get_missing_events",
            has_body=True)
 
+
+def build_federation_client(config: HomeserverConfig, reactor: Any, signing_key: SigningKey,
+                            metrics: FederationMetrics) -> FederationClient:
+    """The one outbound federation client of a process (requests, the sender's transactions, keys)."""
+    return FederationClient(
+        reactor, server_name=config.server_name, signing_key=signing_key,
+        verify_certificates=config.federation.verify_certificates,
+        ip_range_whitelist=config.federation.ip_range_whitelist, metrics=metrics,
+    )

@@ -43,15 +43,16 @@ class E2eHandler:
         server_name: str,
         device_ids: Callable[[str], Awaitable[list[str]]],
         device_lists_stream: StreamIdGenerator | None = None,
+        federation: OutboundEdus | None = None,
     ) -> None:
         self._device_lists_stream = device_lists_stream
         self._store = store
         self._stream = to_device_stream
         self._server_name = server_name
         self._device_ids = device_ids
-        # Set when this process sends federation traffic: to-device messages and device
-        # changes for other servers go through it.
-        self.federation: OutboundEdus | None = None
+        # To-device messages and device changes for other servers go through this; None in a
+        # process that sends no EDUs.
+        self._federation = federation
 
     def current_position(self) -> int:
         return self._stream.get_current_token()
@@ -80,7 +81,7 @@ class E2eHandler:
                 rows.extend((user_id, target, payload) for target in targets)
         if not await self._store.claim_to_device_txn(requester.user_id, requester.device_id, txn_id):
             return
-        if self.federation is None:
+        if self._federation is None:
             remote.clear()  # nothing sends to other servers from this process
         if not rows and not remote:
             return
@@ -88,8 +89,8 @@ class E2eHandler:
         async with self._stream.get_next() as stream_id:
             if rows:
                 await self._store.add_to_device(stream_id, instance, rows)
-            if remote and self.federation is not None:
-                await self.federation.to_device(stream_id, instance, requester.user_id, event_type, remote)
+            if remote and self._federation is not None:
+                await self._federation.to_device(stream_id, instance, requester.user_id, event_type, remote)
 
     async def apply_remote_to_device(
         self, sender: str, event_type: str, message_id: str, messages: Mapping[str, Any]
@@ -142,10 +143,10 @@ class E2eHandler:
             if device_keys.get("user_id") != requester.user_id or device_keys.get("device_id") != requester.device_id:
                 raise invalid_param("device_keys must be for the requesting user and device")
             await self._store.set_device_keys(requester.user_id, requester.device_id, json.dumps(device_keys))
-            if self.federation is not None:
+            if self._federation is not None:
                 # No per-user device stream to chain updates on: an empty prev_id tells the
                 # receiver it cannot tell whether it missed any, so it refreshes the list.
-                await self.federation.device_list_update({
+                await self._federation.device_list_update({
                     "user_id": requester.user_id, "device_id": requester.device_id,
                     "stream_id": time.time_ns() // 1000, "prev_id": [], "deleted": False, "keys": device_keys,
                 })

@@ -120,21 +120,19 @@ class MessagesHandler:
         timeline: TimelineStore,
         client_events: ClientEvents,
         room_tokens: RoomTokens,
+        backfill: Backfill | None,
     ) -> None:
         self._events_store = events_store
         self._timeline = timeline
         self._client_events = client_events
         self._room_tokens = room_tokens
-        self._backfill: Backfill | None = None
+        # Where older history comes from when a room's runs out here (federation's backfill).
+        self._backfill = backfill
 
     def _token(self, position: RoomPosition) -> str:
         if not position.ahead:
             return room_token(position.minimum)
         return self._room_tokens.token(position).to_string()
-
-    def set_backfill(self, backfill: Backfill) -> None:
-        """Where to get older history when a room's runs out here (federation's backfill)."""
-        self._backfill = backfill
 
     async def _membership(self, requester: Requester, room_id: str) -> str:
         """The user's current membership; 403 if they were never in the room."""

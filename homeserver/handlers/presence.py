@@ -39,12 +39,13 @@ SYNC_LINGER_S = 30.0
 
 
 class PresenceHandler:
-    def __init__(self, *, store: PresenceStore, stream: StreamIdGenerator, clock_ms: Callable[[], int]) -> None:
+    def __init__(self, *, store: PresenceStore, stream: StreamIdGenerator, clock_ms: Callable[[], int],
+                 federation: OutboundEdus | None = None) -> None:
         self._store = store
         self._stream = stream
         self._clock_ms = clock_ms
-        # Set when this process sends federation traffic: servers sharing a room hear of changes.
-        self.federation: OutboundEdus | None = None
+        # Servers sharing a room hear of changes through this; None in a process that sends no EDUs.
+        self._federation = federation
         # user -> the processes where the user syncs now (only in the presence writer).
         self._syncing: dict[str, set[str]] = {}
 
@@ -82,12 +83,12 @@ class PresenceHandler:
             await self._store.set_presence(
                 stream_id, self._stream.instance_name or "master", user_id, state, status_msg, self._clock_ms()
             )
-        if self.federation is not None:
+        if self._federation is not None:
             push: dict[str, Any] = {"user_id": user_id, "presence": state, "last_active_ago": 0,
                                     "currently_active": state == "online"}
             if status_msg is not None:
                 push["status_msg"] = status_msg
-            await self.federation.presence(push)
+            await self._federation.presence(push)
 
     async def apply_remote(
         self, user_id: str, state: str, status_msg: str | None, last_active_ago: int, currently_active: bool

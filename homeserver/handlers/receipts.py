@@ -34,6 +34,7 @@ class ReceiptsHandler:
         clock_ms: Callable[[], int],
         account_data: AccountDataStore,
         account_data_stream: StreamIdGenerator,
+        federation: OutboundEdus | None = None,
     ) -> None:
         self._account_data = account_data
         self._account_data_stream = account_data_stream
@@ -43,7 +44,8 @@ class ReceiptsHandler:
         self._event_room = event_room
         self._clock_ms = clock_ms
         # Set when this process sends federation traffic: other servers in the room hear of receipts.
-        self.federation: OutboundEdus | None = None
+        # Where receipts go to other servers; None in a process that sends no EDUs.
+        self._federation = federation
 
     def current_position(self) -> int:
         return self._stream.get_current_token()
@@ -71,8 +73,8 @@ class ReceiptsHandler:
                 stream_id,
                 self._stream.instance_name or "master",
             )
-        if self.federation is not None:
-            await self.federation.receipt(room_id, receipt_type, requester.user_id, event_id, data)
+        if self._federation is not None:
+            await self._federation.receipt(room_id, receipt_type, requester.user_id, event_id, data)
 
     async def apply_remote(
         self, room_id: str, receipt_type: str, user_id: str, event_id: str, data: dict[str, Any]

@@ -21,15 +21,17 @@ from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.event_persistence import EventPersister
-from homeserver.handlers.messages import MessagesHandler
+from homeserver.handlers.federation_edus import OutboundEdus
+from homeserver.handlers.messages import Backfill, MessagesHandler
 from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.presence import PresenceHandler
 from homeserver.handlers.receipts import ReceiptsHandler
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.handlers.room_events import RoomEventCreator
-from homeserver.handlers.rooms import RoomHandler
+from homeserver.handlers.rooms import RemoteMembership, RoomHandler
 from homeserver.handlers.sync import SyncHandler
 from homeserver.handlers.typing import TypingHandler
+from homeserver.routing.writers import Writers
 from storage.database import Database
 from storage.id_generators import StreamIdGenerator
 from storage.notifier import Notifier
@@ -39,7 +41,6 @@ from storage.stores.events import EventsStore, PersistResult
 from storage.room_tokens import RoomTokens
 from storage.stores.instance_map import InstanceMap
 from storage.stores.presence import PresenceStore
-from storage.stores.remote_invites import RemoteInviteStore
 from storage.stores.streams import insert_typing_txn
 from storage.stores.timeline import TimelineStore
 from storage.streams import StreamName
@@ -76,8 +77,15 @@ class RoomServices:
         persister: EventPersister,
         room_events: RoomEventCreator,
         accounts: AccountServices,
+        remote_invites: RemoteInvites,
+        remote: RemoteMembership | None,
+        backfill: Backfill | None,
+        edus: OutboundEdus | None,
         sync_metrics: SyncMetrics | None = None,
     ) -> RoomServices:
+        """``remote`` and ``backfill`` come from federation (None: this server's rooms only);
+        ``edus`` takes typing, receipts, presence and to-device to other servers (None: this
+        process sends none)."""
         def clock_ms() -> int:
             return int(reactor.seconds() * 1000)
 
@@ -113,6 +121,7 @@ class RoomServices:
             server_name=server_name,
             clock_ms=clock_ms,
             ratelimiters=accounts.ratelimiters,
+            remote=remote,
         )
         accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
         room_tokens = RoomTokens(streams[StreamName.EVENTS], InstanceMap(db))
@@ -121,6 +130,7 @@ class RoomServices:
             timeline=timeline,
             client_events=client_events,
             room_tokens=room_tokens,
+            backfill=backfill,
         )
         typing_stream = streams[StreamName.TYPING]
 
@@ -129,7 +139,8 @@ class RoomServices:
                 "record_typing", insert_typing_txn, stream_id, str(typing_stream.instance_name), room_id, user_ids
             )
 
-        typing = TypingHandler(stream=typing_stream, clock=reactor, is_joined=is_joined, record=record_typing)
+        typing = TypingHandler(stream=typing_stream, clock=reactor, is_joined=is_joined, record=record_typing,
+                               federation=edus)
         receipts = ReceiptsHandler(
             stream=streams[StreamName.RECEIPTS],
             timeline=timeline,
@@ -138,6 +149,7 @@ class RoomServices:
             clock_ms=clock_ms,
             account_data=AccountDataStore(db),
             account_data_stream=streams[StreamName.ACCOUNT_DATA],
+            federation=edus,
         )
         async def device_ids(user_id: str) -> list[str]:
             return [device.device_id for device in await accounts.devices.get_devices(user_id)]
@@ -148,8 +160,10 @@ class RoomServices:
             server_name=server_name,
             device_ids=device_ids,
             device_lists_stream=streams[StreamName.DEVICE_LISTS],
+            federation=edus,
         )
-        presence = PresenceHandler(store=PresenceStore(db), stream=streams[StreamName.PRESENCE], clock_ms=clock_ms)
+        presence = PresenceHandler(store=PresenceStore(db), stream=streams[StreamName.PRESENCE], clock_ms=clock_ms,
+                                   federation=edus)
         sync = SyncHandler(
             streams=streams,
             notifier=notifier,
@@ -165,10 +179,15 @@ class RoomServices:
             presence=presence,
             room_tokens=room_tokens,
         )
-        remote_invites = RemoteInvites(store=RemoteInviteStore(db), stream=streams[StreamName.EVENTS])
         return cls(timeline, client_events, rooms, messages, typing, receipts, sync, e2e, presence, room_tokens,
                    remote_invites)
 
     def stop(self) -> None:
         """Cancel timers; ``HomeServer.stop`` should call this before closing the database."""
         self.typing.stop()
+
+    def local_writers(self, accounts: AccountServices) -> Writers:
+        """This process's own handlers as the writers of every single-writer stream."""
+        return Writers(typing=self.typing, receipts=self.receipts, fully_read=self.receipts, presence=self.presence,
+                       to_device=self.e2e, device_lists=self.e2e, account_data=accounts.account_data,
+                       invites=self.remote_invites)

@@ -132,6 +132,7 @@ class RoomHandler:
         server_name: str,
         clock_ms: Callable[[], int],
         ratelimiters: Ratelimiters,
+        remote: RemoteMembership | None,
     ) -> None:
         self._limits = ratelimiters
         self._room_events = room_events
@@ -142,14 +143,11 @@ class RoomHandler:
         self._profiles = profiles
         self._server_name = server_name
         self._clock_ms = clock_ms
-        # Joins and invites that need another server; None until federation is wired (app.py).
-        self._remote: RemoteMembership | None = None
+        # Joins and invites that need another server (None: this server's rooms only).
+        self._remote = remote
         # (access token ID, txn ID) -> event ID of this process's recent sends, so that a
         # retried request is answered without the database. The database stays the truth.
         self._sent_txns = DictCache[str]("sent_txn_ids", max_entries=50_000)
-
-    def set_remote_membership(self, remote: RemoteMembership) -> None:
-        self._remote = remote
 
     # --- sending --------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ class TypingHandler:
         clock: Any,
         is_joined: Callable[[str, str], Awaitable[bool]],
         record: Callable[[int, str, list[str]], Awaitable[None]] | None = None,
+        federation: OutboundEdus | None = None,
     ) -> None:
         self._stream = stream
         # Writes (stream_id, room_id, typing users) to typing_stream, for other processes.
@@ -49,7 +50,8 @@ class TypingHandler:
         self._timers: dict[tuple[str, str], IDelayedCall] = {}
         self._stopped = False
         # Set when this process sends federation traffic: other servers in the room hear of changes.
-        self.federation: OutboundEdus | None = None
+        # Where typing changes go to other servers; None in a process that sends no EDUs.
+        self._federation = federation
 
     def current_position(self) -> int:
         return self._stream.get_current_token()
@@ -71,8 +73,8 @@ class TypingHandler:
             await self._change(room_id, user_id, True)
         else:
             await self._change(room_id, user_id, False)
-        if self.federation is not None:
-            await self.federation.typing(room_id, user_id, typing)
+        if self._federation is not None:
+            await self._federation.typing(room_id, user_id, typing)
 
     async def apply_remote(self, room_id: str, user_id: str, typing: bool) -> bool:
         """An ``m.typing`` EDU: a remote user started or stopped typing. False (ignored)

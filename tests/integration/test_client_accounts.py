@@ -261,13 +261,13 @@ async def test_devices(database_dsn: str, tmp_path: Path) -> None:
 
 async def test_profiles(database_dsn: str, tmp_path: Path) -> None:
     async with running_server(database_dsn, tmp_path) as (hs, client):
-        assert hs.accounts is not None
+        assert hs.process.accounts is not None
         changes: list[tuple[str, ProfileRow]] = []
 
         async def hook(requester: Requester, profile: ProfileRow) -> None:
             changes.append((requester.user_id, profile))
 
-        hs.accounts.profiles.profile_changed_hooks.append(hook)
+        hs.process.accounts.profiles.profile_changed_hooks.append(hook)
         token = (await client.register_ok("alice"))["access_token"]
         bob = (await client.register_ok("bob"))["access_token"]
 
@@ -302,13 +302,13 @@ async def test_profiles(database_dsn: str, tmp_path: Path) -> None:
 
 async def test_account_data(database_dsn: str, tmp_path: Path) -> None:
     async with running_server(database_dsn, tmp_path) as (hs, client):
-        assert hs.accounts is not None
+        assert hs.process.accounts is not None
         writes: list[tuple[str, str | None, str, int]] = []
 
         async def hook(user_id: str, room_id: str | None, data_type: str, stream_id: int) -> None:
             writes.append((user_id, room_id, data_type, stream_id))
 
-        hs.accounts.account_data.account_data_changed_hooks.append(hook)
+        hs.process.accounts.account_data.account_data_changed_hooks.append(hook)
         token = (await client.register_ok("alice"))["access_token"]
         bob = (await client.register_ok("bob"))["access_token"]
         direct = {f"@bob:{SERVER_NAME}": ["!room:test.local"], "nested": {"ü": [1, 2.5, None]}}

@@ -170,7 +170,7 @@ async def test_send_messages_context_redaction_and_sync(database_dsn: str, tmp_p
         stopped = await _ok(client, "GET", f"sync?since={later['next_batch']}&timeout=0", token=bob)
         typing_events = [e for e in stopped["rooms"]["join"][room_id]["ephemeral"]["events"] if e["type"] == "m.typing"]
         assert typing_events == [{"type": "m.typing", "content": {"user_ids": []}}]
-        hs.rooms.stop()
+        hs.process.rooms.stop()
 
         # A user who left stops seeing new messages; the leave shows in rooms.leave.
         mark = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
@@ -203,7 +203,7 @@ async def test_sync_long_poll_is_woken_by_a_send(database_dsn: str, tmp_path: Pa
         assert time.monotonic() - started < 10
         events = response.body["rooms"]["join"][room_id]["timeline"]["events"]
         assert [e["event_id"] for e in events] == [sent["event_id"]]
-        assert hs.notifier.waiter_count() == 0
+        assert hs.process.notifier.waiter_count() == 0
 
 
 async def test_message_and_join_rate_limits(database_dsn: str, tmp_path: Path) -> None:

@@ -92,27 +92,27 @@ def name(hs: HomeServer) -> str:
 
 
 async def stored(hs: HomeServer, event_id: str) -> Any:
-    assert hs.events_store is not None
-    return await hs.events_store.get_event(event_id)
+    assert hs.process.events_store is not None
+    return await hs.process.events_store.get_event(event_id)
 
 
 async def crafted(b: HomeServer, room_id: str, template: EventTemplate, sender: str, *,
                   signing_key: Any = None) -> FrozenEvent:
     """An event B's user would send, built on B's view of the room and signed, but not stored on B."""
-    assert b.events_store is not None and b.room_events is not None and b.signing_key is not None
-    version = await b.room_events.room_version(room_id)
-    current = await b.events_store.get_current_state_ids(room_id)
-    extremities = await b.events_store.get_forward_extremities(room_id)
+    assert b.process.events_store is not None and b.process.room_events is not None and b.process.signing_key is not None
+    version = await b.process.room_events.room_version(room_id)
+    current = await b.process.events_store.get_current_state_ids(room_id)
+    extremities = await b.process.events_store.get_forward_extremities(room_id)
     return create_local_event(
         version, template, sender=sender, room_id=room_id, current_state=current,
         forward_extremities=extremities, origin_server_ts=int(reactor.seconds() * 1000),
-        server_name=name(b), signing_key=signing_key or b.signing_key,
+        server_name=name(b), signing_key=signing_key or b.process.signing_key,
     )
 
 
 async def send_txn(b: HomeServer, a: HomeServer, txn_id: str, pdus: list[Any]) -> Any:
-    assert b.federation is not None
-    return await b.federation.client.put_json(
+    assert b.process.federation is not None
+    return await b.process.federation.client.put_json(
         name(a), f"/_matrix/federation/v1/send/{txn_id}", {"origin": name(b), "origin_server_ts": 0, "pdus": pdus, "edus": []}
     )
 
@@ -131,40 +131,40 @@ async def test_invites_leave_history_and_profile(database_dsn: str, second_datab
     joins the invite-only room; Bob then invites Carol (A) from B; B reads A's history
     (state_ids, get_missing_events, backfill) and a profile; Bob leaves."""
     async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
-        assert a.room_events is not None and b.room_events is not None and b.federation is not None
-        assert a.federation is not None and a.events_store is not None and b.events_store is not None
+        assert a.process.room_events is not None and b.process.room_events is not None and b.process.federation is not None
+        assert a.process.federation is not None and a.process.events_store is not None and b.process.events_store is not None
         alice, bob, carol, dave = f"@alice:{name(a)}", f"@bob:{name(b)}", f"@carol:{name(a)}", f"@dave:{name(b)}"
-        room_id = await a.room_events.create_room(alice, parse_create_room_request({"preset": "private_chat"}))
+        room_id = await a.process.room_events.create_room(alice, parse_create_room_request({"preset": "private_chat"}))
 
         # Invite to a server not in the room: held by B, and rejected via make_leave/send_leave.
-        invite = await a.federation.membership.invite_remote(room_id, alice, dave)
-        pending = await b.federation.membership.pending_invite(room_id, dave)
+        invite = await a.process.federation.membership.invite_remote(room_id, alice, dave)
+        pending = await b.process.federation.membership.pending_invite(room_id, dave)
         assert pending is not None and pending.event_id == invite.event_id
         assert name(b) in invite.signatures  # B cosigned it
-        leave = await b.federation.membership.leave_remote(room_id, dave, [name(a)])
-        a_state = await a.events_store.get_current_state_ids(room_id)
+        leave = await b.process.federation.membership.leave_remote(room_id, dave, [name(a)])
+        a_state = await a.process.events_store.get_current_state_ids(room_id)
         assert a_state[("m.room.member", dave)] == leave.event_id
 
         # Invite, then join the invite-only room.
-        await a.federation.membership.invite_remote(room_id, alice, bob)
-        await b.federation.membership.join_remote(room_id, bob, [name(a)])
+        await a.process.federation.membership.invite_remote(room_id, alice, bob)
+        await b.process.federation.membership.join_remote(room_id, bob, [name(a)])
         # Without an invite the join fails: a stranger cannot get in.
         with pytest.raises(JoinError):
-            await b.federation.membership.join_remote(room_id, f"@eve:{name(b)}", [name(a)])
+            await b.process.federation.membership.join_remote(room_id, f"@eve:{name(b)}", [name(a)])
 
         # Bob invites Carol from B: A cosigns, B persists, and the event reaches A by /send.
-        carol_invite = await b.federation.membership.invite_remote(room_id, bob, carol)
+        carol_invite = await b.process.federation.membership.invite_remote(room_id, bob, carol)
         await eventually(lambda: stored(a, carol_invite.event_id))
-        assert (await a.events_store.get_current_state_ids(room_id))[("m.room.member", carol)] == carol_invite.event_id
+        assert (await a.process.events_store.get_current_state_ids(room_id))[("m.room.member", carol)] == carol_invite.event_id
 
         # History served by A.
-        msgs = [await a.room_events.send(room_id, EventTemplate("m.room.message", {"body": str(i)}), alice)
+        msgs = [await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": str(i)}), alice)
                 for i in range(3)]
         await eventually(lambda: stored(b, msgs[-1].event_id))
-        client = b.federation.client
+        client = b.process.federation.client
         state_ids = await client.get_json(name(a), f"/_matrix/federation/v1/state_ids/{quote(room_id)}",
                                           query={"event_id": msgs[0].event_id})
-        assert set(state_ids["pdu_ids"]) == set((await a.events_store.get_current_state_ids(room_id)).values())
+        assert set(state_ids["pdu_ids"]) == set((await a.process.events_store.get_current_state_ids(room_id)).values())
         missing = await client.post_json(
             name(a), f"/_matrix/federation/v1/get_missing_events/{quote(room_id)}",
             {"earliest_events": [msgs[0].event_id], "latest_events": [msgs[2].event_id], "limit": 10},
@@ -180,9 +180,9 @@ async def test_invites_leave_history_and_profile(database_dsn: str, second_datab
         assert info.value.code == 404
 
         # Bob leaves from B; A sees it.
-        bye = await b.room_events.send(room_id, EventTemplate("m.room.member", {"membership": "leave"}, bob), bob)
+        bye = await b.process.room_events.send(room_id, EventTemplate("m.room.member", {"membership": "leave"}, bob), bob)
         await eventually(lambda: stored(a, bye.event_id))
-        assert (await a.events_store.get_current_state_ids(room_id))[("m.room.member", bob)] == bye.event_id
+        assert (await a.process.events_store.get_current_state_ids(room_id))[("m.room.member", bob)] == bye.event_id
 
 
 @pytest.mark.timeout(90)
@@ -211,7 +211,7 @@ async def test_client_api_joins_and_invites_across_servers(database_dsn: str, se
         invited = await ca.request("POST", f"rooms/{quote(room_id)}/invite", {"user_id": bob["user_id"]},
                                    token=alice["access_token"])
         assert invited.status == 200, invited
-        assert b.federation is not None and await b.federation.membership.pending_invite(room_id, bob["user_id"])
+        assert b.process.federation is not None and await b.process.federation.membership.pending_invite(room_id, bob["user_id"])
         # B is not in the room, yet Bob's /sync on B shows the invite with the room's stripped state.
         synced = await cb.request("GET", f"sync?timeout=5000&since={before_invite.body['next_batch']}",
                                   token=bob["access_token"])
@@ -225,8 +225,8 @@ async def test_client_api_joins_and_invites_across_servers(database_dsn: str, se
         by_alias = await cb.request("POST", f"join/{quote('#lobby:' + name(a))}", {}, token=carol["access_token"])
         assert by_alias.status == 200, by_alias
         assert by_alias.body == {"room_id": room_id}
-        assert a.events_store is not None
-        events_store = a.events_store
+        assert a.process.events_store is not None
+        events_store = a.process.events_store
 
         async def both_members_on_a() -> bool:
             state = await events_store.get_current_state_ids(room_id)
@@ -279,13 +279,13 @@ async def test_client_api_joins_and_invites_across_servers(database_dsn: str, se
             {"edu_type": "m.presence", "content": {"push": "x"}}, {"edu_type": "m.direct_to_device"},
             {"edu_type": "m.device_list_update", "content": {"user_id": bob_id}}, 7, {"edu_type": 5},
         ]
-        assert b.federation is not None
-        answer = await b.federation.client.put_json(
+        assert b.process.federation is not None
+        answer = await b.process.federation.client.put_json(
             name(a), "/_matrix/federation/v1/send/edus1",
             {"origin": name(b), "origin_server_ts": 0, "pdus": [], "edus": edus})
         assert answer == {"pdus": {}}
         with pytest.raises(HttpResponseError) as too_many:
-            await b.federation.client.put_json(name(a), "/_matrix/federation/v1/send/edus2",
+            await b.process.federation.client.put_json(name(a), "/_matrix/federation/v1/send/edus2",
                                                {"origin": name(b), "pdus": [], "edus": [edus[0]] * 101})
         assert too_many.value.code == 400
 
@@ -313,7 +313,7 @@ async def test_client_api_joins_and_invites_across_servers(database_dsn: str, se
                                                             "one_time_keys": {"signed_curve25519:AAA": {"key": "x"}}},
                                     token=alice["access_token"])
         assert uploaded.status == 200, uploaded
-        fed_client = b.federation.client
+        fed_client = b.process.federation.client
         listed = await fed_client.get_json(name(a), f"/_matrix/federation/v1/user/devices/{quote(alice_id)}")
         assert listed["user_id"] == alice_id and isinstance(listed["stream_id"], int)
         assert [d["device_id"] for d in listed["devices"]] == [alice_dev]
@@ -370,8 +370,8 @@ async def test_client_api_joins_and_invites_across_servers(database_dsn: str, se
         assert [b for b in bodies if b.startswith("history")] == [f"history {i}" for i in range(25)]
         assert seen[-1]["type"] == "m.room.create"
         assert len({e["event_id"] for e in seen}) == len(seen)
-        assert b.events_store is not None
-        create = await b.events_store.get_event(seen[-1]["event_id"])
+        assert b.process.events_store is not None
+        create = await b.process.events_store.get_event(seen[-1]["event_id"])
         assert create is not None and create.stream_ordering < 0 and not create.outlier
 
 
@@ -382,8 +382,8 @@ async def _contains(found: Any, wanted: set[str]) -> bool:
 async def test_ip_blacklist_refuses_loopback_unless_whitelisted(database_dsn: str, second_database_dsn: str,
                                                                tmp_path: Path) -> None:
     async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
-        assert b.signing_key is not None
-        strict = FederationClient(reactor, server_name=name(b), signing_key=b.signing_key,
+        assert b.process.signing_key is not None
+        strict = FederationClient(reactor, server_name=name(b), signing_key=b.process.signing_key,
                                   verify_certificates=False, ip_range_whitelist=())
         try:
             with pytest.raises(FederationClientError, match="blacklist"):
@@ -393,36 +393,36 @@ async def test_ip_blacklist_refuses_loopback_unless_whitelisted(database_dsn: st
 
 
 async def _scenario(a: HomeServer, b: HomeServer) -> None:
-    assert a.room_events is not None and b.room_events is not None and b.federation is not None
-    assert a.events_store is not None and b.events_store is not None
+    assert a.process.room_events is not None and b.process.room_events is not None and b.process.federation is not None
+    assert a.process.events_store is not None and b.process.events_store is not None
     alice, bob = f"@alice:{name(a)}", f"@bob:{name(b)}"
 
     # Keys: B fetches A's signed key response over the federation listener.
-    body = await b.federation.client.get_json(name(a), "/_matrix/key/v2/server", signed=False)
+    body = await b.process.federation.client.get_json(name(a), "/_matrix/key/v2/server", signed=False)
     keys = parse_key_response(name(a), body, int(reactor.seconds() * 1000))
-    assert list(keys) == [f"ed25519:{a.signing_key.version}"]  # type: ignore[union-attr]
-    version = await b.federation.client.get_json(name(a), "/_matrix/federation/v1/version", signed=False)
+    assert list(keys) == [f"ed25519:{a.process.signing_key.version}"]  # type: ignore[union-attr]
+    version = await b.process.federation.client.get_json(name(a), "/_matrix/federation/v1/version", signed=False)
     assert version["server"]["name"] == "Tributary"
 
     # Join: Bob joins Alice's public room by its alias on A (GET /query/directory, then make/send_join).
-    room_id = await a.room_events.create_room(alice, parse_create_room_request({"preset": "public_chat"}))
+    room_id = await a.process.room_events.create_room(alice, parse_create_room_request({"preset": "public_chat"}))
     alias = f"#lobby:{name(a)}"
-    assert await a.rooms.timeline.create_alias(alias, room_id, alice)
+    assert await a.process.rooms.timeline.create_alias(alias, room_id, alice)
     with pytest.raises(HttpResponseError) as info:
-        await b.federation.membership.resolve_alias(f"#nope:{name(a)}")
+        await b.process.federation.membership.resolve_alias(f"#nope:{name(a)}")
     assert info.value.code == 404
-    join = await b.federation.membership.join_by_alias(alias, bob)
-    a_state = await a.events_store.get_current_state_ids(room_id)
-    b_state = await b.events_store.get_current_state_ids(room_id)
+    join = await b.process.federation.membership.join_by_alias(alias, bob)
+    a_state = await a.process.events_store.get_current_state_ids(room_id)
+    b_state = await b.process.events_store.get_current_state_ids(room_id)
     assert a_state[("m.room.member", bob)] == join.event_id
     assert b_state == a_state
-    assert await b.events_store.get_joined_servers(room_id) == {name(a), name(b)}
+    assert await b.process.events_store.get_joined_servers(room_id) == {name(a), name(b)}
 
     # Messages both ways reach the other side's database.
-    hello = await a.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Bob"}), alice)
+    hello = await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Bob"}), alice)
     row = await eventually(lambda: stored(b, hello.event_id))
     assert not row.outlier and row.rejection_reason is None
-    reply = await b.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Alice"}), bob)
+    reply = await b.process.room_events.send(room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Alice"}), bob)
     row = await eventually(lambda: stored(a, reply.event_id))
     assert not row.outlier and row.rejection_reason is None
     await eventually(lambda: stored(b, reply.event_id))
@@ -430,18 +430,18 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
     # A gap: B is unreachable from A for two messages, so A drops them and catches B up later
     # with only the room's latest event; it arrives with unknown prev_events, and B fetches
     # the two with get_missing_events before storing it.
-    assert a.federation is not None
-    resolver = a.federation.client.resolver
+    assert a.process.federation is not None
+    resolver = a.process.federation.client.resolver
     real_target = await resolver.resolve(name(b))
-    await a.federation.client.close()  # no pooled connection to B survives
+    await a.process.federation.client.close()  # no pooled connection to B survives
     resolver._cache[name(b)] = Target("127.0.0.1", free_port(), "localhost")  # nothing listens there
-    lost = [await a.room_events.send(room_id, EventTemplate("m.room.message", {"body": f"lost {i}"}), alice)
+    lost = [await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": f"lost {i}"}), alice)
             for i in range(2)]
-    assert a.federation_sender is not None
-    await a.federation_sender.wait_idle()
+    assert a.process.federation_sender is not None
+    await a.process.federation_sender.wait_idle()
     assert await stored(b, lost[0].event_id) is None
     resolver._cache[name(b)] = real_target
-    third = await a.room_events.send(room_id, EventTemplate("m.room.message", {"body": "third"}), alice)
+    third = await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": "third"}), alice)
     row = await eventually(lambda: stored(b, third.event_id))
     assert not row.outlier
     for event in lost:
@@ -450,7 +450,7 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
 
     # A forged signature: signed by a key that is not B's.
     forged = await crafted(b, room_id, EventTemplate("m.room.message", {"body": "forged"}), bob,
-                           signing_key=generate_signing_key(b.signing_key.version))  # type: ignore[union-attr]
+                           signing_key=generate_signing_key(b.process.signing_key.version))  # type: ignore[union-attr]
     result = await send_txn(b, a, "forged", [forged.get_pdu_json()])
     assert "error" in result["pdus"][forged.event_id]
     assert await stored(a, forged.event_id) is None
@@ -466,13 +466,13 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
 
     # An event that fails auth: Bob (power 0) changes the power levels; stored as rejected.
     pl_id = a_state[("m.room.power_levels", "")]
-    pl = (await a.persister.load_events([pl_id]))[pl_id]  # type: ignore[union-attr]
+    pl = (await a.process.persister.load_events([pl_id]))[pl_id]  # type: ignore[union-attr]
     grab = await crafted(b, room_id, EventTemplate("m.room.power_levels", {**thaw(pl.content), "users": {bob: 100}}, ""), bob)
     result = await send_txn(b, a, "auth", [grab.get_pdu_json()])
     assert "error" in result["pdus"][grab.event_id]
     row = await stored(a, grab.event_id)
     assert row is not None and row.rejection_reason
-    assert (await a.events_store.get_current_state_ids(room_id))[("m.room.power_levels", "")] == pl_id
+    assert (await a.process.events_store.get_current_state_ids(room_id))[("m.room.power_levels", "")] == pl_id
 
     # A replayed txnId: answered from the stored response, the new PDU is not processed.
     first = await crafted(b, room_id, EventTemplate("m.room.message", {"body": "once"}), bob)
@@ -482,9 +482,9 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
     assert r1 == r2 == {"pdus": {first.event_id: {}}}
     assert await stored(a, second.event_id) is None
     # Both survive a restart: the response and A's verified key response are in the databases.
-    assert a.db is not None and b.db is not None
-    assert await FederationStore(a.db).get_transaction_response(name(b), "replay") == r1
-    stored_keys = await FederationStore(b.db).get_key_response(name(a))
+    assert a.process.db is not None and b.process.db is not None
+    assert await FederationStore(a.process.db).get_transaction_response(name(b), "replay") == r1
+    stored_keys = await FederationStore(b.process.db).get_key_response(name(a))
     assert stored_keys is not None and stored_keys.response["server_name"] == name(a)
 
     # Malformed PDUs get per-PDU errors (or are dropped when they name no room), not a 5xx.
@@ -496,7 +496,7 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
                        (f"/_matrix/federation/v2/send_join/{quote(room_id)}/$x", {"type": "m.room.member"}),
                        (f"/_matrix/federation/v2/invite/{quote(room_id)}/$x", {"event": {}, "room_version": "12"})):
         with pytest.raises(HttpResponseError) as info:
-            await b.federation.client.put_json(name(a), path, body)
+            await b.process.federation.client.put_json(name(a), path, body)
         assert 400 <= info.value.code < 500, (path, info.value)
 
     # 51 PDUs: the whole transaction is refused with 400.
@@ -514,13 +514,13 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
                                 verify_certificates=False, ip_range_whitelist=["127.0.0.0/8"])
     # X-Matrix naming the right key, signed by another: 401 too.
     wrong_sig = FederationClient(reactor, server_name=name(b),
-                                 signing_key=generate_signing_key(b.signing_key.version),  # type: ignore[union-attr]
+                                 signing_key=generate_signing_key(b.process.signing_key.version),  # type: ignore[union-attr]
                                  verify_certificates=False, ip_range_whitelist=["127.0.0.0/8"])
     port = name(a).rsplit(":", 1)[1]
     try:
         for client, destination in ((impostor, name(a)), (wrong_sig, name(a)),
                                     # right key, but signed for another destination (same listener)
-                                    (b.federation.client, f"127.0.0.1:{port}")):
+                                    (b.process.federation.client, f"127.0.0.1:{port}")):
             with pytest.raises(HttpResponseError) as info:
                 await client.get_json(destination, f"/_matrix/federation/v1/event/{hello.event_id}")
             assert (info.value.code, info.value.json["errcode"]) == (401, "M_UNAUTHORIZED")
@@ -528,21 +528,21 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
         await impostor.close()
         await wrong_sig.close()
     # The same request properly signed is served.
-    served = await b.federation.client.get_json(name(a), f"/_matrix/federation/v1/event/{hello.event_id}")
+    served = await b.process.federation.client.get_json(name(a), f"/_matrix/federation/v1/event/{hello.event_id}")
     assert make_event(hello.room_version, served["pdus"][0]).event_id == hello.event_id
 
     # Soft failure: Bob's message, built before Alice bans him, passes auth at the state before it
     # but not at A's current state. A stores it (the PDU's result is success) but it is no
     # forward extremity and no client sees it.
-    assert a.rooms is not None
+    assert a.process.rooms is not None
     late = await crafted(b, room_id, EventTemplate("m.room.message", {"body": "too late"}), bob)
-    await a.room_events.send(room_id, EventTemplate("m.room.member", {"membership": "ban"}, bob), alice)
+    await a.process.room_events.send(room_id, EventTemplate("m.room.member", {"membership": "ban"}, bob), alice)
     result = await send_txn(b, a, "soft", [late.get_pdu_json()])
     assert result["pdus"][late.event_id] == {}
     row = await stored(a, late.event_id)
     assert row is not None and row.rejection_reason is None and not row.outlier
-    assert late.event_id not in await a.events_store.get_forward_extremities(room_id)
-    assert await a.rooms.timeline.get_hidden_events([late.event_id]) == {late.event_id}
+    assert late.event_id not in await a.process.events_store.get_forward_extremities(room_id)
+    assert await a.process.rooms.timeline.get_hidden_events([late.event_id]) == {late.event_id}
     assert sample("tributary_federation_pdus_received_total", {"outcome": "soft_failed"}) == 1
 
 
@@ -616,7 +616,7 @@ async def test_real_process_room_joined_by_alias(database_dsn: str, second_datab
         b = HomeServer(b_config, reactor, registry=CollectorRegistry())
         await b.start()
         try:
-            assert b.federation is not None and b.room_events is not None
+            assert b.process.federation is not None and b.process.room_events is not None
             ca = Client(proc.base_url)
             alice = await ca.register_ok("alice")
             created = await ca.request("POST", "createRoom", {"preset": "public_chat", "room_alias_name": "lobby"},
@@ -624,7 +624,7 @@ async def test_real_process_room_joined_by_alias(database_dsn: str, second_datab
             assert created.status == 200, created
             room_id = created.body["room_id"]
             bob = f"@bob:{name(b)}"
-            join = await b.federation.membership.join_by_alias(f"#lobby:{a_name}", bob)
+            join = await b.process.federation.membership.join_by_alias(f"#lobby:{a_name}", bob)
             assert join.room_id == room_id
 
             sent = await ca.request("PUT", f"rooms/{quote(room_id)}/send/m.room.message/t1",
@@ -633,7 +633,7 @@ async def test_real_process_room_joined_by_alias(database_dsn: str, second_datab
             row = await eventually(lambda: stored(b, sent.body["event_id"]))
             assert not row.outlier and row.rejection_reason is None
 
-            reply = await b.room_events.send(
+            reply = await b.process.room_events.send(
                 room_id, EventTemplate("m.room.message", {"msgtype": "m.text", "body": "hi Alice"}), bob
             )
 

@@ -26,14 +26,14 @@ async def test_invite_room_state_is_signed_pdus_with_the_create_event(
     room's create, join rules and name events as full PDUs that B can verify against A's
     key, each the event A has in its current state."""
     async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
-        assert a.room_events is not None and a.federation is not None and a.events_store is not None
-        assert b.federation is not None
+        assert a.process.room_events is not None and a.process.federation is not None and a.process.events_store is not None
+        assert b.process.federation is not None
         alice, bob = f"@alice:{name(a)}", f"@bob:{name(b)}"
-        room_id = await a.room_events.create_room(
+        room_id = await a.process.room_events.create_room(
             alice, parse_create_room_request({"preset": "private_chat", "name": "Invited"}))
 
         bodies: list[Any] = []
-        client = a.federation.client
+        client = a.process.federation.client
         put_json = client.put_json
 
         async def recording_put_json(destination: str, path: str, content: Any, *,
@@ -44,14 +44,14 @@ async def test_invite_room_state_is_signed_pdus_with_the_create_event(
 
         client.put_json = recording_put_json  # type: ignore[method-assign]
         try:
-            await a.federation.membership.invite_remote(room_id, alice, bob)
+            await a.process.federation.membership.invite_remote(room_id, alice, bob)
         finally:
             client.put_json = put_json  # type: ignore[method-assign]
 
         [body] = bodies
-        version = await a.room_events.room_version(room_id)
-        current = await a.events_store.get_current_state_ids(room_id)
-        received = [await parse_and_verify(b.federation.keyring, version, pdu) for pdu in body["invite_room_state"]]
+        version = await a.process.room_events.room_version(room_id)
+        current = await a.process.events_store.get_current_state_ids(room_id)
+        received = [await parse_and_verify(b.process.federation.keyring, version, pdu) for pdu in body["invite_room_state"]]
         by_key = {(e.type, e.state_key or ""): e.event_id for e in received}
         assert set(by_key) == {("m.room.create", ""), ("m.room.join_rules", ""), ("m.room.name", "")}
         assert by_key == {key: current[key] for key in by_key}

@@ -28,7 +28,7 @@ import yaml
 
 from tests.conftest import scratch_database
 from tests.harness import Nginx, TributaryProcess, configure_workers, run_cli
-from workers.layout import stable_shard
+from homeserver.routing.layout import stable_shard
 
 class Http:
     def __init__(self, port: int, token: str | None = None) -> None:

@@ -17,11 +17,13 @@ from homeserver.http.client_api.devices import register_device_servlets
 from homeserver.http.client_api.profile import register_profile_servlets
 from homeserver.http.client_api.server_info import register_server_info_servlets
 from homeserver.http.server import JsonRouter
+from homeserver.routing.writers import Writers
 
 __all__ = ["register_client_api_servlets"]
 
 
-def register_client_api_servlets(router: JsonRouter, config: HomeserverConfig, services: AccountServices) -> None:
+def register_client_api_servlets(router: JsonRouter, config: HomeserverConfig, services: AccountServices,
+                                 writers: Writers) -> None:
     register_account_servlets(
         router,
         config=config,
@@ -33,6 +35,6 @@ def register_client_api_servlets(router: JsonRouter, config: HomeserverConfig, s
     register_device_servlets(router, auth=services.auth, devices=services.devices, uia=services.uia)
     register_profile_servlets(router, auth=services.auth, profiles=services.profiles)
     register_account_data_servlets(
-        router, auth=services.auth, account_data=services.account_data, filters=services.filters
+        router, auth=services.auth, account_data=services.account_data, filters=services.filters, writers=writers
     )
     register_server_info_servlets(router, config=config, auth=services.auth)

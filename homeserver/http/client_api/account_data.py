@@ -20,10 +20,11 @@ from homeserver.handlers.auth import Auth
 from homeserver.handlers.filters import FilterHandler
 from homeserver.http.client_api._base import client_path, empty
 from homeserver.http.server import JsonRouter, parse_json_body, parse_json_object
+from homeserver.routing.writers import Writers
 
 
 def register_account_data_servlets(
-    router: JsonRouter, *, auth: Auth, account_data: AccountDataHandler, filters: FilterHandler
+    router: JsonRouter, *, auth: Auth, account_data: AccountDataHandler, filters: FilterHandler, writers: Writers
 ) -> None:
     async def get_global(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -32,7 +33,7 @@ def register_account_data_servlets(
     async def put_global(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         content = parse_json_object(request)
-        await account_data.set_global(requester, params["user_id"], params["type"], content)
+        await writers.account_data.set_global(requester, params["user_id"], params["type"], content)
         return empty()
 
     async def get_room(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -42,7 +43,7 @@ def register_account_data_servlets(
     async def put_room(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         content = parse_json_object(request)
-        await account_data.set_room(requester, params["user_id"], params["room_id"], params["type"], content)
+        await writers.account_data.set_room(requester, params["user_id"], params["room_id"], params["type"], content)
         return empty()
 
     async def post_filter(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:

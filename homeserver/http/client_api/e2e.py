@@ -16,16 +16,18 @@ from homeserver.handlers.validation import check_text, check_user_id
 from homeserver.http.client_api._base import client_path, empty, optional_string, required_string
 from storage.kernel.errors import invalid_param
 from homeserver.http.server import JsonRouter, parse_json_object
+from homeserver.routing.writers import Writers
 
 MAX_ID_LENGTH: Final = 255
 
 
-def register_e2e_servlets(router: JsonRouter, *, auth: Auth, e2e: E2eHandler, presence: PresenceHandler) -> None:
+def register_e2e_servlets(router: JsonRouter, *, auth: Auth, e2e: E2eHandler, presence: PresenceHandler,
+                          writers: Writers) -> None:
     async def send_to_device(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         event_type = check_text(params["event_type"], "eventType", max_length=MAX_ID_LENGTH, allow_empty=False)
         txn_id = check_text(params["txn_id"], "txnId", max_length=MAX_ID_LENGTH, allow_empty=False)
-        await e2e.send_to_device(requester, event_type, txn_id, parse_json_object(request))
+        await writers.to_device.send_to_device(requester, event_type, txn_id, parse_json_object(request))
         return empty()
 
     async def upload(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -55,7 +57,7 @@ def register_e2e_servlets(router: JsonRouter, *, auth: Auth, e2e: E2eHandler, pr
         if state not in PRESENCE_STATES:
             raise invalid_param(f"'presence' must be one of {sorted(PRESENCE_STATES)}")
         status_msg = optional_string(body, "status_msg", max_length=1024)
-        await presence.set_status(requester, check_user_id(params["user_id"]), state, status_msg)
+        await writers.presence.set_status(requester, check_user_id(params["user_id"]), state, status_msg)
         return empty()
 
     router.register(

@@ -18,9 +18,8 @@ from twisted.web.server import Request
 from homeserver.events import constants as C
 from homeserver.handlers.auth import Auth
 from homeserver.handlers.messages import MessagesHandler, parse_event_filter
-from homeserver.handlers.receipts import ReceiptsHandler
 from homeserver.handlers.rooms import MEMBERSHIP_ACTIONS, RoomHandler
-from homeserver.handlers.typing import TypingHandler
+from homeserver.routing.writers import Writers
 from homeserver.handlers.validation import check_text, check_user_id
 from homeserver.http.client_api._base import (
     client_path,
@@ -102,8 +101,7 @@ def register_room_servlets(
     auth: Auth,
     rooms: RoomHandler,
     messages: MessagesHandler,
-    typing: TypingHandler,
-    receipts: ReceiptsHandler,
+    writers: Writers,
 ) -> None:
     async def create_room(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -257,7 +255,7 @@ def register_room_servlets(
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)):
             raise bad_json("'timeout' must be an integer")
         user_id = check_user_id(params["user_id"])
-        await typing.set_typing(requester, _room_id(params), user_id, is_typing, timeout)
+        await writers.typing.set_typing(requester, _room_id(params), user_id, is_typing, timeout)
         return empty()
 
     async def post_receipt(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -270,11 +268,11 @@ def register_room_servlets(
         if receipt_type == "m.fully_read":
             await _fully_read(requester, room_id, event_id)
             return empty()
-        await receipts.receipt(requester, room_id, receipt_type, event_id, thread_id)
+        await writers.receipts.receipt(requester, room_id, receipt_type, event_id, thread_id)
         return empty()
 
     async def _fully_read(requester: Any, room_id: str, event_id: str) -> None:
-        await receipts.set_fully_read(requester, room_id, event_id)
+        await writers.fully_read.set_fully_read(requester, room_id, event_id)
 
     async def read_markers(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -286,7 +284,7 @@ def register_room_servlets(
         for receipt_type in ("m.read", "m.read.private"):
             event_id = optional_string(body, receipt_type, max_length=MAX_ID_LENGTH)
             if event_id is not None:
-                await receipts.receipt(requester, room_id, receipt_type, _event_id(event_id), None)
+                await writers.receipts.receipt(requester, room_id, receipt_type, _event_id(event_id), None)
         return empty()
 
     alias_path = client_path(r"/directory/room/(?P<alias>[^/]+)")

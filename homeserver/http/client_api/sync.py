@@ -21,6 +21,7 @@ from homeserver.http.client_api.rooms import register_room_servlets
 from homeserver.http.client_api._base import client_path, query_string
 from storage.kernel.errors import invalid_param
 from homeserver.http.server import JsonRouter
+from homeserver.routing.writers import Writers
 from storage.tokens import InvalidTokenError, StreamToken
 
 
@@ -81,16 +82,15 @@ def register_sync_servlets(router: JsonRouter, *, auth: Auth, sync: SyncHandler,
 
 
 def register_room_api_servlets(router: JsonRouter, rooms: RoomServices, accounts: AccountServices,
-                               sync_tracker: SyncTracker | None = None) -> None:
+                               writers: Writers, sync_tracker: SyncTracker | None = None) -> None:
     """Every servlet of rooms.py and this module, wired to ``rooms``' handlers."""
     register_room_servlets(
         router,
         auth=accounts.auth,
         rooms=rooms.rooms,
         messages=rooms.messages,
-        typing=rooms.typing,
-        receipts=rooms.receipts,
+        writers=writers,
     )
     register_sync_servlets(router, auth=accounts.auth, sync=rooms.sync, filters=accounts.filters,
                            sync_tracker=sync_tracker)
-    register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence)
+    register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers)

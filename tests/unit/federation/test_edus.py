@@ -37,7 +37,8 @@ class Recorder:
 
 def _handlers(joined: bool = True) -> tuple[EduHandlers, Recorder]:
     recorder = Recorder(joined)
-    return EduHandlers(typing=recorder, receipts=recorder, presence=recorder, e2e=recorder), recorder  # type: ignore[arg-type]
+    return EduHandlers(typing=recorder, receipts=recorder, presence=recorder, to_device=recorder,
+                       device_lists=recorder), recorder  # type: ignore[arg-type]
 
 
 def test_good_edus_reach_their_handlers() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workers.federation import FORWARD_PDU, FederationStreamReader
+from homeserver.routing.federation import FORWARD_PDU, FederationStreamReader
 
 
 class RecordingSender:

@@ -44,7 +44,7 @@ from twisted.web.server import Request
 from storage.kernel.backoff import BackoffPolicy
 from storage.kernel.errors import MatrixError, bad_json, forbidden
 from homeserver.http.server import JsonRouter, parse_json_object
-from workers.layout import Layout
+from homeserver.routing.layout import Layout
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ ephemeral and account data to their stream's writer.
 
 One mechanism serves every write that a process may be asked for but does not
 own: an operation registered on the owner's internal API
-(``workers.internal_api``) and, on every other process, a stand-in that calls
+(``homeserver.routing.internal_api``) and, on every other process, a stand-in that calls
 it. The owner runs the very same handler code a single process runs, so the
 rules (auth, rate limits, idempotency) do not depend on which process a client
 reached.
@@ -15,11 +15,9 @@ reached.
   event, backfilled history) to the owner to persist. ``create_room`` needs
   nothing of its own: it persists the create event and sends the rest through
   these two.
-- Stream writes (typing, receipts, presence, to-device, account data, and
-  remote users' EDUs, device lists included): the handler methods in
-  ``FORWARDED_METHODS`` are replaced, on processes that do not write the
-  stream, by calls to the writer. Their arguments are an optional leading
-  ``Requester`` and JSON values, and their result is JSON.
+- Stream writes (typing, receipts, presence, to-device, account data, remote
+  users' EDUs) are not here: ``writers.py`` has a local and a remote
+  implementation of each, chosen once by the composition root.
 """
 
 # tests: tests/unit/workers/test_forwarding.py, tests/integration/test_workers.py
@@ -27,23 +25,21 @@ reached.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from homeserver.events import EventTemplate, FrozenEvent, RoomVersion, get_room_version, make_event
 from homeserver.events.canonical import thaw
-from homeserver.handlers.auth import Requester
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
 from homeserver.handlers.rooms import send_error
 from storage.kernel.errors import MatrixError, bad_json
 from homeserver.events.errors import EventsError
 from storage.stores.events import DuplicateTxnId, PersistResult, SendTxn
-from storage.streams import StreamName
-from workers.internal_api import InternalApiClient, InternalApiServer
-from workers.layout import Layout
+from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
+from homeserver.routing.layout import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -91,30 +87,28 @@ def _send_error(error: Exception, room_id: str) -> MatrixError:
 # --- room events ----------------------------------------------------------------------------
 
 
-class RoutedPersister:
-    """An ``EventPersister`` whose writes happen on the room's owner; reads stay local."""
+class RoutedPersister(EventPersister):
+    """An ``EventPersister`` that persists the rooms this process owns and hands every other
+    room's events to its owner; everything else (reads, listeners) is the persister's own."""
 
-    def __init__(self, local: EventPersister, layout: Layout, client: InternalApiClient) -> None:
-        self._local = local
+    def __init__(self, *, layout: Layout, client: InternalApiClient, **persister_options: Any) -> None:
+        super().__init__(**persister_options)
         self._layout = layout
         self._client = client
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._local, name)
 
     async def persist(self, room_version: RoomVersion, event: FrozenEvent, **options: Any) -> PersistResult:
         owner = self._layout.events_writer_for_room(event.room_id)
         if owner == self._layout.instance_name:
-            return await self._local.persist(room_version, event, **options)
+            return await super().persist(room_version, event, **options)
         body = {"event": event_to_json(event), "options": _options_to_json(options)}
         result = _result_from_json(await self._client.call(owner, "persist_event", body))
-        self._local.remember(event)
+        self.remember(event)
         return result
 
     async def persist_backfilled(self, room_version: RoomVersion, event: FrozenEvent, **options: Any) -> PersistResult:
         owner = self._layout.events_writer_for_room(event.room_id)
         if owner == self._layout.instance_name:
-            return await self._local.persist_backfilled(room_version, event, **options)
+            return await super().persist_backfilled(room_version, event, **options)
         body = {"event": event_to_json(event), "options": options}
         return _result_from_json(await self._client.call(owner, "persist_backfilled", body))
 
@@ -229,77 +223,3 @@ def register_event_operations(
     server.register("send_event", send_event)
     server.register("persist_event", persist_event)
     server.register("persist_backfilled", persist_backfilled)
-
-
-# --- stream writes --------------------------------------------------------------------------
-
-
-@attrs.frozen
-class ForwardedMethod:
-    """A handler method that writes ``stream``: ``handler`` finds the handler object in the services."""
-
-    name: str
-    stream: StreamName
-    handler: Callable[[Any], Any]
-    method: str
-
-
-FORWARDED_METHODS: tuple[ForwardedMethod, ...] = (
-    # Local users' changes (the client API).
-    ForwardedMethod("typing", StreamName.TYPING, lambda s: s.rooms.typing, "set_typing"),
-    ForwardedMethod("receipt", StreamName.RECEIPTS, lambda s: s.rooms.receipts, "receipt"),
-    ForwardedMethod("fully_read", StreamName.ACCOUNT_DATA, lambda s: s.rooms.receipts, "set_fully_read"),
-    ForwardedMethod("presence", StreamName.PRESENCE, lambda s: s.rooms.presence, "set_status"),
-    ForwardedMethod("to_device", StreamName.TO_DEVICE, lambda s: s.rooms.e2e, "send_to_device"),
-    ForwardedMethod("account_data", StreamName.ACCOUNT_DATA, lambda s: s.accounts.account_data, "set_global"),
-    ForwardedMethod("room_account_data", StreamName.ACCOUNT_DATA, lambda s: s.accounts.account_data, "set_room"),
-    # Invites of local users to rooms this server is not in (a position on the events stream).
-    ForwardedMethod("remote_invite", StreamName.EVENTS, lambda s: s.rooms.remote_invites, "record_invite"),
-    ForwardedMethod("remote_invite_rejected", StreamName.EVENTS, lambda s: s.rooms.remote_invites,
-                    "record_rejection"),
-    # Remote users' changes (EDUs in inbound federation transactions).
-    ForwardedMethod("remote_typing", StreamName.TYPING, lambda s: s.rooms.typing, "apply_remote"),
-    ForwardedMethod("remote_receipt", StreamName.RECEIPTS, lambda s: s.rooms.receipts, "apply_remote"),
-    ForwardedMethod("remote_presence", StreamName.PRESENCE, lambda s: s.rooms.presence, "apply_remote"),
-    ForwardedMethod("remote_to_device", StreamName.TO_DEVICE, lambda s: s.rooms.e2e, "apply_remote_to_device"),
-    ForwardedMethod("remote_device_list", StreamName.DEVICE_LISTS, lambda s: s.rooms.e2e,
-                    "apply_remote_device_list_update"),
-)
-
-
-def install_forwarding(services: Any, layout: Layout, server: InternalApiServer, client: InternalApiClient) -> None:
-    """For each of ``FORWARDED_METHODS``: serve it if this process writes its stream,
-    else replace the method with a call to the stream's (single) writer."""
-    for forwarded in FORWARDED_METHODS:
-        target = forwarded.handler(services)
-        local: Callable[..., Awaitable[Any]] = getattr(target, forwarded.method)
-        if layout.writes(forwarded.stream):
-            server.register(f"call/{forwarded.name}", _serve(local))
-        else:
-            writer = layout.writers(forwarded.stream)[0]
-            setattr(target, forwarded.method, _forward(client, writer, forwarded.name))
-
-
-def _serve(local: Callable[..., Awaitable[Any]]) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
-    async def operation(body: dict[str, Any]) -> dict[str, Any]:
-        args = list(body.get("args", []))
-        if body.get("requester") is not None:
-            args.insert(0, Requester(**body["requester"]))
-        return {"result": await local(*args, **body.get("kwargs", {}))}
-
-    return operation
-
-
-def _forward(client: InternalApiClient, writer: str, name: str) -> Callable[..., Awaitable[Any]]:
-    """A stand-in for a handler method: same arguments (a ``Requester`` first, or not; JSON
-    values otherwise), same result, run by ``writer``."""
-
-    async def forwarded(*args: Any, **kwargs: Any) -> Any:
-        requester = None
-        if args and isinstance(args[0], Requester):
-            requester, args = attrs.asdict(args[0]), args[1:]
-        body = {"requester": requester, "args": [thaw(a) for a in args],
-                "kwargs": {key: thaw(value) for key, value in kwargs.items()}}
-        return (await client.call(writer, f"call/{name}", body))["result"]
-
-    return forwarded

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from homeserver.config import parse_config
 from storage.streams import StreamName
-from workers.layout import Layout, stable_shard
+from homeserver.routing.layout import Layout, stable_shard
 
 
 def layout(name: str = "master", **extra: Any) -> Layout:

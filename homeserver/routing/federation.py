@@ -14,7 +14,7 @@ processes that accept one hand it to the main process first: the internal
 API's ``forward_pdu``).
 """
 
-# tests: tests/unit/workers/test_federation.py, tests/integration/test_workers.py
+# tests: tests/unit/routing/test_federation.py, tests/integration/test_workers.py
 
 from __future__ import annotations
 
@@ -24,17 +24,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from twisted.internet.defer import Deferred
 
 from federation_sender.sender import FederationSender
+from homeserver.events import FrozenEvent
 from replication.commands import Row
 from storage.database import Database, Transaction
 from storage.id_generators import StreamIdGenerator
 from homeserver.config import MAIN_INSTANCE
 from storage.stores.streams import insert_federation_edu_txn
-from workers.forwarding import event_from_json, event_to_json
-from workers.internal_api import InternalApiClient, InternalApiServer
-from workers.layout import Layout
+from storage.kernel.background import run_in_background
+from homeserver.routing.forwarding import event_from_json, event_to_json
+from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ class FederationStreamSink(_EduEncoder):
                 servers.add(event.state_key.split(":", 1)[1])
             self.send_edu(servers - {origin, self._server_name}, FORWARD_PDU, event.get_pdu_json())
 
-        d = Deferred.fromCoroutine(run())
-        d.addErrback(lambda f: logger.error("could not forward %s: %s", event.event_id, f.value))
+        run_in_background("forward_pdu", run())
 
     def send_edu(self, destinations: Iterable[str], edu_type: str, content: Mapping[str, Any]) -> None:
         targets = sorted(set(destinations))
@@ -103,8 +102,7 @@ class FederationStreamSink(_EduEncoder):
             for destination in targets:
                 insert_federation_edu_txn(txn, stream_id, self._instance, destination, edu_type, content_json)
 
-        d = Deferred.fromCoroutine(self._stream.run_interaction("queue_federation_edu", write))
-        d.addErrback(lambda f: logger.error("could not queue %s for %d servers: %s", edu_type, len(targets), f.value))
+        run_in_background("queue_federation_edu", self._stream.run_interaction("queue_federation_edu", write))
 
 
 class RemoteEduSink(_EduEncoder):
@@ -119,8 +117,7 @@ class RemoteEduSink(_EduEncoder):
         if not targets:
             return
         body = {"destinations": targets, "edu_type": edu_type, "content": dict(content)}
-        d = Deferred.fromCoroutine(self._client.call(MAIN_INSTANCE, "queue_edu", body))
-        d.addErrback(lambda f: logger.error("could not hand %s to the main process: %s", edu_type, f.value))
+        run_in_background("queue_edu_on_main", self._client.call(MAIN_INSTANCE, "queue_edu", body))
 
 
 class FederationStreamReader:
@@ -174,33 +171,33 @@ def dispatch_edu(sender: Any, destinations: list[str], edu_type: str, content: A
         sender.send_edu(destinations, edu_type, content)
 
 
-def register_main_operations(membership: Any, sink: Any, layout: Layout, server: InternalApiServer,
-                             client: InternalApiClient | None) -> None:
+def forward_to_main(client: InternalApiClient) -> Callable[[FrozenEvent, str], None]:
+    """``MembershipHandler``'s ``forward`` in a process without a sender: the main process passes
+    the event on (the internal API's ``forward_pdu``)."""
+
+    def forward(event: FrozenEvent, origin: str) -> None:
+        run_in_background("forward_pdu_to_main", client.call(
+            MAIN_INSTANCE, "forward_pdu", {"event": event_to_json(event), "origin": origin}))
+
+    return forward
+
+
+def register_main_operations(server: InternalApiServer, sink: Any, forward: Callable[[FrozenEvent, str], None] | None,
+                             ) -> None:
     """What the main process does for workers' outbound federation: ``forward_pdu`` (the resident
     server's forwarding of remote members' events) and ``queue_edu`` (EDUs caused on a worker
-    that writes typing, receipts or presence). Any other process without its own sender hands
-    forwarded events to it."""
-    if layout.is_main:
-        async def queue_edu(body: dict[str, Any]) -> dict[str, Any]:
-            if sink is not None:
-                dispatch_edu(sink, body["destinations"], str(body["edu_type"]), body["content"])
-            return {}
+    that writes typing, receipts or presence)."""
 
-        server.register("queue_edu", queue_edu)
+    async def queue_edu(body: dict[str, Any]) -> dict[str, Any]:
+        if sink is not None:
+            dispatch_edu(sink, body["destinations"], str(body["edu_type"]), body["content"])
+        return {}
 
-        async def forward_pdu(body: dict[str, Any]) -> dict[str, Any]:
-            _, event = event_from_json(body["event"])
-            if membership.forward is not None:
-                membership.forward(event, str(body["origin"]))
-            return {}
+    async def forward_pdu(body: dict[str, Any]) -> dict[str, Any]:
+        _, event = event_from_json(body["event"])
+        if forward is not None:
+            forward(event, str(body["origin"]))
+        return {}
 
-        server.register("forward_pdu", forward_pdu)
-    elif membership.forward is None and client is not None:
-        remote = client
-
-        def forward(event: Any, origin: str) -> None:
-            d = Deferred.fromCoroutine(remote.call(MAIN_INSTANCE, "forward_pdu",
-                                                   {"event": event_to_json(event), "origin": origin}))
-            d.addErrback(lambda f: logger.error("could not hand %s to the main process: %s", event.event_id, f.value))
-
-        membership.forward = forward
+    server.register("queue_edu", queue_edu)
+    server.register("forward_pdu", forward_pdu)
