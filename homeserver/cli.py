@@ -5,13 +5,14 @@ The reactor is installed here, before anything imports it; configuration
 errors are reported as one line naming the key.
 """
 
-# tests: tests/unit/test_cli.py, tests/integration/test_process.py
+# tests: tests/integration/test_process.py
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -63,11 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> NoReturn:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["report"]:
-        if argv[1:2] != ["catchup"]:
-            build_parser().error("report: the only report is 'catchup' (tributary report catchup --help)")
-        from spark_jobs.catch_up.job import main as catch_up_report
-
-        catch_up_report(argv[2:], prog="tributary report catchup")
+        # Reports are plug-ins (the ``tributary.reports`` entry points; spark_jobs/ ships
+        # ``catchup``), so the server's code never imports the analytics.
+        reports = {ep.name: ep for ep in entry_points(group="tributary.reports")}
+        name = argv[1] if len(argv) > 1 else ""
+        if name not in reports:
+            known = ", ".join(sorted(reports)) or "none installed"
+            build_parser().error(f"report: unknown report {name!r} (reports: {known}; tributary report catchup --help)")
+        reports[name].load()(argv[2:], prog=f"tributary report {name}")
     args = build_parser().parse_args(argv)
     match args.command:
         case "generate-config":

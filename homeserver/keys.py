@@ -5,7 +5,7 @@ Both are created on first start when absent: the signing key with signedjson
 certificate for TLS listeners that have none configured.
 """
 
-# tests: tests/unit/test_keys.py
+# tests: tests/integration/test_process.py
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ The master comes from spark-submit; every other option is the same as for
 (``pip install -e .`` or ``--py-files``); the executors run no Python of ours.
 """
 
+# tests: tests/spark/test_catch_up_report.py
+
 import os
 import sys
 

@@ -6,7 +6,7 @@ processes starting together apply each migration once. A database whose schema
 is newer than this code is refused: running old code against it could corrupt it.
 """
 
-# tests: tests/integration/test_prepare.py
+# tests: tests/integration/test_process.py
 
 from __future__ import annotations
 

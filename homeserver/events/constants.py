@@ -4,7 +4,7 @@ Plain string constants (the wire values), so that they compare equal to what arr
 over federation without conversion.
 """
 
-# tests: none of its own; every test under tests/unit/events/ uses these names.
+# tests: tests/unit/events/test_auth.py
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ not read at all: a wake-up by one new message costs three transactions, two
 of them side by side.
 """
 
-# tests: tests/integration/test_client_sync.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_e2e.py
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Prometheus metrics of the HTTP layer, declared against a given registry."""
 
+# tests: tests/integration/test_metrics_doc.py
+
 from __future__ import annotations
 
 import attrs

@@ -20,7 +20,7 @@ reached.
   implementation of each, chosen once by the composition root.
 """
 
-# tests: tests/unit/workers/test_forwarding.py, tests/integration/test_workers.py
+# tests: tests/integration/test_workers.py
 
 from __future__ import annotations
 

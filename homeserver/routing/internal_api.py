@@ -16,7 +16,7 @@ was delivered is never repeated here (the caller's own retry, with its
 transaction ID, is what makes a write idempotent).
 """
 
-# tests: tests/unit/workers/test_internal_api.py, tests/integration/test_workers.py
+# tests: tests/integration/test_workers.py
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ destinations between instances, so every process must restart together with
 the new list (docs/workers.md).
 """
 
-# tests: tests/unit/workers/test_layout.py
+# tests: tests/unit/routing/test_layout.py
 
 from __future__ import annotations
 

@@ -28,9 +28,21 @@ import attrs
 
 from homeserver.events.canonical import thaw
 from homeserver.handlers.auth import Requester
-from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
+from homeserver.routing.internal_api import Operation as Serve
 from homeserver.routing.layout import Layout
 from storage.streams import StreamName
+
+class Caller(Protocol):
+    """How a remote writer is reached (``InternalApiClient``)."""
+
+    async def call(self, instance: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class OperationRegistry(Protocol):
+    """Where a writer serves its operations (``InternalApiServer``)."""
+
+    def register(self, name: str, operation: Serve) -> None: ...
+
 
 # --- what callers see --------------------------------------------------------------------
 
@@ -142,7 +154,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
 class RemoteCall:
     """Calls ``call/<name>`` on one writer process: the transport of every ``Remote*`` writer."""
 
-    def __init__(self, client: InternalApiClient, writer: str) -> None:
+    def __init__(self, client: Caller, writer: str) -> None:
         self._client = client
         self._writer = writer
 
@@ -250,7 +262,7 @@ class RemoteInviteWriter:
 # --- choosing, and serving -------------------------------------------------------------------
 
 
-def build_writers(local: Writers, layout: Layout, client: InternalApiClient | None) -> Writers:
+def build_writers(local: Writers, layout: Layout, client: Caller | None) -> Writers:
     """``local``'s writer where this process writes the stream, a remote stand-in for the writer elsewhere.
 
     ``client`` is None in a single process, which writes every stream."""
@@ -277,7 +289,7 @@ def build_writers(local: Writers, layout: Layout, client: InternalApiClient | No
     )
 
 
-def choose_invite_writer(local: InviteWriter, layout: Layout, client: InternalApiClient | None) -> InviteWriter:
+def choose_invite_writer(local: InviteWriter, layout: Layout, client: Caller | None) -> InviteWriter:
     """The invite writer alone, for federation's membership handler, built before the rest."""
     if layout.writes(StreamName.EVENTS):
         return local
@@ -286,14 +298,14 @@ def choose_invite_writer(local: InviteWriter, layout: Layout, client: InternalAp
     return RemoteInviteWriter(RemoteCall(client, layout.writers(StreamName.EVENTS)[0]))
 
 
-def register_writer_operations(server: InternalApiServer, layout: Layout, local: Writers) -> None:
+def register_writer_operations(server: OperationRegistry, layout: Layout, local: Writers) -> None:
     """Serve ``call/<name>`` for every operation on a stream this process writes."""
     for op in OPERATIONS:
         if layout.writes(op.stream):
             server.register(f"call/{op.name}", _serve(getattr(getattr(local, op.field), op.method)))
 
 
-def _serve(local: Callable[..., Awaitable[Any]]) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+def _serve(local: Callable[..., Awaitable[Any]]) -> Serve:
     async def operation(body: dict[str, Any]) -> dict[str, Any]:
         args = list(body.get("args", []))
         if body.get("requester") is not None:

@@ -6,7 +6,7 @@ transaction) the newest of our events each of them should have per room;
 ``events.destinations`` the servers each local event was fanned out to.
 """
 
-# tests: tests/integration/test_federation_sender_store.py
+# tests: tests/integration/test_federation_sender.py
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``GET /sync``: parse since/timeout/full_state/filter and hand them to ``SyncHandler``."""
 
-# tests: tests/integration/test_client_sync.py, tests/integration/test_client_fuzz.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_e2e.py
 
 from __future__ import annotations
 
