@@ -227,11 +227,14 @@ class HomeServer:
         generators = {str(name): generator for name, generator in self.streams.items()}
         self.replication = await start_replication(
             self.reactor,
-            self.config,
+            self.config.replication,
             self.registry,
+            server_name=self.config.server_name,
             instance_name=self.instance_name,
             sources=stream_sources(STREAMS, generators, self.db),
             writes=[name for name, g in generators.items() if g.instance_name == self.instance_name],
+            listen=[(address, listener.port) for listener in self.config.listeners if listener.type == "replication"
+                    for address in listener.bind_addresses],
             connect_to=None if self.layout.is_main else self._main_replication_address(),
         )
         handler = self.replication.handler
