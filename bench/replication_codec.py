@@ -33,6 +33,7 @@ from typing import TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from replication.commands import Command, RdataCommand, parse_line  # noqa: E402
+from storage.tokens import StreamPosition  # noqa: E402
 
 T = TypeVar("T")
 
@@ -70,7 +71,7 @@ def make_lines(count: int, seed: int = 8) -> list[str]:
             "ev",
             (event_id, room_id, event_type, state_key, redacts, relates_to, membership, False, False),
         )
-        lines.append(RdataCommand("events", "event_persister1", token, row).to_line())
+        lines.append(RdataCommand("events", "event_persister1", StreamPosition("events", token), row).to_line())
     return lines
 
 

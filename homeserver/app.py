@@ -344,11 +344,14 @@ class HomeServer:
         generators = {str(name): generator for name, generator in streams.generators.items()}
         return await start_replication(
             self.reactor,
-            self.config,
+            self.config.replication,
             self.registry,
+            server_name=self.config.server_name,
             instance_name=self.instance_name,
             sources=stream_sources(STREAMS, generators, db),
             writes=[name for name, g in generators.items() if g.instance_name == self.instance_name],
+            listen=[(address, listener.port) for listener in self.config.listeners if listener.type == "replication"
+                    for address in listener.bind_addresses],
             connect_to=None if self.layout.is_main else self._main_replication_address(),
         )
 

@@ -21,13 +21,15 @@ from typing import Any, Final, TypeVar
 import attrs
 import yaml
 
+from replication.config import DEFAULT_REDIS_URL, RedisConfig, ReplicationConfig
+from storage.config import EMBEDDED_BINARIES, DatabaseConfig, EmbeddedDatabaseConfig
+
 T = TypeVar("T")
 
 LISTENER_TYPES: Final = ("http", "metrics", "replication")
 HTTP_RESOURCES: Final = ("client", "federation", "keys", "replication", "health")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS: Final = ("text", "json")
-EMBEDDED_BINARIES: Final = ("wheel", "system")
 
 
 class ConfigError(Exception):
@@ -204,19 +206,6 @@ DEFAULT_LISTENERS: Final = (
 )
 
 
-@attrs.frozen
-class EmbeddedDatabaseConfig:
-    binaries: str = "wheel"
-
-
-@attrs.frozen
-class DatabaseConfig:
-    url: str | None = None
-    min_connections: int = 1
-    max_connections: int = 10
-    embedded: EmbeddedDatabaseConfig = EmbeddedDatabaseConfig()
-
-
 def _database(path: str, raw: object) -> DatabaseConfig:
     s = _Section(path, raw)
 
@@ -247,12 +236,6 @@ def _database(path: str, raw: object) -> DatabaseConfig:
     return result
 
 
-@attrs.frozen
-class RedisConfig:
-    enabled: bool = False
-    url: str = "redis://127.0.0.1:6379/0"
-
-
 def _redis(path: str, raw: object) -> RedisConfig:
     s = _Section(path, raw)
 
@@ -262,7 +245,7 @@ def _redis(path: str, raw: object) -> RedisConfig:
             raise ConfigError(p, f"expected a redis://, rediss:// or unix:// URL, got {_describe(v)}")
         return text
 
-    result = RedisConfig(enabled=s.get("enabled", _expect_bool, False), url=s.get("url", url, RedisConfig.url))
+    result = RedisConfig(enabled=s.get("enabled", _expect_bool, False), url=s.get("url", url, DEFAULT_REDIS_URL))
     s.finish()
     return result
 
@@ -428,16 +411,9 @@ def _federation_sender(path: str, raw: object) -> FederationSenderConfig:
     return result
 
 
-@attrs.frozen
-class ReplicationConfig:
-    """``replication``: the TCP replication connections' keep-alive, timeout and congestion bound."""
-
-    keepalive_interval: timedelta = timedelta(seconds=5)
-    timeout: timedelta = timedelta(seconds=15)
-    max_outbound_buffer: int = 10_000
-
-
-def _replication(path: str, raw: object) -> ReplicationConfig:
+def _replication(path: str, raw: object, *, redis: RedisConfig, allow_unauthenticated: bool) -> ReplicationConfig:
+    """The ``replication`` section, joined with the already parsed ``redis`` section and
+    ``allow_unauthenticated_replication`` into replication's one settings object."""
     s = _Section(path, raw)
     defaults = ReplicationConfig()
     result = ReplicationConfig(
@@ -446,6 +422,8 @@ def _replication(path: str, raw: object) -> ReplicationConfig:
         max_outbound_buffer=s.get(
             "max_outbound_buffer", lambda p, v: _expect_int(p, v, 1, 10_000_000), defaults.max_outbound_buffer
         ),
+        redis=redis,
+        allow_unauthenticated=allow_unauthenticated,
     )
     if result.keepalive_interval <= timedelta(0):
         raise ConfigError(s.sub("keepalive_interval"), "expected a positive duration")
@@ -691,7 +669,6 @@ class HomeserverConfig:
     tls_private_key_path: Path | None = None
     listeners: tuple[ListenerConfig, ...] = DEFAULT_LISTENERS
     database: DatabaseConfig = DatabaseConfig()
-    redis: RedisConfig = RedisConfig()
     federation: FederationConfig = FederationConfig()
     log_level: str = "INFO"
     log_format: str = "text"
@@ -704,8 +681,8 @@ class HomeserverConfig:
     rc_login: LoginRateLimits = LoginRateLimits()
     rc_joins: JoinRateLimits = JoinRateLimits()
     rc_invites: InviteRateLimits = InviteRateLimits()
+    # The ``replication`` and ``redis`` sections and ``allow_unauthenticated_replication``.
     replication: ReplicationConfig = ReplicationConfig()
-    allow_unauthenticated_replication: bool = False
     # Whether this process sends federation traffic (false when federation sender workers do).
     send_federation: bool = True
     federation_sender: FederationSenderConfig = FederationSenderConfig()
@@ -715,6 +692,15 @@ class HomeserverConfig:
     stream_writers: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     federation_sender_instances: tuple[str, ...] = ()
     workers: Mapping[str, WorkerConfig] = attrs.field(factory=dict)
+
+    @property
+    def redis(self) -> RedisConfig:
+        """The ``redis`` section (held by ``replication``, which uses it)."""
+        return self.replication.redis
+
+    @property
+    def allow_unauthenticated_replication(self) -> bool:
+        return self.replication.allow_unauthenticated
 
     @property
     def effective_signing_key_path(self) -> Path:
@@ -776,6 +762,8 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
     if data_dir_override is not None:
         data_dir = data_dir_override.resolve()
 
+    redis = s.get("redis", _redis, RedisConfig())
+    allow_unauthenticated = s.get("allow_unauthenticated_replication", _expect_bool, False)
     config = HomeserverConfig(
         server_name=server_name,
         data_dir=data_dir,
@@ -786,7 +774,6 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         tls_private_key_path=s.get("tls_private_key_path", existing_file, None),
         listeners=s.get("listeners", listeners, DEFAULT_LISTENERS),
         database=s.get("database", _database, DatabaseConfig()),
-        redis=s.get("redis", _redis, RedisConfig()),
         federation=s.get("federation", _federation, FederationConfig()),
         log_level=s.get("log_level", lambda p, v: _expect_choice(p, str(v).upper(), LOG_LEVELS), "INFO"),
         log_format=s.get("log_format", lambda p, v: _expect_choice(p, v, LOG_FORMATS), "text"),
@@ -799,8 +786,11 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         rc_login=s.get("rc_login", _grouped_rate_limits(LoginRateLimits), LoginRateLimits()),
         rc_joins=s.get("rc_joins", _grouped_rate_limits(JoinRateLimits), JoinRateLimits()),
         rc_invites=s.get("rc_invites", _grouped_rate_limits(InviteRateLimits), InviteRateLimits()),
-        replication=s.get("replication", _replication, ReplicationConfig()),
-        allow_unauthenticated_replication=s.get("allow_unauthenticated_replication", _expect_bool, False),
+        replication=s.get(
+            "replication",
+            lambda p, v: _replication(p, v, redis=redis, allow_unauthenticated=allow_unauthenticated),
+            ReplicationConfig(redis=redis, allow_unauthenticated=allow_unauthenticated),
+        ),
         send_federation=s.get("send_federation", _expect_bool, True),
         federation_sender=s.get("federation_sender", _federation_sender, FederationSenderConfig()),
         worker_replication_secret=s.get("worker_replication_secret", _expect_str, None),

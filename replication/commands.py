@@ -24,7 +24,11 @@ Public API (everything a transport or handler needs):
 Constructing a command validates it: an invalid field raises
 ``LocalProtocolError`` naming the field, so an invalid command cannot exist.
 RDATA rows are immutable JSON values: JSON arrays become tuples, JSON objects
-become ``JsonObject`` (a read-only, hashable mapping).
+become ``JsonObject`` (a read-only, hashable mapping). Stream tokens are
+``StreamPosition`` values (``storage.tokens``), not bare ints: on the wire a
+token is the decimal stream ID alone, and the parser pairs it with the
+command's stream (``federation`` for FEDERATION_ACK), so a token of one stream
+cannot be compared with, or applied to, another.
 
 JSON is written the way Synapse writes it: compact separators, ASCII only
 (``ensure_ascii``), no NaN or Infinity, object keys in insertion order.
@@ -42,12 +46,14 @@ from typing import Any, Callable, ClassVar, Final, TypeAlias, Union, cast, final
 import attrs
 
 from replication.errors import CommandParseError, LocalProtocolError
+from storage.tokens import StreamPosition
 
 __all__ = [
     "COMMAND_TYPES",
     "ClearUserSyncCommand",
     "Command",
     "ErrorCommand",
+    "FEDERATION_STREAM",
     "FederationAckCommand",
     "INT64_MAX",
     "INT64_MIN",
@@ -95,6 +101,9 @@ INT64_MAX: Final = 2**63 - 1
 # Integers inside rows are only bounded by what the stdlib can print
 # (``sys.int_info.default_max_str_digits``, 4300 digits).
 _ROW_INT_LIMIT: Final = 10**4300
+
+#: The stream whose position FEDERATION_ACK acknowledges (its wire form names no stream).
+FEDERATION_STREAM: Final = "federation"
 
 _SHOW_CHARS: Final = 80
 
@@ -452,14 +461,23 @@ def _check_int64(inst: object, attribute: attrs.Attribute[int], value: object) -
         )
 
 
-def _check_token(inst: object, attribute: attrs.Attribute[int | None], value: object) -> None:
-    if value is not None and (type(value) is not int or not INT64_MIN <= value <= INT64_MAX):
+def _check_position(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """A ``StreamPosition`` of the command's own stream (``FEDERATION_STREAM``
+    for commands without a stream field). ``StreamPosition`` itself keeps the
+    value within 64 bits."""
+    stream: str = getattr(inst, "stream", FEDERATION_STREAM)
+    if type(value) is not StreamPosition or value.stream != stream:
         raise _field_error(
             inst.NAME,  # type: ignore[attr-defined]
             attribute.name,
-            "a stream ID (an integer that fits in 64 bits) or None for 'batch'",
+            f"a StreamPosition of the {stream!r} stream",
             value,
         )
+
+
+def _check_token(inst: object, attribute: attrs.Attribute[StreamPosition | None], value: object) -> None:
+    if value is not None:
+        _check_position(inst, attribute, value)
 
 
 def _check_text(inst: object, attribute: attrs.Attribute[str], value: object) -> None:
@@ -519,22 +537,23 @@ class RdataCommand:
     Format: ``RDATA <stream> <instance> <token|batch> <row_json>``.
     Example: ``RDATA caches master 1005 ["get_user_by_id",["@a:hs.example"],1795342117133]``
 
-    ``token`` is None on the wire as ``batch``: more rows share the token that
-    the last RDATA of the group carries, so readers advance only on a real
-    token. ``row_json`` may contain spaces (it is the rest of the line).
+    ``token`` is a ``StreamPosition`` of ``stream``, or None, on the wire as
+    ``batch``: more rows share the token that the last RDATA of the group
+    carries, so readers advance only on a real token. ``row_json`` may contain
+    spaces (it is the rest of the line).
     """
 
     NAME: ClassVar[str] = "RDATA"
     stream: str = attrs.field(validator=_check_name)
     instance: str = attrs.field(validator=_check_name)
-    token: int | None = attrs.field(validator=_check_token)
+    token: StreamPosition | None = attrs.field(validator=_check_token)
     row: Row = attrs.field(converter=freeze_row)
 
     def to_line(self) -> str:
         token = self.token
         return (
             f"RDATA {self.stream} {self.instance} "
-            f"{'batch' if token is None else token} {_join(_json_chunks(self.row, 0))}"
+            f"{'batch' if token is None else token.value} {_join(_json_chunks(self.row, 0))}"
         )
 
 
@@ -547,17 +566,18 @@ class PositionCommand:
     position moves without rows.
 
     Format: ``POSITION <stream> <instance> <prev_token> <new_token>``.
-    Example: ``POSITION events master 25940 25940``
+    Example: ``POSITION events master 25940 25940``. Both tokens are
+    ``StreamPosition`` values of ``stream``.
     """
 
     NAME: ClassVar[str] = "POSITION"
     stream: str = attrs.field(validator=_check_name)
     instance: str = attrs.field(validator=_check_name)
-    prev_token: int = attrs.field(validator=_check_int64)
-    new_token: int = attrs.field(validator=_check_int64)
+    prev_token: StreamPosition = attrs.field(validator=_check_position)
+    new_token: StreamPosition = attrs.field(validator=_check_position)
 
     def to_line(self) -> str:
-        return f"POSITION {self.stream} {self.instance} {self.prev_token} {self.new_token}"
+        return f"POSITION {self.stream} {self.instance} {self.prev_token.value} {self.new_token.value}"
 
 
 @attrs.frozen(slots=True)
@@ -665,15 +685,16 @@ class FederationAckCommand:
     """The federation sender ``instance`` has processed the ``federation``
     stream up to ``token``; the stream's writer may drop what is older.
 
-    Format: ``FEDERATION_ACK <instance> <token>``. Example: ``FEDERATION_ACK fed_sender1 0``
+    Format: ``FEDERATION_ACK <instance> <token>``. Example: ``FEDERATION_ACK fed_sender1 0``.
+    ``token`` is a ``StreamPosition`` of the ``federation`` stream (``FEDERATION_STREAM``).
     """
 
     NAME: ClassVar[str] = "FEDERATION_ACK"
     instance: str = attrs.field(validator=_check_name)
-    token: int = attrs.field(validator=_check_int64)
+    token: StreamPosition = attrs.field(validator=_check_position)
 
     def to_line(self) -> str:
-        return f"FEDERATION_ACK {self.instance} {self.token}"
+        return f"FEDERATION_ACK {self.instance} {self.token.value}"
 
 
 @attrs.frozen(slots=True)
@@ -740,7 +761,18 @@ _FOREIGN_COMMANDS: Final = frozenset({"USER_IP", "LOCK_RELEASED", "NEW_ACTIVE_TA
 _object_new: Final = object.__new__
 _set_rdata_stream: Final[Callable[[RdataCommand, str], None]] = RdataCommand.__dict__["stream"].__set__
 _set_rdata_instance: Final[Callable[[RdataCommand, str], None]] = RdataCommand.__dict__["instance"].__set__
-_set_rdata_token: Final[Callable[[RdataCommand, int | None], None]] = RdataCommand.__dict__["token"].__set__
+_set_rdata_token: Final[Callable[[RdataCommand, StreamPosition | None], None]] = RdataCommand.__dict__["token"].__set__
+_set_position_stream: Final[Callable[[StreamPosition, str], None]] = StreamPosition.__dict__["stream"].__set__
+_set_position_value: Final[Callable[[StreamPosition, int], None]] = StreamPosition.__dict__["value"].__set__
+
+
+def _position(stream: str, value: int) -> StreamPosition:
+    """A ``StreamPosition`` of fields the parser has already checked (a
+    printable stream name, a 64-bit value), without re-running its validators."""
+    position = _object_new(StreamPosition)
+    _set_position_stream(position, stream)
+    _set_position_value(position, value)
+    return position
 _set_rdata_row: Final[Callable[[RdataCommand, Row], None]] = RdataCommand.__dict__["row"].__set__
 
 
@@ -794,13 +826,18 @@ def _parse_rdata(rest: str) -> Command:
         raise _field_error("RDATA", "stream", _NAME_RULE, stream)
     if not instance or not instance.isprintable():
         raise _field_error("RDATA", "instance", _NAME_RULE, instance)
-    token: int | None
+    token: StreamPosition | None
     if token_text == "batch":
         token = None
-    elif len(token_text) <= 18 and token_text.isdigit() and token_text.isascii():
-        token = int(token_text)  # at most 18 digits: always within 64 bits
     else:
-        token = _parse_int("RDATA", "token", token_text, "a stream ID or 'batch'")
+        if len(token_text) <= 18 and token_text.isdigit() and token_text.isascii():
+            value = int(token_text)  # at most 18 digits: always within 64 bits
+        else:
+            value = _parse_int("RDATA", "token", token_text, "a stream ID or 'batch'")
+        # _position(stream, value), inlined: this is the hot path.
+        token = _object_new(StreamPosition)
+        _set_position_stream(token, stream)
+        _set_position_value(token, value)
     command = _object_new(RdataCommand)
     _set_rdata_stream(command, stream)
     _set_rdata_instance(command, instance)
@@ -813,11 +850,13 @@ def _parse_position(rest: str) -> Command:
     stream, instance, prev_token, new_token = _fields(
         "POSITION", rest, "stream instance prev_token new_token"
     )
+    if not _is_name(stream):
+        raise _field_error("POSITION", "stream", _NAME_RULE, stream)
     return PositionCommand(
         stream,
         instance,
-        _parse_int("POSITION", "prev_token", prev_token),
-        _parse_int("POSITION", "new_token", new_token),
+        _position(stream, _parse_int("POSITION", "prev_token", prev_token)),
+        _position(stream, _parse_int("POSITION", "new_token", new_token)),
     )
 
 
@@ -867,7 +906,9 @@ def _parse_clear_user_sync(rest: str) -> Command:
 
 def _parse_federation_ack(rest: str) -> Command:
     instance, token = _fields("FEDERATION_ACK", rest, "instance token")
-    return FederationAckCommand(instance, _parse_int("FEDERATION_ACK", "token", token))
+    return FederationAckCommand(
+        instance, _position(FEDERATION_STREAM, _parse_int("FEDERATION_ACK", "token", token))
+    )
 
 
 def _parse_remote_server_up(rest: str) -> Command:
@@ -916,8 +957,10 @@ def parse_line(line: str | bytes | bytearray) -> Command:
     names the command and field, shows the value (truncated) and says what was
     expected.
 
-    >>> parse_line("POSITION events master 53 54")
-    PositionCommand(stream='events', instance='master', prev_token=53, new_token=54)
+    >>> parse_line("POSITION events master 53 54")  # doctest: +NORMALIZE_WHITESPACE
+    PositionCommand(stream='events', instance='master',
+                    prev_token=StreamPosition(stream='events', value=53),
+                    new_token=StreamPosition(stream='events', value=54))
     """
     text: str
     if type(line) is str:

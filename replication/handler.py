@@ -17,6 +17,12 @@ handler sends through channels; time and background work come through a
 ``Scheduler`` (``transport.TwistedScheduler`` in a process). The stream layer is reached through two small protocols,
 ``StreamSource`` and ``RowHandler``, so that this module is the seam between
 replication and storage.
+
+Inside, every token is a ``StreamPosition`` of its stream (as in the commands),
+so a position of one stream can never be compared with another's. The stream
+layer and the row handlers speak bare stream IDs: ``_TypedSource`` converts a
+``StreamSource``'s ints into positions, and ``_deliver`` and the
+FEDERATION_ACK callbacks hand ``.value`` out; nowhere else converts.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any, Final, Protocol, TypeAlias, runtime_checkable
 import attrs
 
 from replication.commands import (
+    FEDERATION_STREAM,
     ClearUserSyncCommand,
     Command,
     ErrorCommand,
@@ -47,6 +54,7 @@ from replication.commands import (
 )
 from replication.metrics import ReplicationMetrics
 from storage.kernel.backoff import BackoffPolicy
+from storage.tokens import StreamPosition
 
 __all__ = [
     "CACHES_STREAM",
@@ -124,7 +132,9 @@ class RowHandler(Protocol):
     """Receives another writer's rows, once each, in token order per
     (stream, writer). ``rows`` are all the rows of ``token`` (several when the
     writer batched them), or empty when the writer's position moved to
-    ``token`` without rows. Runs on the reactor thread; must not block."""
+    ``token`` without rows. ``token`` is the bare stream ID (the ``value`` of
+    the command's ``StreamPosition``), as the stream layer's ID generators
+    take it. Runs on the reactor thread; must not block."""
 
     def on_rows(self, stream: str, instance: str, token: int, rows: Sequence[Row]) -> None: ...
 
@@ -315,6 +325,28 @@ class MemoryStreamView:
 # --------------------------------------------------------------------------
 # The handler.
 
+#: ``(rows, upto, limited)`` of ``Updates``, with tokens as positions of the stream.
+_TypedUpdates: TypeAlias = tuple[list[tuple[StreamPosition, Row]], StreamPosition, bool]
+
+
+@attrs.frozen(slots=True)
+class _TypedSource:
+    """A ``StreamSource`` in ``StreamPosition`` terms: where the handler turns
+    the stream layer's bare stream IDs into positions of ``stream`` and back."""
+
+    stream: str
+    source: StreamSource
+
+    def current(self, instance: str) -> StreamPosition:
+        return StreamPosition(self.stream, self.source.current_position(instance))
+
+    async def updates(
+        self, instance: str, start: StreamPosition, target: StreamPosition, limit: int
+    ) -> _TypedUpdates:
+        rows, upto, limited = await self.source.get_updates_between(instance, start.value, target.value, limit)
+        stream = self.stream
+        return [(StreamPosition(stream, token), row) for token, row in rows], StreamPosition(stream, upto), limited
+
 
 @attrs.define(slots=True, eq=False)
 class _Feed:
@@ -322,9 +354,9 @@ class _Feed:
 
     stream: str
     instance: str
-    source: StreamSource
+    source: _TypedSource
     #: Last complete token applied: every row of the writer up to it was handed over.
-    position: int
+    position: StreamPosition
     #: True once a POSITION was handled on the current channel; until then
     #: RDATA is held, since rows may have been missed before it.
     synced: bool = False
@@ -337,7 +369,7 @@ class _Feed:
     #: Too much was held; ask for positions again after the current catch-up.
     overflowed: bool = False
     #: Highest token the writer announced (RDATA or POSITION), for the lag metric.
-    announced: int = 0
+    announced: StreamPosition = attrs.field(kw_only=True)
     lag: int = 0
     #: ``rows_applied_total{stream}``, resolved once.
     applied: Any = None
@@ -348,10 +380,10 @@ class _Written:
     """A writer's state for one stream it writes."""
 
     stream: str
-    source: StreamSource
+    source: _TypedSource
     #: Everything up to this token has been sent (RDATA, or POSITION for row-less advances).
-    last_sent: int
-    announced: int
+    last_sent: StreamPosition
+    announced: StreamPosition
     dirty: bool = False
     pumping: bool = False
     failures: int = 0
@@ -401,9 +433,9 @@ class ReplicationHandler:
         self._announce_interval = announce_interval
         self._written: dict[str, _Written] = {}
         for name in dict.fromkeys(writes):  # announced in the order given
-            source = self._sources[name]
-            position = source.current_position(instance_name)
-            self._written[name] = _Written(name, source, position, position)
+            typed = _TypedSource(name, self._sources[name])
+            position = typed.current(instance_name)
+            self._written[name] = _Written(name, typed, position, position)
         self._feeds: dict[tuple[str, str], _Feed] = {}
         self._channels: list[Channel] = []
         self._queued = 0
@@ -471,11 +503,11 @@ class ReplicationHandler:
         """The last complete token applied for (stream, writer), or None if
         this process has not heard of that writer."""
         feed = self._feeds.get((stream, instance))
-        return None if feed is None else feed.position
+        return None if feed is None else feed.position.value
 
     def last_sent(self, stream: str) -> int:
         """How far this writer has sent ``stream`` (RDATA or POSITION)."""
-        return self._written[stream].last_sent
+        return self._written[stream].last_sent.value
 
     def busy(self) -> bool:
         """True while a writer pump or a reader catch-up is running or any
@@ -558,7 +590,7 @@ class ReplicationHandler:
                     self._call("clear_user_sync", self._clear_user_sync, instance)
             case FederationAckCommand(instance=instance, token=token):
                 if instance != self.instance_name:
-                    self._call("federation_ack", self._federation_ack, instance, token)
+                    self._call("federation_ack", self._federation_ack, instance, token.value)
             case RemoteServerUpCommand(server_name=server_name):
                 self._call("remote_server_up", self._remote_server_up, server_name)
                 if channel.relay:
@@ -579,7 +611,8 @@ class ReplicationHandler:
         self._send_everywhere(ClearUserSyncCommand(self.instance_name))
 
     def send_federation_ack(self, token: int) -> None:
-        self._send_everywhere(FederationAckCommand(self.instance_name, token))
+        """Acknowledge the ``federation`` stream up to the stream ID ``token``."""
+        self._send_everywhere(FederationAckCommand(self.instance_name, StreamPosition(FEDERATION_STREAM, token)))
 
     def send_remote_server_up(self, server_name: str) -> None:
         """Tell every other process that ``server_name`` is up (this process
@@ -620,7 +653,7 @@ class ReplicationHandler:
         try:
             while written.dirty and not self._stopped:
                 written.dirty = False
-                target = source.current_position(me)
+                target = source.current(me)
                 while written.last_sent < target and not self._stopped:
                     channels = [c for c in self._channels if c.may_send("RDATA")]
                     if not channels:
@@ -629,11 +662,11 @@ class ReplicationHandler:
                         written.last_sent = target
                         break
                     start = written.last_sent
-                    rows, upto, limited = await source.get_updates_between(me, start, target, self._fetch_limit)
+                    rows, upto, limited = await source.updates(me, start, target, self._fetch_limit)
                     upto = min(upto, target)
                     if upto <= start and limited:
                         raise RuntimeError(
-                            f"{written.stream}.get_updates_between({me!r}, {start}, {target}) made no progress"
+                            f"{written.stream}.get_updates_between({me!r}, {start.value}, {target.value}) made no progress"
                         )
                     commands = self._rdata_commands(written.stream, rows, start, upto)
                     # Sent and recorded in the same reactor turn: a REPLICATE
@@ -659,7 +692,7 @@ class ReplicationHandler:
             written.pumping = False
 
     def _rdata_commands(
-        self, stream: str, rows: Sequence[tuple[int, Row]], start: int, upto: int
+        self, stream: str, rows: Sequence[tuple[StreamPosition, Row]], start: StreamPosition, upto: StreamPosition
     ) -> list[Command]:
         """One RDATA per row in ``(start, upto]``, ``batch`` for all but the
         last row of a token, and a POSITION if the position moved past the
@@ -692,7 +725,7 @@ class ReplicationHandler:
         if channel.may_send("POSITION"):
             channel.send_commands(commands)
         for written in self._written.values():
-            if not written.pumping and written.source.current_position(me) > written.last_sent:
+            if not written.pumping and written.source.current(me) > written.last_sent:
                 self.on_stream_advanced(written.stream)  # an advance nobody reported
 
     def _announce_positions(self) -> None:
@@ -701,7 +734,7 @@ class ReplicationHandler:
         me = self.instance_name
         commands: list[Command] = []
         for written in self._written.values():
-            if written.source.current_position(me) > written.last_sent and not written.pumping:
+            if written.source.current(me) > written.last_sent and not written.pumping:
                 self.on_stream_advanced(written.stream)
             if written.last_sent != written.announced and not written.pumping:
                 commands.append(PositionCommand(written.stream, me, written.last_sent, written.last_sent))
@@ -722,9 +755,10 @@ class ReplicationHandler:
                     self._unknown_streams.add(stream)
                     logger.warning("replication: ignoring stream %r, which this process does not know", stream)
                 return None
-            position = source.current_position(instance)
+            typed = _TypedSource(stream, source)
+            position = typed.current(instance)
             feed = self._feeds[(stream, instance)] = _Feed(
-                stream, instance, source, position, announced=position,
+                stream, instance, typed, position, announced=position,
                 applied=self._metrics.rows_applied.labels(stream),
             )
             self._metrics.reader_lag.labels(stream, instance)  # the series starts at 0
@@ -825,45 +859,44 @@ class ReplicationHandler:
         self._metrics.gap_fills.labels(feed.stream).inc()
         logger.info(
             "replication: %s/%s is at %d, writer at %d: catching up from the database",
-            feed.stream, feed.instance, feed.position, new,
+            feed.stream, feed.instance, feed.position.value, new.value,
         )
         self._run_in_background(f"catch up {feed.stream}/{feed.instance}", self._catch_up(feed, new))
 
-    def _deliver(self, feed: _Feed, token: int, rows: Sequence[Row]) -> None:
+    def _deliver(self, feed: _Feed, token: StreamPosition, rows: Sequence[Row]) -> None:
         feed.position = token
         if rows:
             feed.applied.inc(len(rows))
+        value = token.value  # row handlers take the bare stream ID
         for handler in self._row_handlers:
             try:
-                handler.on_rows(feed.stream, feed.instance, token, rows)
+                handler.on_rows(feed.stream, feed.instance, value, rows)
             except Exception:
                 self._metrics.callback_failures.labels("rows").inc()
-                logger.exception("replication: row handler %r failed on %s/%s %d", handler, feed.stream, feed.instance, token)
+                logger.exception("replication: row handler %r failed on %s/%s %d", handler, feed.stream, feed.instance, value)
         if feed.lag or feed.announced > token:
             self._update_lag(feed)
 
     def _update_lag(self, feed: _Feed) -> None:
-        lag = max(feed.announced - feed.position, 0)
+        lag = max(feed.announced.value - feed.position.value, 0)
         if lag != feed.lag:
             self._metrics.reader_lag.labels(feed.stream, feed.instance).set(lag)
             feed.lag = lag
 
-    async def _catch_up(self, feed: _Feed, target: int) -> None:
+    async def _catch_up(self, feed: _Feed, target: StreamPosition) -> None:
         """Fetch and apply every row of (stream, writer) up to ``target``."""
         failures = 0
         try:
             while feed.position < target and not self._stopped:
                 start = feed.position
                 try:
-                    rows, upto, limited = await feed.source.get_updates_between(
-                        feed.instance, start, target, self._fetch_limit
-                    )
+                    rows, upto, limited = await feed.source.updates(feed.instance, start, target, self._fetch_limit)
                 except Exception:
                     failures += 1
                     delay = RETRY_BACKOFF.delay(failures, _NO_JITTER)
                     logger.exception(
                         "replication: reading %s/%s after %d failed; retrying in %.1f s",
-                        feed.stream, feed.instance, start, delay,
+                        feed.stream, feed.instance, start.value, delay,
                     )
                     await self._scheduler.sleep(delay)
                     continue
@@ -871,7 +904,7 @@ class ReplicationHandler:
                 upto = min(upto, target) if limited else target
                 if upto <= start:
                     raise RuntimeError(
-                        f"{feed.stream}.get_updates_between({feed.instance!r}, {start}, {target}) made no progress"
+                        f"{feed.stream}.get_updates_between({feed.instance!r}, {start.value}, {target.value}) made no progress"
                     )
                 self._metrics.gap_fill_rows.labels(feed.stream).inc(len(rows))
                 group: list[Row] = []

@@ -29,7 +29,6 @@ from twisted.internet.task import LoopingCall, deferLater
 from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 
-from homeserver.config import HomeserverConfig
 from replication.commands import MAX_LINE_LENGTH, Command, ErrorCommand, ServerCommand
 from replication.connection import (
     Closed,
@@ -42,6 +41,7 @@ from replication.connection import (
     Role,
     Trigger,
 )
+from replication.config import ReplicationConfig, connection_config
 from replication.handler import ReplicationHandler, StreamSource
 from replication.metrics import ReplicationMetrics, TransportCounters
 from storage.kernel.background import run_in_background
@@ -537,36 +537,29 @@ class ReplicationService:
             await self.redis.stop()
 
 
-def connection_config(config: HomeserverConfig, *, expected_server_name: str | None = None) -> ConnectionConfig:
-    """The core's ``ConnectionConfig`` from the ``replication`` config section."""
-    section = config.replication
-    return ConnectionConfig(
-        keepalive_interval=section.keepalive_interval.total_seconds(),
-        timeout=section.timeout.total_seconds(),
-        max_outbound_buffer=section.max_outbound_buffer,
-        expected_server_name=expected_server_name,
-    )
-
-
 async def start_replication(
     reactor: Any,
-    config: HomeserverConfig,
+    config: ReplicationConfig,
     registry: CollectorRegistry,
     *,
+    server_name: str,
     instance_name: str,
     sources: Mapping[str, StreamSource],
     writes: Sequence[str] = (),
+    listen: Sequence[tuple[str, int]] = (),
     connect_to: tuple[str, int] | None = None,
     redis_channel: str | None = None,
 ) -> ReplicationService:
-    """Build and start replication for this process.
+    """Build and start replication for this process, named ``instance_name``,
+    of the homeserver ``server_name``.
 
-    - ``config``: the ``HomeserverConfig``. With ``config.redis.enabled``, every
+    - ``config``: replication's settings. With ``config.redis.enabled``, every
       process publishes and subscribes on the Redis channel named after the
-      server (``redis_channel`` overrides the name, for tests); else the main
-      process listens on each ``replication`` listener of ``config.listeners``
-      (loopback only unless ``allow_unauthenticated_replication``), and a
-      worker connects to ``connect_to`` (the main process's listener).
+      server (``redis_channel`` overrides the name, for tests), and ``listen``
+      and ``connect_to`` are ignored; else this process listens on each
+      ``(address, port)`` of ``listen`` (loopback only unless
+      ``config.allow_unauthenticated``), and a worker connects to
+      ``connect_to`` (the main process's listener).
     - ``sources``: every stream this process knows; ``writes``: those it writes.
 
     Returns the service; wire ``service.handler`` into the stream layer
@@ -589,7 +582,7 @@ async def start_replication(
 
         service.redis = RedisTransport(
             url=config.redis.url,
-            channel=redis_channel or config.server_name,
+            channel=redis_channel or server_name,
             instance_name=instance_name,
             handler=handler,
             clock=reactor,
@@ -598,23 +591,20 @@ async def start_replication(
         handler.start()
         service.redis.start()
         return service
-    listeners = [listener for listener in config.listeners if listener.type == "replication"]
-    for listener in listeners:
-        check_listener_addresses(listener.bind_addresses, config.allow_unauthenticated_replication)
+    check_listener_addresses([address for address, _port in listen], config.allow_unauthenticated)
     handler.start()
-    if listeners:
+    if listen:
         service.server = ReplicationServerFactory(
-            config.server_name, handler, reactor, metrics, connection_config(config)
+            server_name, handler, reactor, metrics, connection_config(config)
         )
         tcp: IReactorTCP = reactor
-        for listener in listeners:
-            for address in listener.bind_addresses:
-                service.ports.append(tcp.listenTCP(listener.port, service.server, interface=address))
-                logger.info("listening for replication on %s:%d", address, listener.port)
+        for address, port in listen:
+            service.ports.append(tcp.listenTCP(port, service.server, interface=address))
+            logger.info("listening for replication on %s:%d", address, port)
     if connect_to is not None:
         service.client = ReplicationClientFactory(
             instance_name, handler, reactor, metrics,
-            connection_config(config, expected_server_name=config.server_name),
+            connection_config(config, expected_server_name=server_name),
         )
         host, port = connect_to
         reactor.connectTCP(host, port, service.client)

@@ -1,4 +1,5 @@
-"""Stream tokens: vector-clock positions in a stream, and the composite ``/sync`` token.
+"""Stream tokens: one writer's position in one stream, vector-clock positions in a
+stream, and the composite ``/sync`` token.
 
 This module owns the token types and their string forms, and nothing else: it
 is pure (no database, no Twisted). A token names writers by the small integer
@@ -6,7 +7,11 @@ the ``instance_map`` table gives them; turning instance names into those IDs is
 the job of ``storage.stores.instance_map``. A malformed token from a client
 raises ``InvalidTokenError``, which the HTTP layer maps to ``400 M_INVALID_PARAM``.
 
-String forms (docs/streams.md has the full story):
+``StreamPosition(stream="events", value=54)`` is a stream ID in a named stream,
+as replication commands carry it: comparing positions of two different streams
+raises ``TypeError`` instead of silently comparing numbers.
+
+String forms of the vector clocks (docs/streams.md has the full story):
 
 - ``s{pos}``: every writer is at ``pos``;
 - ``m{min}~{id}.{pos}~{id}.{pos}``: every writer is at ``min`` except the listed
@@ -57,6 +62,68 @@ class InvalidTokenError(ValueError):
         self.kind = kind
         self.token = shown
         self.reason = reason
+
+
+#: Smallest stream ID a ``StreamPosition`` holds (Postgres ``bigint``; replication
+#: carries signed 64-bit tokens, as Synapse's wire format does).
+MIN_STREAM_ID: Final = -(2**63)
+
+
+def _check_stream_id(inst: object, attribute: object, value: int) -> None:
+    if type(value) is not int or not MIN_STREAM_ID <= value <= MAX_POSITION:
+        raise ValueError(f"a stream position's value must be an int that fits in 64 bits, got {value!r}")
+
+
+def _check_stream_name(inst: object, attribute: object, value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"a stream position's stream must be a non-empty stream name, got {value!r}")
+
+
+@attrs.frozen(slots=True, order=False)
+class StreamPosition:
+    """A stream ID in one named stream: where a writer is, or the ID of a row.
+
+    Positions of the same stream compare by ``value``; comparing positions of
+    two different streams (or a position with a bare int) raises ``TypeError``,
+    so a token of one stream can never be mistaken for another's. Equality is
+    plain: positions of different streams are simply unequal.
+
+    >>> StreamPosition("events", 53) < StreamPosition("events", 54)
+    True
+    """
+
+    stream: str = attrs.field(validator=_check_stream_name)
+    value: int = attrs.field(validator=_check_stream_id)
+
+    def _other_value(self, other: object, op: str) -> int:
+        if type(other) is not StreamPosition:
+            raise TypeError(
+                f"cannot compare a StreamPosition of {self.stream!r} with {type(other).__name__} ({other!r}) using {op}"
+            )
+        if other.stream != self.stream:
+            raise TypeError(
+                f"cannot compare positions of different streams: {self.stream!r} {op} {other.stream!r}"
+            )
+        return other.value
+
+    def __lt__(self, other: StreamPosition) -> bool:
+        return self.value < self._other_value(other, "<")
+
+    def __le__(self, other: StreamPosition) -> bool:
+        return self.value <= self._other_value(other, "<=")
+
+    def __gt__(self, other: StreamPosition) -> bool:
+        return self.value > self._other_value(other, ">")
+
+    def __ge__(self, other: StreamPosition) -> bool:
+        return self.value >= self._other_value(other, ">=")
+
+    def at(self, value: int) -> StreamPosition:
+        """Another position in the same stream."""
+        return StreamPosition(self.stream, value)
+
+    def __str__(self) -> str:
+        return f"{self.stream}@{self.value}"
 
 
 def _parse_uint(kind: str, whole: str, text: str, what: str, max_digits: int, max_value: int) -> int:

@@ -89,7 +89,7 @@ def main(spec: dict[str, Any]) -> None:
     from prometheus_client import CollectorRegistry
     from twisted.internet.task import LoopingCall
 
-    from homeserver.config import parse_config
+    from replication.config import RedisConfig, ReplicationConfig
     from replication.commands import Row
     from replication.stream_sources import connect_streams, stream_sources
     from replication.transport import start_replication
@@ -108,10 +108,9 @@ def main(spec: dict[str, Any]) -> None:
 
     record("# start " + json.dumps({f"{s} {w}": t for (s, w), t in sorted(positions.items())}))
 
-    raw: dict[str, Any] = {"server_name": spec["server_name"], "data_dir": spec["data_dir"]}
+    config = ReplicationConfig()
     if "redis_url" in spec:
-        raw["redis"] = {"enabled": True, "url": spec["redis_url"]}
-    config = parse_config(raw)
+        config = ReplicationConfig(redis=RedisConfig(enabled=True, url=spec["redis_url"]))
     db = Database(reactor, spec["dsn"], metrics=StorageMetrics.create(CollectorRegistry()), max_connections=2)
     db.start()
     definitions = {n: STREAMS[StreamName(n)] for n in spec["streams"]}
@@ -153,7 +152,7 @@ def main(spec: dict[str, Any]) -> None:
     async def start() -> None:
         sources = stream_sources(definitions, gens, db)
         service = await start_replication(
-            reactor, config, registry, instance_name=name, sources=sources,
+            reactor, config, registry, server_name=spec["server_name"], instance_name=name, sources=sources,
             connect_to=("127.0.0.1", spec["port"]) if "port" in spec else None,
             redis_channel=spec.get("channel"),
         )  # fmt: skip

@@ -27,7 +27,7 @@ import redis
 from prometheus_client import CollectorRegistry
 from twisted.internet.task import deferLater
 
-from homeserver.config import parse_config
+from replication.config import RedisConfig, ReplicationConfig
 from replication.stream_sources import connect_streams, row_to_wire, stream_sources
 from replication.transport import ReplicationService, start_replication
 from storage.database import Database, Transaction
@@ -215,20 +215,19 @@ async def test_reader_processes_apply_every_row_once_through_kills_and_congestio
     each reader's file holds every row of the three streams once, in token
     order, and each reader stands at the writer's positions."""
     server_name = f"{unique_name}.example.com"
-    raw: dict[str, Any] = {"server_name": server_name, "data_dir": str(tmp_path)}
     spec: dict[str, Any] = {
         "server_name": server_name, "data_dir": str(tmp_path), "dsn": database_dsn,
         "streams": list(NAMES), "writer": WRITER,
     }  # fmt: skip
     if transport == "tcp":
         port = free_port()
-        raw["listeners"] = [{"type": "replication", "port": port}]
-        raw["replication"] = {"max_outbound_buffer": 500}
+        config = ReplicationConfig(max_outbound_buffer=500)
+        listen = [("127.0.0.1", port)]
         spec["port"] = port
     else:
-        raw["redis"] = {"enabled": True, "url": redis_url}
+        config = ReplicationConfig(redis=RedisConfig(enabled=True, url=redis_url))
+        listen = []
         spec.update(redis_url=redis_url, channel=unique_name)
-    config = parse_config(raw)
     db = Database(reactor, database_dsn, metrics=StorageMetrics.create(CollectorRegistry()), max_connections=4)
     db.start()
     service: ReplicationService | None = None
@@ -245,8 +244,8 @@ async def test_reader_processes_apply_every_row_once_through_kills_and_congestio
         gens = {n: await create_id_generator(db, reactor, DEFINITIONS[n], instance_name=WRITER, writers=(WRITER,)) for n in NAMES}
         registry = CollectorRegistry()
         service = await start_replication(
-            reactor, config, registry, instance_name=WRITER, sources=stream_sources(DEFINITIONS, gens, db), writes=NAMES,
-            redis_channel=unique_name,
+            reactor, config, registry, server_name=server_name, instance_name=WRITER,
+            sources=stream_sources(DEFINITIONS, gens, db), writes=NAMES, listen=listen, redis_channel=unique_name,
         )  # fmt: skip
         connect_streams(service.handler, gens)
         for r in readers:

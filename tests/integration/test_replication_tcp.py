@@ -5,14 +5,13 @@ that survive disconnects and congestion without losing or repeating a row."""
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from homeserver.config import parse_config
+from replication.config import ReplicationConfig
 from replication.connection import ConnectionConfig
 from replication.handler import MemoryStream
 from replication.transport import (
@@ -47,20 +46,14 @@ def _netcat(port: int) -> tuple[list[bytes], list[bytes]]:
         return greeting, positions
 
 
-async def test_netcat_sees_server_and_ping_then_one_position_per_stream(tmp_path: Path) -> None:
+async def test_netcat_sees_server_and_ping_then_one_position_per_stream() -> None:
     port = free_port()
-    config = parse_config(
-        {
-            "server_name": SERVER,
-            "data_dir": str(tmp_path),
-            "listeners": [{"type": "replication", "port": port}],
-        }
-    )
     streams = {name: MemoryStream(name) for name in STREAMS}
     streams["events"].write("master", 25833, [("ev",)])
     streams["caches"].write("master", 1004, [("get_user_by_id", ("@a:hs",), 1)])
     service = await start_replication(
-        reactor, config, CollectorRegistry(), instance_name="master", sources=dict(streams), writes=STREAMS
+        reactor, ReplicationConfig(), CollectorRegistry(), server_name=SERVER, instance_name="master",
+        sources=dict(streams), writes=STREAMS, listen=[("127.0.0.1", port)],
     )
     try:
         greeting, positions = await deferToThread(_netcat, port)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from replication.commands import (
     COMMAND_TYPES,
+    FEDERATION_STREAM,
     INT64_MAX,
     INT64_MIN,
     ClearUserSyncCommand,
@@ -40,6 +41,7 @@ from replication.commands import (
 )
 from replication.connection import Closed, ConnectionState, ReplicationConnection, Role
 from replication.errors import CommandParseError
+from storage.tokens import StreamPosition
 
 # Names: printable, no spaces (letters, digits, punctuation, symbols).
 names = st.text(
@@ -68,11 +70,26 @@ json_values: st.SearchStrategy[JsonValue] = st.recursive(
 )
 rows = st.lists(json_values, max_size=6).map(tuple)
 
+
+@st.composite
+def rdata_commands(draw: st.DrawFn) -> RdataCommand:
+    stream = draw(names)
+    token = draw(st.none() | int64s.map(lambda value: StreamPosition(stream, value)))
+    return RdataCommand(stream, draw(names), token, draw(rows))
+
+
+@st.composite
+def position_commands(draw: st.DrawFn) -> PositionCommand:
+    stream = draw(names)
+    prev, new = draw(int64s), draw(int64s)
+    return PositionCommand(stream, draw(names), StreamPosition(stream, prev), StreamPosition(stream, new))
+
+
 # One strategy per command, by wire name.
 COMMAND_STRATEGIES: dict[str, st.SearchStrategy[Command]] = {
     "SERVER": st.builds(ServerCommand, names),
-    "RDATA": st.builds(RdataCommand, names, names, st.none() | int64s, rows),
-    "POSITION": st.builds(PositionCommand, names, names, int64s, int64s),
+    "RDATA": rdata_commands(),
+    "POSITION": position_commands(),
     "ERROR": st.builds(ErrorCommand, messages),
     "PING": st.builds(PingCommand, int64s),
     "NAME": st.builds(NameCommand, names),
@@ -81,7 +98,9 @@ COMMAND_STRATEGIES: dict[str, st.SearchStrategy[Command]] = {
         UserSyncCommand, names, names, st.none() | names.filter(lambda n: n != "None"), st.booleans(), int64s
     ),
     "CLEAR_USER_SYNC": st.builds(ClearUserSyncCommand, names),
-    "FEDERATION_ACK": st.builds(FederationAckCommand, names, int64s),
+    "FEDERATION_ACK": st.builds(
+        FederationAckCommand, names, int64s.map(lambda value: StreamPosition(FEDERATION_STREAM, value))
+    ),
     "REMOTE_SERVER_UP": st.builds(RemoteServerUpCommand, names),
 }
 

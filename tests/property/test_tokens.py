@@ -126,3 +126,11 @@ def test_advancing_a_sync_token_component(token: StreamToken, key: SyncStreamKey
     assert token.get(key).is_before_or_equal(advanced.get(key))
     assert advanced.get(key).minimum == max(position, token.get(key).minimum)
     assert advanced.advanced_keys(token) <= {key}
+
+
+@given(st.sampled_from(["events", "caches"]), st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1))
+def test_stream_positions_order_like_their_values_within_a_stream(stream: str, x: int, y: int) -> None:
+    from storage.tokens import StreamPosition
+
+    a, b = StreamPosition(stream, x), StreamPosition(stream, y)
+    assert (a < b, a <= b, a > b, a >= b, a == b) == (x < y, x <= y, x > y, x >= y, x == y)

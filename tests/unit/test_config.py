@@ -212,3 +212,44 @@ def test_the_docker_example_layout_parses() -> None:
         "federation_sender1": "federation_sender",
     }
     assert not config.send_federation and config.redis.enabled
+
+
+def test_replication_and_database_sections_parse_into_their_packages_types() -> None:
+    """The loader fills replication's and storage's own config types; their errors
+    keep the dotted key path of the YAML."""
+    from replication.config import RedisConfig, ReplicationConfig
+    from storage.config import DatabaseConfig, EmbeddedDatabaseConfig
+
+    config = _parse(
+        {
+            "server_name": "example.com",
+            "replication": {"keepalive_interval": "2s", "timeout": "6s", "max_outbound_buffer": 500},
+            "redis": {"enabled": True},
+            "allow_unauthenticated_replication": True,
+            "database": {"url": "postgresql://u@h/db", "min_connections": 2, "embedded": {"binaries": "system"}},
+        }
+    )
+    assert config.replication == ReplicationConfig(
+        keepalive_interval=timedelta(seconds=2), timeout=timedelta(seconds=6), max_outbound_buffer=500,
+        redis=RedisConfig(enabled=True, url="redis://127.0.0.1:6379/0"), allow_unauthenticated=True,
+    )
+    assert config.redis is config.replication.redis and config.allow_unauthenticated_replication
+    assert config.database == DatabaseConfig(
+        url="postgresql://u@h/db", min_connections=2, embedded=EmbeddedDatabaseConfig(binaries="system")
+    )
+    # Without a replication section, redis and the opt-in still reach replication's config.
+    bare = _parse({"server_name": "example.com", "redis": {"enabled": True}})
+    assert bare.replication == ReplicationConfig(redis=RedisConfig(enabled=True))
+    assert _parse({"server_name": "example.com"}).replication == ReplicationConfig()
+
+    with pytest.raises(ConfigError, match="replication.timeout: must be longer than keepalive_interval"):
+        _parse({"server_name": "example.com", "replication": {"keepalive_interval": "10s", "timeout": "5s"}})
+    with pytest.raises(ConfigError, match="replication.flood: unknown key"):
+        _parse({"server_name": "example.com", "replication": {"flood": 1}})
+    with pytest.raises(ConfigError, match="redis.url: expected a redis://"):
+        _parse({"server_name": "example.com", "redis": {"url": "http://x"}})
+    listener = {"type": "replication", "port": 9093, "bind_addresses": ["0.0.0.0"]}
+    with pytest.raises(ConfigError, match=r"listeners\[0\].bind_addresses: a replication listener on 0.0.0.0"):
+        _parse({"server_name": "example.com", "listeners": [listener]})
+    assert _parse({"server_name": "example.com", "listeners": [listener], "allow_unauthenticated_replication": True})
+    _parse({"server_name": "example.com", "listeners": [{"type": "replication", "port": 9093, "bind_addresses": ["::1"]}]})

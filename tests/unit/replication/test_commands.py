@@ -39,6 +39,7 @@ from replication.commands import (
     parse_line,
 )
 from replication.errors import CommandParseError, LocalProtocolError, ReplicationError
+from storage.tokens import StreamPosition
 
 SYNAPSE_LINES = Path(__file__).parent / "data" / "replication_lines_synapse_1.163.txt"
 
@@ -47,7 +48,7 @@ EXAMPLES: list[tuple[str, Command]] = [
     ("SERVER example.com", ServerCommand("example.com")),
     (
         'RDATA caches master 1005 ["get_user_by_id",["@a:example.com"],1795342117133]',
-        RdataCommand("caches", "master", 1005, ("get_user_by_id", ("@a:example.com",), 1795342117133)),
+        RdataCommand("caches", "master", StreamPosition("caches", 1005), ("get_user_by_id", ("@a:example.com",), 1795342117133)),
     ),
     (
         'RDATA events master batch ["ev",["$e","!r","m.room.create","",null,null,null,false,false]]',
@@ -58,10 +59,10 @@ EXAMPLES: list[tuple[str, Command]] = [
     (
         'RDATA receipts master 7 ["!r","m.read","@u:hs","$e",null,{"ts":1.5,"tags":["a"]}]',
         RdataCommand(
-            "receipts", "master", 7, ("!r", "m.read", "@u:hs", "$e", None, JsonObject({"ts": 1.5, "tags": ("a",)}))
+            "receipts", "master", StreamPosition("receipts", 7), ("!r", "m.read", "@u:hs", "$e", None, JsonObject({"ts": 1.5, "tags": ("a",)}))
         ),
     ),
-    ("POSITION events master 53 54", PositionCommand("events", "master", 53, 54)),
+    ("POSITION events master 53 54", PositionCommand("events", "master", StreamPosition("events", 53), StreamPosition("events", 54))),
     ("ERROR ping timeout", ErrorCommand("ping timeout")),
     ("ERROR ", ErrorCommand("")),
     ("PING 1490197665618", PingCommand(1490197665618)),
@@ -76,7 +77,7 @@ EXAMPLES: list[tuple[str, Command]] = [
         UserSyncCommand("sync1", "@alice:example.com", None, False, 5),
     ),
     ("CLEAR_USER_SYNC sync1", ClearUserSyncCommand("sync1")),
-    ("FEDERATION_ACK fed_sender1 0", FederationAckCommand("fed_sender1", 0)),
+    ("FEDERATION_ACK fed_sender1 0", FederationAckCommand("fed_sender1", StreamPosition("federation", 0))),
     ("REMOTE_SERVER_UP other.example.org:8448", RemoteServerUpCommand("other.example.org:8448")),
 ]
 
@@ -132,7 +133,7 @@ def test_synapse_rdata_rows_are_frozen_and_batches_have_no_token() -> None:
     assert len(batched) == sum(1 for line in _synapse_lines() if line.startswith("RDATA events master batch "))
     first = rdata[0]
     assert first == RdataCommand(
-        "caches", "master", 1005, ("get_user_by_id", ("@fed1_5a936acb:localhost:8448",), 1795342117133)
+        "caches", "master", StreamPosition("caches", 1005), ("get_user_by_id", ("@fed1_5a936acb:localhost:8448",), 1795342117133)
     )
     for command in rdata:
         assert isinstance(command, RdataCommand)
@@ -235,7 +236,7 @@ def test_integer_fields_are_bounded_before_int() -> None:
     longest = "-9223372036854775808"
     assert len(longest) == MAX_INT_CHARS
     assert parse_line(f"POSITION s i {longest} 9223372036854775807") == PositionCommand(
-        "s", "i", -(2**63), 2**63 - 1
+        "s", "i", StreamPosition("s", -(2**63)), StreamPosition("s", 2**63 - 1)
     )
     with pytest.raises(CommandParseError, match="new_token"):
         parse_line("POSITION s i 0 " + "1" * (MAX_INT_CHARS + 1))
@@ -250,7 +251,7 @@ def test_parse_line_rejects_non_text() -> None:
 
 
 def test_row_json_is_compact_ascii_and_keeps_key_order() -> None:
-    command = RdataCommand("s", "i", 1, ("é ☃", {"z": 1, "a": [True, None, -0.5]}, 10**20))
+    command = RdataCommand("s", "i", StreamPosition("s", 1), ("é ☃", {"z": 1, "a": [True, None, -0.5]}, 10**20))
     assert command.to_line() == 'RDATA s i 1 ["\\u00e9 \\u2603",{"z":1,"a":[true,null,-0.5]},100000000000000000000]'
     assert parse_line(command.to_line()) == command
 
@@ -272,7 +273,7 @@ def test_row_json_with_spaces_is_accepted_and_normalised() -> None:
     line = 'RDATA caches master 550953771 ["get_user_by_id", ["@bob:example.com"], 1550574873251]'
     command = parse_line(line)
     row = ("get_user_by_id", ("@bob:example.com",), 1550574873251)
-    assert command == RdataCommand("caches", "master", 550953771, row)
+    assert command == RdataCommand("caches", "master", StreamPosition("caches", 550953771), row)
     assert command.to_line() == line.replace(", ", ",")
 
 
@@ -306,9 +307,9 @@ def test_rows_built_in_code_are_frozen() -> None:
         ({"stream": "ev ents"}, "stream", "without spaces"),
         ({"stream": ""}, "stream", "non-empty"),
         ({"instance": "a\nb"}, "instance", "printable"),
-        ({"token": "1"}, "token", "stream ID"),
-        ({"token": True}, "token", "stream ID"),
-        ({"token": 2**63}, "token", "64 bits"),
+        ({"token": "1"}, "token", "a StreamPosition of the 's' stream"),
+        ({"token": 1}, "token", "a StreamPosition of the 's' stream, got 1"),
+        ({"token": StreamPosition("events", 1)}, "token", "of the 's' stream, got StreamPosition(stream='events'"),
         ({"row": "[]"}, "row", "tuple or list"),
         ({"row": ({1, 2},)}, "row", "type set"),
         ({"row": (math.nan,)}, "row", "not finite"),
@@ -317,7 +318,7 @@ def test_rows_built_in_code_are_frozen() -> None:
     ],
 )
 def test_invalid_rdata_cannot_be_built(kwargs: dict[str, object], field: str, fragment: str) -> None:
-    fields: dict[str, object] = {"stream": "s", "instance": "i", "token": 1, "row": ()}
+    fields: dict[str, object] = {"stream": "s", "instance": "i", "token": StreamPosition("s", 1), "row": ()}
     fields.update(kwargs)
     with pytest.raises(LocalProtocolError) as caught:
         RdataCommand(**fields)  # type: ignore[arg-type]
@@ -330,7 +331,7 @@ def test_rows_deeper_than_the_limit_cannot_be_built() -> None:
     for _ in range(MAX_ROW_DEPTH - 1):
         row = (row,)
     assert isinstance(freeze_row(row), tuple)  # exactly MAX_ROW_DEPTH deep
-    parsed = parse_line(RdataCommand("s", "i", 1, row).to_line())
+    parsed = parse_line(RdataCommand("s", "i", StreamPosition("s", 1), row).to_line())
     assert isinstance(parsed, RdataCommand)
     with pytest.raises(LocalProtocolError, match="nested more than"):
         freeze_row((row,))
@@ -350,7 +351,40 @@ def test_other_commands_validate_their_fields() -> None:
     with pytest.raises(LocalProtocolError, match="got an int of 16610 bits"):
         PingCommand(10**5000)
     with pytest.raises(LocalProtocolError, match="FEDERATION_ACK instance"):
-        FederationAckCommand("a b", 1)
+        FederationAckCommand("a b", StreamPosition("federation", 1))
+
+
+def test_tokens_are_positions_of_the_commands_own_stream() -> None:
+    """A command cannot carry another stream's token, nor a bare int; the wire
+    stays the bare stream ID."""
+    with pytest.raises(LocalProtocolError, match="POSITION new_token must be a StreamPosition of the 'events' stream"):
+        PositionCommand("events", "master", StreamPosition("events", 1), StreamPosition("caches", 2))
+    with pytest.raises(LocalProtocolError, match="POSITION prev_token .* got 1"):
+        PositionCommand("events", "master", 1, StreamPosition("events", 2))  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError, match="FEDERATION_ACK token must be a StreamPosition of the 'federation'"):
+        FederationAckCommand("fed1", StreamPosition("events", 1))
+    assert commands.FEDERATION_STREAM == "federation"
+    ack = parse_line("FEDERATION_ACK fed1 42")
+    assert isinstance(ack, FederationAckCommand) and ack.token == StreamPosition("federation", 42)
+    assert ack.to_line() == "FEDERATION_ACK fed1 42"
+
+
+def test_parsed_tokens_of_different_streams_cannot_be_compared() -> None:
+    """Every token parsed from Synapse's wire data belongs to its command's
+    stream, and ordering two streams' tokens is a TypeError, not a number comparison."""
+    tokens: dict[str, StreamPosition] = {}
+    for line in _synapse_lines():
+        if line.startswith(("RDATA ", "POSITION ")):
+            command = parse_line(line)
+            assert isinstance(command, (RdataCommand, PositionCommand))
+            token = command.token if isinstance(command, RdataCommand) else command.new_token
+            if token is not None:
+                assert token.stream == command.stream
+                tokens.setdefault(command.stream, token)
+    assert {"events", "caches"} <= tokens.keys()
+    with pytest.raises(TypeError, match="different streams"):
+        assert tokens["events"] < tokens["caches"]
+    assert tokens["events"] != tokens["caches"].at(tokens["events"].value)
 
 
 def test_json_objects_are_immutable_hashable_mappings() -> None:

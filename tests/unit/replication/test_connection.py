@@ -47,19 +47,20 @@ from replication.connection import (
 )
 from replication.errors import LocalProtocolError
 from tests.unit.replication.helpers import CLIENT_NAME, SERVER_NAME, ConnectionPair, received
+from storage.tokens import StreamPosition
 
 # One instance of every command, to check the direction rules against.
 ONE_OF_EACH: dict[str, Command] = {
     "SERVER": ServerCommand("example.com"),
-    "RDATA": RdataCommand("events", "master", 5, ("ev", ("$e",))),
-    "POSITION": PositionCommand("events", "master", 4, 5),
+    "RDATA": RdataCommand("events", "master", StreamPosition("events", 5), ("ev", ("$e",))),
+    "POSITION": PositionCommand("events", "master", StreamPosition("events", 4), StreamPosition("events", 5)),
     "ERROR": ErrorCommand("oops"),
     "PING": PingCommand(1),
     "NAME": NameCommand("w1"),
     "REPLICATE": ReplicateCommand(),
     "USER_SYNC": UserSyncCommand("w1", "@u:example.com", "DEV", True, 1),
     "CLEAR_USER_SYNC": ClearUserSyncCommand("w1"),
-    "FEDERATION_ACK": FederationAckCommand("w1", 3),
+    "FEDERATION_ACK": FederationAckCommand("w1", StreamPosition("federation", 3)),
     "REMOTE_SERVER_UP": RemoteServerUpCommand("other.example.org"),
 }
 
@@ -110,14 +111,14 @@ def test_a_session_replicates_positions_and_rows() -> None:
     pair.start()
     pair.clear()
     rows: list[Command] = [
-        PositionCommand("events", "master", 53, 53),
+        PositionCommand("events", "master", StreamPosition("events", 53), StreamPosition("events", 53)),
         RdataCommand("events", "master", None, ("ev", ("$a",))),
-        RdataCommand("events", "master", 54, ("ev", ("$b",))),
+        RdataCommand("events", "master", StreamPosition("events", 54), ("ev", ("$b",))),
         RemoteServerUpCommand("other.example.org"),
     ]
     pair.server_send(*rows)
     acks: list[Command] = [
-        FederationAckCommand(CLIENT_NAME, 54),
+        FederationAckCommand(CLIENT_NAME, StreamPosition("federation", 54)),
         UserSyncCommand(CLIENT_NAME, "@u:example.com", None, True, 1),
     ]
     pair.client_send(*acks)
@@ -165,7 +166,7 @@ def test_keepalive_pings_when_nothing_was_sent_for_the_interval() -> None:
     assert conn.next_deadline() == 105.0
     assert conn.tick(104.9) == [] and conn.pending_lines() == []
     assert conn.tick(105.0) == [] and conn.pending_lines() == ["PING 105000"]
-    conn.send(PositionCommand("events", "master", 1, 1), 107.0)  # not a PING, still traffic
+    conn.send(PositionCommand("events", "master", StreamPosition("events", 1), StreamPosition("events", 1)), 107.0)  # not a PING, still traffic
     conn.pending_lines()
     assert conn.tick(111.9) == [] and conn.pending_lines() == []
     assert conn.next_deadline() == 112.0
@@ -259,7 +260,7 @@ def test_paused_transport_holds_lines_until_resumed() -> None:
     conn = open_server(ConnectionConfig(max_outbound_buffer=3))
     conn.pause_writing()
     for token in (1, 2, 3):
-        assert conn.send(RdataCommand("events", "master", token, ()), 1.0) == []
+        assert conn.send(RdataCommand("events", "master", StreamPosition("events", token), ()), 1.0) == []
     assert conn.pending_lines() == [] and conn.buffered == 3
     conn.resume_writing()
     assert conn.pending_lines() == [f"RDATA events master {token} []" for token in (1, 2, 3)]
@@ -273,14 +274,14 @@ def test_a_reader_that_does_not_keep_up_is_disconnected() -> None:
     conn = open_server(ConnectionConfig(max_outbound_buffer=3))
     conn.pause_writing()
     for token in (1, 2, 3):
-        conn.send(RdataCommand("events", "master", token, ()), 1.0)
-    [event] = conn.send(RdataCommand("events", "master", 4, ()), 1.0)
+        conn.send(RdataCommand("events", "master", StreamPosition("events", token), ()), 1.0)
+    [event] = conn.send(RdataCommand("events", "master", StreamPosition("events", 4), ()), 1.0)
     assert event == Closed(Trigger.CONGESTED, "congested: the peer did not keep up; dropping 3 buffered commands")
     assert conn.state is ConnectionState.CLOSED
     assert conn.closed == event
     assert conn.pending_lines() == ["ERROR congested: the peer did not keep up; dropping 3 buffered commands"]
     with pytest.raises(LocalProtocolError, match=r"can't send RDATA: the connection is CLOSED \(congested"):
-        conn.send(RdataCommand("events", "master", 5, ()), 1.0)
+        conn.send(RdataCommand("events", "master", StreamPosition("events", 5), ()), 1.0)
 
 
 def test_keepalive_pings_count_against_the_buffer() -> None:
@@ -297,14 +298,14 @@ def test_a_burst_while_writable_is_not_congestion() -> None:
     transport writable, a writer may queue far more than the bound at once."""
     conn = open_server(ConnectionConfig(max_outbound_buffer=10))
     for token in range(1000):
-        assert conn.send(RdataCommand("events", "master", token, ()), 1.0) == []
+        assert conn.send(RdataCommand("events", "master", StreamPosition("events", token), ()), 1.0) == []
     assert len(conn.pending_lines()) == 1000
 
 
 def test_default_buffer_bound_is_ten_thousand_commands() -> None:
     conn = open_server()
     conn.pause_writing()
-    command = PositionCommand("events", "master", 1, 1)
+    command = PositionCommand("events", "master", StreamPosition("events", 1), StreamPosition("events", 1))
     for _ in range(MAX_OUTBOUND_BUFFER):
         assert conn.send(command, 1.0) == []
     [event] = conn.send(command, 1.0)
@@ -391,7 +392,7 @@ def test_an_error_from_the_peer_is_reported_not_fatal() -> None:
 def test_lines_longer_than_a_reader_accepts_are_not_sent() -> None:
     conn = open_server()
     with pytest.raises(LocalProtocolError, match=f"more than the {MAX_LINE_LENGTH}"):
-        conn.send(RdataCommand("s", "master", 1, ("x" * MAX_LINE_LENGTH,)), 1.0)
+        conn.send(RdataCommand("s", "master", StreamPosition("s", 1), ("x" * MAX_LINE_LENGTH,)), 1.0)
     assert conn.state is ConnectionState.OPEN
 
 

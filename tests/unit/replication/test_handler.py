@@ -43,6 +43,7 @@ from replication.handler import (
 )
 from replication.metrics import ReplicationMetrics
 from replication.transport import TwistedScheduler
+from storage.tokens import StreamPosition
 
 
 #: Every fake clock handed to a handler in the current test (see ``settle``).
@@ -411,9 +412,9 @@ def test_reader_holds_rdata_until_a_position_says_where_it_is() -> None:
     channel = reader_channel(pair)
     pair.streams["events"].write("master", 1, [("a",)])
     pair.streams["events"].write("master", 2, [("b",)])
-    pair.reader.on_command(channel, RdataCommand("events", "master", 2, ("b",)))
+    pair.reader.on_command(channel, RdataCommand("events", "master", StreamPosition("events", 2), ("b",)))
     assert pair.recorder.calls == []
-    pair.reader.on_command(channel, PositionCommand("events", "master", 2, 2))
+    pair.reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 2), StreamPosition("events", 2)))
     assert pair.recorder.rows("events") == [(1, ("a",)), (2, ("b",))]
     assert pair.sample("tributary_replication_rows_skipped_total", stream="events") == 1
     assert not pair.reader.busy()
@@ -422,11 +423,11 @@ def test_reader_holds_rdata_until_a_position_says_where_it_is() -> None:
 def test_reader_applies_a_batch_group_only_when_its_real_token_arrives() -> None:
     pair = Pair("caches")
     channel = reader_channel(pair)
-    pair.reader.on_command(channel, PositionCommand("caches", "master", 0, 0))
+    pair.reader.on_command(channel, PositionCommand("caches", "master", StreamPosition("caches", 0), StreamPosition("caches", 0)))
     pair.reader.on_command(channel, RdataCommand("caches", "master", None, ("a", None, 1)))
     pair.reader.on_command(channel, RdataCommand("caches", "master", None, ("b", None, 1)))
     assert pair.recorder.calls == [] and pair.reader.position("caches", "master") == 0
-    pair.reader.on_command(channel, RdataCommand("caches", "master", 7, ("c", None, 1)))
+    pair.reader.on_command(channel, RdataCommand("caches", "master", StreamPosition("caches", 7), ("c", None, 1)))
     assert pair.recorder.calls == [("caches", "master", 7, (("a", None, 1), ("b", None, 1), ("c", None, 1)))]
     assert pair.reader.position("caches", "master") == 7
 
@@ -434,9 +435,9 @@ def test_reader_applies_a_batch_group_only_when_its_real_token_arrives() -> None
 def test_reader_moves_on_a_position_without_gap_without_reading_the_database() -> None:
     pair = Pair("events")
     channel = reader_channel(pair)
-    pair.reader.on_command(channel, PositionCommand("events", "master", 0, 0))
-    pair.reader.on_command(channel, RdataCommand("events", "master", 3, ("x",)))
-    pair.reader.on_command(channel, PositionCommand("events", "master", 3, 9))
+    pair.reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 0), StreamPosition("events", 0)))
+    pair.reader.on_command(channel, RdataCommand("events", "master", StreamPosition("events", 3), ("x",)))
+    pair.reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 3), StreamPosition("events", 9)))
     assert pair.recorder.calls[-1] == ("events", "master", 9, ())
     assert pair.views["events"].fetches == 0
 
@@ -444,11 +445,11 @@ def test_reader_moves_on_a_position_without_gap_without_reading_the_database() -
 def test_reader_fills_a_gap_shown_by_a_position() -> None:
     pair = Pair("events")
     channel = reader_channel(pair)
-    pair.reader.on_command(channel, PositionCommand("events", "master", 0, 0))
+    pair.reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 0), StreamPosition("events", 0)))
     pair.streams["events"].write("master", 1, [("a",)])
     pair.streams["events"].write("master", 2, [("b1",), ("b2",)])
     pair.streams["events"].advance("master", 5)
-    pair.reader.on_command(channel, PositionCommand("events", "master", 5, 5))
+    pair.reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 5), StreamPosition("events", 5)))
     assert pair.recorder.calls == [
         ("events", "master", 1, (("a",),)),
         ("events", "master", 2, (("b1",), ("b2",))),
@@ -504,7 +505,7 @@ def test_reader_retries_a_failed_catch_up() -> None:
     channel = Channel("tcp_client", Role.CLIENT)
     reader.on_connected(channel)
     view.fail_next = 2
-    reader.on_command(channel, PositionCommand("events", "master", 1, 1))
+    reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 1), StreamPosition("events", 1)))
     assert recorder.calls == []
     clock.advance(1.0)
     assert recorder.calls == []
@@ -518,22 +519,22 @@ def test_reader_that_holds_too_much_asks_the_transport_to_stop_reading_then_resy
     channel = reader_channel(pair)
     pair.streams["events"].write("master", 1, [("a",)])
     view.blocked = True
-    pair.reader.on_command(channel, PositionCommand("events", "master", 1, 1))  # catch-up waits
+    pair.reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 1), StreamPosition("events", 1)))  # catch-up waits
     resumed: list[bool] = []
     for token in range(2, 6):
         pair.streams["events"].write("master", token, [("r", token)])
-        pair.reader.on_command(channel, RdataCommand("events", "master", token, ("r", token)))
+        pair.reader.on_command(channel, RdataCommand("events", "master", StreamPosition("events", token), ("r", token)))
     assert pair.reader.backlogged
     pair.reader.call_when_drained(lambda: resumed.append(True))
     assert resumed == []
     # The transport could not stop at once: more arrive, past twice the bound.
     for token in range(6, 12):
         pair.streams["events"].write("master", token, [("r", token)])
-        pair.reader.on_command(channel, RdataCommand("events", "master", token, ("r", token)))
+        pair.reader.on_command(channel, RdataCommand("events", "master", StreamPosition("events", token), ("r", token)))
     assert resumed == [True]  # what it held was dropped
     view.release()
     assert channel.take() == ["REPLICATE "]  # asks for positions again after the catch-up
-    pair.reader.on_command(channel, PositionCommand("events", "master", 11, 11))
+    pair.reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 11), StreamPosition("events", 11)))
     assert [t for t, _ in pair.recorder.rows("events")] == list(range(1, 12))
 
 
@@ -541,10 +542,10 @@ def test_own_commands_and_unknown_streams_are_ignored() -> None:
     pair = Pair("events")
     channel = Channel("redis", Role.CLIENT, REDIS_RULES, broadcast=True)
     pair.reader.on_connected(channel)
-    pair.reader.on_command(channel, PositionCommand("events", "worker1", 0, 5))
-    pair.reader.on_command(channel, RdataCommand("events", "worker1", 5, ("mine",)))
-    pair.reader.on_command(channel, PositionCommand("mystery", "master", 0, 5))
-    pair.reader.on_command(channel, RdataCommand("mystery", "master", 5, ("?",)))
+    pair.reader.on_command(channel, PositionCommand("events", "worker1", StreamPosition("events", 0), StreamPosition("events", 5)))
+    pair.reader.on_command(channel, RdataCommand("events", "worker1", StreamPosition("events", 5), ("mine",)))
+    pair.reader.on_command(channel, PositionCommand("mystery", "master", StreamPosition("mystery", 0), StreamPosition("mystery", 5)))
+    pair.reader.on_command(channel, RdataCommand("mystery", "master", StreamPosition("mystery", 5), ("?",)))
     assert pair.recorder.calls == [] and pair.reader.position("events", "worker1") is None
 
 
@@ -561,8 +562,8 @@ def test_a_failing_row_handler_is_logged_and_counted_and_does_not_stop_the_other
     reader.add_row_handler(recorder)
     channel = Channel("tcp_client", Role.CLIENT)
     reader.on_connected(channel)
-    reader.on_command(channel, PositionCommand("events", "master", 0, 0))
-    reader.on_command(channel, RdataCommand("events", "master", 1, ("a",)))
+    reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 0), StreamPosition("events", 0)))
+    reader.on_command(channel, RdataCommand("events", "master", StreamPosition("events", 1), ("a",)))
     assert recorder.rows("events") == [(1, ("a",))]
     assert registry.get_sample_value("tributary_replication_callback_failures_total", {"callback": "rows"}) == 1
     assert reader.position("events", "master") == 1
@@ -575,7 +576,7 @@ def test_reader_lag_follows_announced_positions() -> None:
     for token in range(1, 11):
         pair.streams["events"].write("master", token, [("r", token)])
     view.blocked = True
-    pair.reader.on_command(channel, PositionCommand("events", "master", 10, 10))
+    pair.reader.on_command(channel, PositionCommand("events", "master", StreamPosition("events", 10), StreamPosition("events", 10)))
     assert pair.sample("tributary_replication_reader_lag", stream="events", writer="master") == 10
     view.release()
     assert pair.sample("tributary_replication_reader_lag", stream="events", writer="master") == 0
@@ -599,7 +600,7 @@ def test_cross_process_commands_reach_their_callbacks_and_not_their_sender() -> 
     handler.on_command(one, sync)
     handler.on_command(one, UserSyncCommand("master", "@a:hs", None, False, 5))  # our own
     handler.on_command(one, ClearUserSyncCommand("sync1"))
-    handler.on_command(one, FederationAckCommand("fed1", 42))
+    handler.on_command(one, FederationAckCommand("fed1", StreamPosition("federation", 42)))
     handler.on_command(one, RemoteServerUpCommand("other.example"))
     assert seen == [sync, ("clear", "sync1"), ("ack", "fed1", 42), ("up", "other.example")]
     # The main process relays REMOTE_SERVER_UP to its other workers over TCP.

@@ -26,6 +26,7 @@ from replication.stream_sources import (
     stream_sources,
 )
 from replication.transport import TwistedScheduler
+from storage.tokens import StreamPosition
 
 
 class Name(enum.StrEnum):
@@ -75,7 +76,7 @@ class FakeGenerator:
 def test_rows_go_on_the_wire_as_their_fields_in_order_and_come_back() -> None:
     row = CacheRow("get_user_by_id", ("@a:hs",), 1795342117133)
     wire = row_to_wire(row)
-    assert RdataCommand("caches", "master", 5, wire).to_line() == (
+    assert RdataCommand("caches", "master", StreamPosition("caches", 5), wire).to_line() == (
         'RDATA caches master 5 ["get_user_by_id",["@a:hs"],1795342117133]'
     )
     assert row_from_wire(CacheRow, wire) == row

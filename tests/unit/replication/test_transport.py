@@ -360,22 +360,16 @@ def test_the_transport_constants_quoted_in_the_doc_are_the_codes() -> None:
         assert hasattr(handler, name) and f"`{name}`" in doc
 
 
-def test_replication_config_is_validated_and_reaches_the_connection(tmp_path: object) -> None:
-    from homeserver.config import ConfigError, parse_config
-    from replication.transport import connection_config
+def test_replication_config_reaches_the_connection() -> None:
+    from datetime import timedelta
 
-    base = {"server_name": "example.com", "data_dir": "/tmp/unused"}
-    config = parse_config({**base, "replication": {"keepalive_interval": "2s", "timeout": "6s",
-                                                   "max_outbound_buffer": 500}})
+    from replication.config import ReplicationConfig, connection_config
+
+    config = ReplicationConfig(
+        keepalive_interval=timedelta(seconds=2), timeout=timedelta(seconds=6), max_outbound_buffer=500
+    )
     assert connection_config(config, expected_server_name="example.com") == ConnectionConfig(
         keepalive_interval=2.0, timeout=6.0, max_outbound_buffer=500, expected_server_name="example.com"
     )
-    with pytest.raises(ConfigError, match="replication.timeout: must be longer than keepalive_interval"):
-        parse_config({**base, "replication": {"keepalive_interval": "10s", "timeout": "5s"}})
-    with pytest.raises(ConfigError, match="replication.flood: unknown key"):
-        parse_config({**base, "replication": {"flood": 1}})
-    listener = {"type": "replication", "port": 9093, "bind_addresses": ["0.0.0.0"]}
-    with pytest.raises(ConfigError, match=r"listeners\[0\].bind_addresses: a replication listener on 0.0.0.0"):
-        parse_config({**base, "listeners": [listener]})
-    assert parse_config({**base, "listeners": [listener], "allow_unauthenticated_replication": True})
-    parse_config({**base, "listeners": [{"type": "replication", "port": 9093, "bind_addresses": ["::1"]}]})
+    # The defaults are the protocol's constants.
+    assert connection_config(ReplicationConfig()) == ConnectionConfig()

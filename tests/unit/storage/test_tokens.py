@@ -191,3 +191,25 @@ def test_every_token_in_the_streams_doc_parses_to_itself() -> None:
         assert str(RoomStreamToken.parse(text)) == text
     for text in sync:
         assert str(StreamToken.parse(text)) == text
+
+
+def test_stream_positions_compare_only_within_one_stream() -> None:
+    from storage.tokens import StreamPosition
+
+    a, b = StreamPosition("events", 53), StreamPosition("events", 54)
+    assert a < b and a <= b and b > a and b >= a and max(a, b) is b
+    assert a == StreamPosition("events", 53) and hash(a) == hash(StreamPosition("events", 53))
+    assert a.at(54) == b and str(a) == "events@53"
+    caches = StreamPosition("caches", 53)
+    assert a != caches  # equality is plain: different streams are unequal
+    for compare in (lambda: a < caches, lambda: a <= caches, lambda: a > caches, lambda: a >= caches):
+        with pytest.raises(TypeError, match="different streams: 'events' .* 'caches'"):
+            compare()
+    with pytest.raises(TypeError, match="with int"):
+        assert a < 54  # type: ignore[operator]
+    with pytest.raises(ValueError, match="fits in 64 bits"):
+        StreamPosition("events", 2**63)
+    with pytest.raises(ValueError, match="fits in 64 bits"):
+        StreamPosition("events", True)
+    with pytest.raises(ValueError, match="non-empty stream name"):
+        StreamPosition("", 1)
