@@ -33,6 +33,7 @@ from homeserver.http.client_api import register_client_api_servlets
 from homeserver.http.metrics import HttpMetrics
 from homeserver.http.server import JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
 from homeserver.handlers.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
@@ -304,8 +305,10 @@ class HomeServer:
     def _build_services(self) -> None:
         assert self.db is not None and self.signing_key is not None
         self.events_store = EventsStore(self.db)
+        loader = EventLoader(self.events_store)
         persister = local_persister = EventPersister(
             store=self.events_store,
+            loader=loader,
             stream_ids=self.streams[StreamName.EVENTS],
             server_name=self.config.server_name,
             instance_name=self.instance_name,
@@ -313,6 +316,7 @@ class HomeServer:
             backfill_ids=self.streams[StreamName.BACKFILL],
         )
         creator_options: dict[str, Any] = dict(
+            loader=loader,
             store=self.events_store,
             server_name=self.config.server_name,
             signing_key=self.signing_key,
@@ -325,8 +329,8 @@ class HomeServer:
             client = self.internal_client = InternalApiClient(
                 self.reactor, self.layout, self.config.worker_replication_secret
             )
-            # Reads stay local; persisting goes to the room's owner (the same interface, duck-typed).
-            persister = RoutedPersister(local_persister, self.layout, client)  # type: ignore[assignment]
+            # Persisting goes to the room's owner (the same interface, duck-typed); reads use the loader.
+            persister = RoutedPersister(local_persister, self.layout, client, loader)  # type: ignore[assignment]
             sharded = ShardedRoomEventCreator(layout=self.layout, client=client, persister=persister,
                                               **creator_options)
             self.room_events = sharded
@@ -347,7 +351,7 @@ class HomeServer:
             streams=self.streams,
             notifier=self.notifier,
             events_store=self.events_store,
-            persister=persister,
+            loader=loader,
             room_events=self.room_events,
             accounts=self.accounts,
             sync_metrics=SyncMetrics.create(self.registry),
@@ -358,6 +362,7 @@ class HomeServer:
             signing_key=self.signing_key,
             store=self.events_store,
             persister=persister,
+            loader=loader,
             federation_store=FederationStore(self.db),
             metrics=FederationMetrics.create(self.registry),
         )

@@ -35,6 +35,7 @@ import attrs
 from homeserver.events import EventTemplate, FrozenEvent, RoomVersion, get_room_version, make_event
 from homeserver.events.canonical import thaw
 from homeserver.handlers.auth import Requester
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
 from homeserver.handlers.rooms import send_error
@@ -92,10 +93,12 @@ def _send_error(error: Exception, room_id: str) -> MatrixError:
 
 
 class RoutedPersister:
-    """An ``EventPersister`` whose writes happen on the room's owner; reads stay local."""
+    """An ``EventPersister`` whose writes happen on the room's owner; this process's
+    ``loader`` is primed with what the owner stored."""
 
-    def __init__(self, local: EventPersister, layout: Layout, client: InternalApiClient) -> None:
+    def __init__(self, local: EventPersister, layout: Layout, client: InternalApiClient, loader: EventLoader) -> None:
         self._local = local
+        self._loader = loader
         self._layout = layout
         self._client = client
 
@@ -108,7 +111,7 @@ class RoutedPersister:
             return await self._local.persist(room_version, event, **options)
         body = {"event": event_to_json(event), "options": _options_to_json(options)}
         result = _result_from_json(await self._client.call(owner, "persist_event", body))
-        self._local.remember(event)
+        self._loader.prime(event)
         return result
 
     async def persist_backfilled(self, room_version: RoomVersion, event: FrozenEvent, **options: Any) -> PersistResult:
@@ -116,7 +119,9 @@ class RoutedPersister:
         if owner == self._layout.instance_name:
             return await self._local.persist_backfilled(room_version, event, **options)
         body = {"event": event_to_json(event), "options": options}
-        return _result_from_json(await self._client.call(owner, "persist_backfilled", body))
+        result = _result_from_json(await self._client.call(owner, "persist_backfilled", body))
+        self._loader.prime(event)
+        return result
 
 
 def _options_to_json(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,7 +171,7 @@ class ShardedRoomEventCreator(RoomEventCreator):
                 raise DuplicateTxnId(txn.access_token_id, txn.txn_id) from None
             raise
         _, event = event_from_json(answer["event"])
-        self._persister.remember(event)
+        self._loader.prime(event)
         return event
 
     async def send_here(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn | None) -> FrozenEvent:

@@ -29,6 +29,7 @@ from homeserver.federation.keys import Keyring, server_key_response
 from homeserver.federation.membership import MembershipHandler
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.transaction import TransactionHandler
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from storage.kernel.errors import bad_json, not_found
 from homeserver.http.server import JsonRouter, parse_json_body, parse_json_object
@@ -65,6 +66,7 @@ class FederationServices:
         signing_key: SigningKey,
         store: EventsStore,
         persister: EventPersister,
+        loader: EventLoader,
         federation_store: FederationStore,
         metrics: FederationMetrics,
     ) -> FederationServices:
@@ -91,13 +93,15 @@ class FederationServices:
                           notaries=config.federation.trusted_key_servers)
         services = cls(
             server_name=server_name, signing_key=signing_key, clock_ms=clock_ms, client=client, keyring=keyring,
-            transactions=TransactionHandler(server_name=server_name, store=store, persister=persister,
+            transactions=TransactionHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                             keyring=keyring, client=client, txn_store=federation_store,
                                             clock_ms=clock_ms, metrics=metrics),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
-                                         persister=persister, keyring=keyring, client=client, clock_ms=clock_ms),
-            history=HistoryHandler(server_name=server_name, store=store, persister=persister, clock_ms=clock_ms),
-            backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, keyring=keyring,
+                                         persister=persister, loader=loader, keyring=keyring, client=client,
+                                         clock_ms=clock_ms),
+            history=HistoryHandler(server_name=server_name, store=store, loader=loader, clock_ms=clock_ms),
+            backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, loader=loader,
+                                     keyring=keyring,
                                      client=client),
         )
         return services
