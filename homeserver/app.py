@@ -33,7 +33,7 @@ from homeserver.http.client_api import register_client_api_servlets
 from homeserver.http.metrics import HttpMetrics
 from homeserver.http.server import JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
-from homeserver.handlers.event_loader import EventLoader
+from homeserver.handlers.event_loader import EventCacheMetrics, EventLoader
 from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
 from homeserver.handlers.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
@@ -305,7 +305,7 @@ class HomeServer:
     def _build_services(self) -> None:
         assert self.db is not None and self.signing_key is not None
         self.events_store = EventsStore(self.db)
-        loader = EventLoader(self.events_store)
+        loader = EventLoader(self.events_store, metrics=EventCacheMetrics.create(self.registry))
         persister = local_persister = EventPersister(
             store=self.events_store,
             loader=loader,

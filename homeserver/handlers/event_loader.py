@@ -14,15 +14,19 @@ version an event is parsed with, is only cached when the room's version is known
 It does not write: the persister stores events and then ``prime``s the loader
 with each one it stored (or that the room's writer stored for it), so an event
 this process built or verified is never read back. It knows nothing of
-redaction, visibility or HTTP.
+redaction, visibility or HTTP. Its metrics (``EventCacheMetrics``) count
+hits and misses and the cache's size.
 """
 
-# tests: tests/unit/handlers/test_event_loader.py
+# tests: tests/unit/handlers/test_event_loader.py, tests/integration/test_metrics_doc.py
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from typing import Final, Protocol
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from homeserver.events import FrozenEvent, RoomVersion, make_event, resolve_state
 from homeserver.events.errors import MissingEventsError
@@ -37,6 +41,32 @@ MAX_CACHED_EVENTS: Final = 50_000
 # The version an event is parsed with when its room is unknown here (an outlier of a
 # room whose create event this server has not stored). Such events are not cached.
 FALLBACK_ROOM_VERSION: Final = "10"
+
+
+@attrs.frozen
+class EventCacheMetrics:
+    lookups: Counter
+    entries: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> EventCacheMetrics:
+        metrics = cls(
+            lookups=Counter(
+                "tributary_events_cache_lookups_total",
+                "Events asked of the event cache, by outcome: hit (served from memory) or miss (read from "
+                "the database, when stored).",
+                ["outcome"],
+                registry=registry,
+            ),
+            entries=Gauge(
+                "tributary_events_cache_entries",
+                f"Parsed events held in the event cache (at most {MAX_CACHED_EVENTS}).",
+                registry=registry,
+            ),
+        )
+        for outcome in ("hit", "miss"):
+            metrics.lookups.labels(outcome=outcome)
+        return metrics
 
 
 class EventSource(Protocol):
@@ -54,9 +84,14 @@ class EventSource(Protocol):
 
 
 class EventLoader:
-    def __init__(self, store: EventSource, *, max_entries: int = MAX_CACHED_EVENTS) -> None:
+    def __init__(
+        self, store: EventSource, *, max_entries: int = MAX_CACHED_EVENTS, metrics: EventCacheMetrics | None = None
+    ) -> None:
         self._store = store
         self._events = DictCache[FrozenEvent]("events", max_entries=max_entries)
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.entries.set_function(lambda: len(self._events))
 
     @property
     def cached(self) -> int:
@@ -85,6 +120,9 @@ class EventLoader:
                 missing.append(event_id)
             else:
                 result[event_id] = cached
+        if self._metrics is not None:
+            self._metrics.lookups.labels(outcome="hit").inc(len(result))
+            self._metrics.lookups.labels(outcome="miss").inc(len(missing))
         if not missing:
             return result
         stored = await self._store.get_events(missing)

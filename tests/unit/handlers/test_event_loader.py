@@ -6,6 +6,7 @@ import json
 from collections.abc import Collection
 
 import pytest
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
@@ -13,7 +14,7 @@ from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.events.errors import MissingEventsError
 from homeserver.events.room_versions import KNOWN_ROOM_VERSIONS
-from homeserver.handlers.event_loader import FALLBACK_ROOM_VERSION, EventLoader
+from homeserver.handlers.event_loader import FALLBACK_ROOM_VERSION, EventCacheMetrics, EventLoader
 from storage.stores.events import StateKey, StoredEvent
 from tests.unit.events.helpers import ALICE, RoomBuilder, standard_room
 
@@ -86,6 +87,21 @@ async def test_events_are_read_once_then_served_from_the_cache() -> None:
     assert await loader.get_event("$unknown") is None
     # The message was read once; the unknown ID each time it was asked for (no negative caching).
     assert store.event_reads() == [frozenset({message.event_id, "$unknown"}), frozenset({"$unknown"})]
+
+
+async def test_hits_misses_and_size_are_measured() -> None:
+    room, message = _room_with_message()
+    registry = CollectorRegistry()
+    loader = EventLoader(FakeStore(room), metrics=EventCacheMetrics.create(registry))
+
+    def lookups(outcome: str) -> float | None:
+        return registry.get_sample_value("tributary_events_cache_lookups_total", {"outcome": outcome})
+
+    assert (lookups("hit"), lookups("miss")) == (0, 0)
+    await loader.load_events([message.event_id, "$unknown"])
+    await loader.load_events([message.event_id])
+    assert (lookups("hit"), lookups("miss")) == (1, 2)
+    assert registry.get_sample_value("tributary_events_cache_entries") == 1
 
 
 async def test_a_primed_event_is_never_read() -> None:
