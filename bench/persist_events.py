@@ -29,6 +29,7 @@ from signedjson.key import generate_signing_key  # noqa: E402
 from twisted.internet.defer import Deferred, gatherResults  # noqa: E402
 
 from homeserver.events import EventTemplate, parse_create_room_request  # noqa: E402
+from homeserver.handlers.event_loader import EventLoader  # noqa: E402
 from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics  # noqa: E402
 from homeserver.handlers.room_events import RoomEventCreator  # noqa: E402
 from storage.database import Database  # noqa: E402
@@ -80,12 +81,13 @@ async def run(dsn: str, events: int) -> None:
         from storage.stores.events import EventsStore
 
         store = EventsStore(db)
+        loader = EventLoader(store)
         persister = EventPersister(
-            store=store, stream_ids=stream_ids, server_name=SERVER, instance_name="master",
+            store=store, loader=loader, stream_ids=stream_ids, server_name=SERVER, instance_name="master",
             metrics=PersistenceMetrics.create(CollectorRegistry()),
         )
         creator = RoomEventCreator(
-            persister=persister, store=store, server_name=SERVER, signing_key=generate_signing_key("b"),
+            persister=persister, loader=loader, store=store, server_name=SERVER, signing_key=generate_signing_key("b"),
             default_room_version="12", clock_ms=lambda: int(time.time() * 1000),
         )
 

@@ -52,6 +52,7 @@ from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.servlets import FederationServices, build_federation_client, register_federation_servlets
 from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.auth import TokenCacheInvalidation
+from homeserver.handlers.event_loader import EventCacheMetrics, EventLoader
 from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
 from homeserver.handlers.federation_edus import EduSink, OutboundEdus
 from homeserver.handlers.metrics import SyncMetrics
@@ -389,13 +390,15 @@ class HomeServer:
 
         # Events: persisted here for the rooms this process owns, by the room's owner otherwise.
         events_store = EventsStore(db)
+        # The read side of events, with the event cache; the persister primes and invalidates it.
+        loader = EventLoader(events_store, metrics=EventCacheMetrics.create(self.registry))
         persister_options: dict[str, Any] = dict(
-            store=events_store, stream_ids=generators[StreamName.EVENTS], server_name=config.server_name,
+            store=events_store, loader=loader, stream_ids=generators[StreamName.EVENTS], server_name=config.server_name,
             instance_name=self.instance_name, metrics=self.persistence_metrics,
             backfill_ids=generators[StreamName.BACKFILL],
         )
         creator_options: dict[str, Any] = dict(
-            store=events_store, server_name=config.server_name, signing_key=storage.signing_key,
+            loader=loader, store=events_store, server_name=config.server_name, signing_key=storage.signing_key,
             default_room_version=config.default_room_version, clock_ms=clock_ms,
         )
         persister: EventPersister
@@ -431,13 +434,13 @@ class HomeServer:
 
         federation = FederationServices.build(
             config, reactor, client=client, signing_key=storage.signing_key, store=events_store,
-            persister=persister, federation_store=FederationStore(db),
+            persister=persister, loader=loader, federation_store=FederationStore(db),
             metrics=federation_metrics,
             invites=remote_invites, invite_writer=invite_writer, forward=outbound.forward, on_remote_up=on_remote_up,
         )
         rooms = RoomServices.build(
             db=db, reactor=reactor, server_name=config.server_name, streams=generators, notifier=streams.notifier,
-            events_store=events_store, persister=persister, room_events=room_events, accounts=accounts,
+            events_store=events_store, loader=loader, room_events=room_events, accounts=accounts,
             remote_invites=remote_invites, remote=federation.membership, backfill=federation.backfill.backfill,
             edus=outbound.edus, sync_metrics=SyncMetrics.create(self.registry),
         )

@@ -25,6 +25,7 @@ from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.federation.client import FederationClient, FederationClientError
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from storage.stores.events import EventsStore, StateKey
 
@@ -42,11 +43,12 @@ class BackfillError(EventsError):
 
 
 class BackfillHandler:
-    def __init__(self, *, server_name: str, store: EventsStore, persister: EventPersister, keyring: Keyring,
+    def __init__(self, *, server_name: str, store: EventsStore, persister: EventPersister, loader: EventLoader, keyring: Keyring,
                  client: FederationClient) -> None:
         self._server_name = server_name
         self._store = store
         self._persister = persister
+        self._loader = loader
         self._keyring = keyring
         self._client = client
         self._running: set[str] = set()
@@ -121,11 +123,11 @@ class BackfillHandler:
             rejection: str | None = None
             try:
                 try:
-                    await check_against_auth_events(self._persister, room_version, event, batch)
+                    await check_against_auth_events(self._loader, room_version, event, batch)
                 except MissingEventsError:
                     pass  # auth events older than what we hold: the state check below decides
                 if event.type != C.CREATE:  # the create event has no state before it to check against
-                    await check_against_state(self._persister, room_version, event, state, batch)
+                    await check_against_state(self._loader, room_version, event, state, batch)
             except AuthError as e:
                 rejection = str(e)
                 logger.warning("[%s] backfilled %s from %s fails auth: %s", room_id, event.event_id, server, e)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from homeserver.events import FrozenEvent, get_room_version
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.event_loader import EventLoader
 from storage.kernel.errors import forbidden, not_found
 from storage.stores.events import EventsStore
 
@@ -21,11 +21,11 @@ MAX_MISSING: Final = 20
 
 
 class HistoryHandler:
-    def __init__(self, *, server_name: str, store: EventsStore, persister: EventPersister,
+    def __init__(self, *, server_name: str, store: EventsStore, loader: EventLoader,
                  clock_ms: Callable[[], int]) -> None:
         self._server_name = server_name
         self._store = store
-        self._persister = persister
+        self._loader = loader
         self._clock_ms = clock_ms
 
     async def _check_in_room(self, origin: str, room_id: str) -> None:
@@ -39,7 +39,7 @@ class HistoryHandler:
                 "pdus": [e.get_pdu_json() for e in pdus]}
 
     async def get_event(self, origin: str, event_id: str) -> dict[str, Any]:
-        event = (await self._persister.load_events([event_id])).get(event_id)
+        event = await self._loader.get_event(event_id)
         if event is None:
             raise not_found(f"Event {event_id} is not known to this server")
         await self._check_in_room(origin, event.room_id)
@@ -47,11 +47,11 @@ class HistoryHandler:
 
     async def _state_at(self, origin: str, room_id: str, event_id: str) -> tuple[set[str], set[str]]:
         await self._check_in_room(origin, room_id)
-        event = (await self._persister.load_events([event_id])).get(event_id)
+        event = await self._loader.get_event(event_id)
         if event is None or event.room_id != room_id:
             raise not_found(f"Event {event_id} is not known in room {room_id}")
         version = get_room_version(await self._store.get_room_version(room_id) or "10")
-        state = set((await self._persister.state_before_event(version, event)).values())
+        state = set((await self._loader.state_before_event(version, event)).values())
         chain = await self._store.get_auth_chain_ids(state)
         return state, chain
 
@@ -61,7 +61,7 @@ class HistoryHandler:
 
     async def state(self, origin: str, room_id: str, event_id: str) -> dict[str, Any]:
         state, chain = await self._state_at(origin, room_id, event_id)
-        loaded = await self._persister.load_events(state | chain)
+        loaded = await self._loader.load_events(state | chain)
         return {
             "pdus": [loaded[i].get_pdu_json() for i in sorted(state) if i in loaded],
             "auth_chain": [loaded[i].get_pdu_json() for i in sorted(chain) if i in loaded],
@@ -73,12 +73,12 @@ class HistoryHandler:
         frontier = [s for s in starts]
         seen.update(frontier)
         found: list[FrozenEvent] = []
-        first = await self._persister.load_events(frontier)
+        first = await self._loader.load_events(frontier)
         queue = [e for s in frontier if (e := first.get(s)) is not None]
         while queue and len(found) < limit:
             next_ids = [p for e in queue for p in e.prev_event_ids if p not in seen]
             seen.update(next_ids)
-            loaded = await self._persister.load_events(next_ids)
+            loaded = await self._loader.load_events(next_ids)
             queue = sorted((e for e in loaded.values() if e.depth >= min_depth), key=lambda e: -e.depth)
             found.extend(queue[: limit - len(found)])
         return found
@@ -86,7 +86,7 @@ class HistoryHandler:
     async def backfill(self, origin: str, room_id: str, from_ids: list[str], limit: int) -> dict[str, Any]:
         await self._check_in_room(origin, room_id)
         limit = max(1, min(limit, MAX_BACKFILL))
-        starts = await self._persister.load_events(from_ids)
+        starts = await self._loader.load_events(from_ids)
         events = [e for e in starts.values() if e.room_id == room_id][:limit]
         events += await self._walk_back([e.event_id for e in events], set(), limit - len(events))
         return self._envelope(events)

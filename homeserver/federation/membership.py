@@ -47,6 +47,7 @@ from homeserver.events.redaction import prune_event_dict
 from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.routing.writers import InviteWriter
@@ -80,7 +81,7 @@ class MembershipHandler:
         server_name: str,
         signing_key: SigningKey,
         store: EventsStore,
-        persister: EventPersister,
+        persister: EventPersister, loader: EventLoader,
         keyring: Keyring,
         client: FederationClient,
         clock_ms: Callable[[], int],
@@ -92,6 +93,7 @@ class MembershipHandler:
         self._signing_key = signing_key
         self._store = store
         self._persister = persister
+        self._loader = loader
         self._keyring = keyring
         self._client = client
         self._clock_ms = clock_ms
@@ -165,9 +167,9 @@ class MembershipHandler:
         if server_name_of(event.sender) != origin:
             raise forbidden(f"{origin} may not send a {membership} for {event.sender}")
         try:
-            await check_against_auth_events(self._persister, room_version, event)
-            state_before = await self._persister.state_before_event(room_version, event)
-            await check_against_state(self._persister, room_version, event, state_before)
+            await check_against_auth_events(self._loader, room_version, event)
+            state_before = await self._loader.state_before_event(room_version, event)
+            await check_against_state(self._loader, room_version, event, state_before)
         except EventsError as e:
             raise forbidden(f"{membership} not allowed: {e}") from None
         signed = self._cosign(room_version, event)
@@ -176,7 +178,7 @@ class MembershipHandler:
             self._forward(signed, origin)
         state_ids = set(state_before.values())
         chain_ids = await self._store.get_auth_chain_ids(state_ids | set(event.auth_event_ids))
-        loaded = await self._persister.load_events(state_ids | chain_ids)
+        loaded = await self._loader.load_events(state_ids | chain_ids)
         return {
             "origin": self._server_name,
             "event": signed.get_pdu_json(),
@@ -298,7 +300,7 @@ class MembershipHandler:
             if key is not None:
                 state_map[key] = event.event_id
         try:
-            await check_against_state(self._persister, room_version, join, state_map)
+            await check_against_state(self._loader, room_version, join, state_map)
         except AuthError as e:
             raise JoinError(f"our join does not pass auth against {server}'s state: {e}") from None
         joined = {
@@ -419,11 +421,11 @@ class MembershipHandler:
                 origin_server_ts=self._clock_ms(),
             )
             invite = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
-            await check_against_state(self._persister, room_version, invite, context.auth_state)
+            await check_against_state(self._loader, room_version, invite, context.auth_state)
             # Full PDUs, not the client API's stripped form: since Matrix 1.16 (MSC4311) the
             # receiver may check each one's format and signatures, and the create event must be there.
             state_ids = [context.auth_state[k] for k in INVITE_ROOM_STATE_KEYS if k in context.auth_state]
-            loaded_state = await self._persister.load_events(state_ids)
+            loaded_state = await self._loader.load_events(state_ids)
             invite_room_state = [loaded_state[i].get_pdu_json() for i in state_ids if i in loaded_state]
             try:
                 response = await self._client.put_json(

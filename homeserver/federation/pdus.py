@@ -4,7 +4,7 @@
 ``InvalidEvent``), signatures of every required server (else ``SignatureError``),
 the content hash (a mismatch means we continue with the redacted copy), then the
 auth rules against the event's auth events, the state before it, and the current
-state. Keys come from the ``Keyring``; events from the persister.
+state. Keys come from the ``Keyring``; events from the ``EventLoader``.
 """
 
 # tests: tests/integration/test_federation.py
@@ -28,7 +28,7 @@ from homeserver.events.auth import auth_state_from_auth_events, check_auth_event
 from homeserver.events.errors import AuthError, InvalidEvent, MissingEventsError
 from homeserver.events.hashing import create_event_id_from_room_id
 from homeserver.federation.keys import Keyring
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.event_loader import EventLoader
 
 
 async def parse_and_verify(keyring: Keyring, room_version: RoomVersion, pdu: object) -> FrozenEvent:
@@ -53,15 +53,15 @@ def _create_id(room_version: RoomVersion, event: FrozenEvent) -> str | None:
     return None
 
 
-async def _load(persister: EventPersister, ids: set[str],
+async def _load(loader: EventLoader, ids: set[str],
                 known: Mapping[str, FrozenEvent] | None) -> dict[str, FrozenEvent]:
-    """Events by ID from ``known`` (a batch not stored yet) or the persister."""
+    """Events by ID from ``known`` (a batch not stored yet) or the loader."""
     found = {i: known[i] for i in ids if i in known} if known else {}
-    found.update(await persister.load_events(ids - set(found)))
+    found.update(await loader.load_events(ids - set(found)))
     return found
 
 
-async def check_against_auth_events(persister: EventPersister, room_version: RoomVersion, event: FrozenEvent,
+async def check_against_auth_events(loader: EventLoader, room_version: RoomVersion, event: FrozenEvent,
                                     known: Mapping[str, FrozenEvent] | None = None) -> None:
     """Auth rules against the event's own auth events; raises AuthError or MissingEventsError.
 
@@ -73,7 +73,7 @@ async def check_against_auth_events(persister: EventPersister, room_version: Roo
     create_id = _create_id(room_version, event)
     if create_id is not None:
         wanted.add(create_id)
-    loaded = await _load(persister, wanted, known)
+    loaded = await _load(loader, wanted, known)
     check_auth_events_list(room_version, event, loaded)
     create = loaded.get(create_id) if create_id is not None else None
     if create_id is not None and create is None:
@@ -85,14 +85,14 @@ async def check_against_auth_events(persister: EventPersister, room_version: Roo
 
 
 async def check_against_state(
-    persister: EventPersister, room_version: RoomVersion, event: FrozenEvent, state_ids: Mapping[StateKey, str],
+    loader: EventLoader, room_version: RoomVersion, event: FrozenEvent, state_ids: Mapping[StateKey, str],
     known: Mapping[str, FrozenEvent] | None = None,
 ) -> None:
     """Auth rules against a state map (the state before the event, or the current state)."""
     keys = set(auth_types_for_event(room_version, event))
     keys.add((C.CREATE, ""))
     ids = {k: state_ids[k] for k in keys if k in state_ids}
-    loaded = await _load(persister, set(ids.values()), known)
+    loaded = await _load(loader, set(ids.values()), known)
     auth_state = {k: loaded[i] for k, i in ids.items() if i in loaded}
     if (C.CREATE, "") not in auth_state:
         raise AuthError("no create event in the state the event is checked against")

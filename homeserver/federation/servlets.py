@@ -30,6 +30,7 @@ from homeserver.federation.keys import Keyring, server_key_response
 from homeserver.federation.membership import MembershipHandler
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.transaction import TransactionHandler
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.routing.writers import InviteWriter
@@ -69,6 +70,7 @@ class FederationServices:
         signing_key: SigningKey,
         store: EventsStore,
         persister: EventPersister,
+        loader: EventLoader,
         federation_store: FederationStore,
         metrics: FederationMetrics,
         invites: RemoteInvites,
@@ -93,14 +95,16 @@ class FederationServices:
                           notaries=config.federation.trusted_key_servers)
         return cls(
             server_name=server_name, signing_key=signing_key, clock_ms=clock_ms, client=client, keyring=keyring,
-            transactions=TransactionHandler(server_name=server_name, store=store, persister=persister,
+            transactions=TransactionHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                             keyring=keyring, client=client, txn_store=federation_store,
                                             clock_ms=clock_ms, metrics=metrics),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
-                                         persister=persister, keyring=keyring, client=client, clock_ms=clock_ms,
-                                         invites=invites, invite_writer=invite_writer, forward=forward),
-            history=HistoryHandler(server_name=server_name, store=store, persister=persister, clock_ms=clock_ms),
-            backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, keyring=keyring,
+                                         persister=persister, loader=loader, keyring=keyring, client=client,
+                                         clock_ms=clock_ms, invites=invites, invite_writer=invite_writer,
+                                         forward=forward),
+            history=HistoryHandler(server_name=server_name, store=store, loader=loader, clock_ms=clock_ms),
+            backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, loader=loader,
+                                     keyring=keyring,
                                      client=client),
             on_remote_up=on_remote_up,
         )

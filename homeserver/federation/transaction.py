@@ -32,6 +32,7 @@ from homeserver.federation.edus import EduRejected
 from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from storage.kernel.errors import MatrixError, bad_json
 from storage.stores.events import EventsStore
@@ -63,7 +64,7 @@ class TransactionHandler:
         *,
         server_name: str,
         store: EventsStore,
-        persister: EventPersister,
+        persister: EventPersister, loader: EventLoader,
         keyring: Keyring,
         client: FederationClient,
         txn_store: TransactionStore,
@@ -76,6 +77,7 @@ class TransactionHandler:
         self._server_name = server_name
         self._store = store
         self._persister = persister
+        self._loader = loader
         self._keyring = keyring
         self._client = client
         self._edu_handlers: dict[str, EduHandler] = {}
@@ -186,19 +188,19 @@ class TransactionHandler:
 
     async def _process_event(self, origin: str, room_version: RoomVersion, event: FrozenEvent, *,
                              fetch_missing: bool) -> None:
-        known = await self._persister.load_events(event.prev_event_ids)
+        known = await self._loader.load_events(event.prev_event_ids)
         missing = [e for e in event.prev_event_ids if e not in known]
         if missing and fetch_missing:
             await self._fetch_missing(origin, room_version, event)
-            known = await self._persister.load_events(event.prev_event_ids)
+            known = await self._loader.load_events(event.prev_event_ids)
             missing = [e for e in event.prev_event_ids if e not in known]
         if missing:
             raise MissingEventsError(frozenset(missing), f"prev_events of {event.event_id} are unknown")
         rejection: str | None = None
         try:
-            await check_against_auth_events(self._persister, room_version, event)
-            state_before = await self._persister.state_before_event(room_version, event)
-            await check_against_state(self._persister, room_version, event, state_before)
+            await check_against_auth_events(self._loader, room_version, event)
+            state_before = await self._loader.state_before_event(room_version, event)
+            await check_against_state(self._loader, room_version, event, state_before)
         except AuthError as e:
             rejection = str(e)
             logger.warning("[%s] rejecting %s from %s: %s", event.room_id, event.event_id, origin, e)
@@ -206,7 +208,7 @@ class TransactionHandler:
         if rejection is None:
             current = await self._store.get_current_state_ids(event.room_id)
             try:
-                await check_against_state(self._persister, room_version, event, current)
+                await check_against_state(self._loader, room_version, event, current)
             except AuthError as e:
                 logger.warning("[%s] soft-failing %s from %s: %s", event.room_id, event.event_id, origin, e)
                 soft_failed = True

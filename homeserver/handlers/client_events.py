@@ -17,7 +17,7 @@ from typing import Any
 from homeserver.events import FrozenEvent, can_see_event, prune_event_dict
 from homeserver.events import constants as C
 from homeserver.events.canonical import thaw
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.event_loader import EventLoader
 from storage.stores.events import EventsStore, StateKey
 from storage.stores.timeline import TimelineStore
 
@@ -68,19 +68,19 @@ class ClientEvents:
     def __init__(
         self,
         *,
-        persister: EventPersister,
+        loader: EventLoader,
         events_store: EventsStore,
         timeline: TimelineStore,
         clock_ms: Callable[[], int],
     ) -> None:
-        self._persister = persister
+        self._loader = loader
         self._events_store = events_store
         self._timeline = timeline
         self._clock_ms = clock_ms
 
     async def load(self, event_ids: Sequence[str]) -> list[FrozenEvent]:
         """The events we have, in the order given."""
-        loaded = await self._persister.load_events(event_ids)
+        loaded = await self._loader.load_events(event_ids)
         return [loaded[event_id] for event_id in event_ids if event_id in loaded]
 
     async def serialize(
@@ -91,7 +91,7 @@ class ClientEvents:
         now = self._clock_ms()
         ids = [event.event_id for event in events]
         redactions, txn_ids = await self._timeline.get_redactions_and_txn_ids(ids, access_token_id)
-        redaction_events = await self._persister.load_events(
+        redaction_events = await self._loader.load_events(
             {rid for rids in redactions.values() for rid in rids}
         )
         out = []
@@ -138,7 +138,7 @@ class ClientEvents:
                 for key, event_id in ids.items()
                 if key == (C.HISTORY_VISIBILITY, "") or key == (C.MEMBER, user_id)
             }
-            loaded = await self._persister.load_events(set(wanted.values()))
+            loaded = await self._loader.load_events(set(wanted.values()))
             group_state[group] = {key: loaded[eid] for key, eid in wanted.items() if eid in loaded}
         visible = []
         for event in events:

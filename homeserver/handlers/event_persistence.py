@@ -6,8 +6,14 @@ changes, the room's new current state over its forward extremities, reserves
 a stream ordering on the ``events`` stream, writes it all in one transaction
 through the events store, completes the ID and tells listeners (notifier,
 federation sender). It does not check auth rules: callers do, against the
-state it exposes (``state_before_event``), and pass a rejection reason.
-Persisting the same event twice is a no-op.
+state the loader reads (``EventLoader.state_before_event``), and pass a
+rejection reason. Persisting the same event twice is a no-op.
+
+It writes and does not serve reads: events are read through the
+``EventLoader`` it is given, which it primes with every event it stored, so
+that an event this process built or verified is never read back. A
+redaction's target is recorded (``event_redactions``) in the redaction's own
+transaction, so no process sees a redaction without its effect.
 
 Local sends read the room through ``send_context``, served from a per-room
 snapshot this process keeps while it is the room's only writer (see
@@ -29,11 +35,11 @@ import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from twisted.internet.defer import Deferred
 
-from homeserver.events import FrozenEvent, RoomVersion, make_event, resolve_state
+from homeserver.events import FrozenEvent, RoomVersion
+from homeserver.events import constants as C
 from homeserver.events.errors import MissingEventsError
 from homeserver.events.identifiers import server_name_of
-from homeserver.events.room_versions import get_room_version
-from storage.caches import DictCache
+from homeserver.handlers.event_loader import EventLoader
 from storage.database import Transaction
 from storage.stores.events import (
     EventAlreadyPersisted,
@@ -123,6 +129,7 @@ class EventPersister:
         self,
         *,
         store: EventsStore,
+        loader: EventLoader,
         stream_ids: StreamIdAllocator,
         server_name: str,
         instance_name: str,
@@ -130,6 +137,7 @@ class EventPersister:
         backfill_ids: StreamIdAllocator | None = None,
     ) -> None:
         self._store = store
+        self._loader = loader
         self._stream_ids = stream_ids
         # The backfill stream: history from other servers gets stream_ordering = -(its ID).
         self._backfill_ids = backfill_ids
@@ -141,41 +149,13 @@ class EventPersister:
         # forward extremities and current state each transaction computes are
         # not raced by another event of the same room.
         self._room_locks: dict[str, _RoomLock] = {}
-        # Events never change once stored (redaction changes how they are
-        # served, not the PDU), so parsed events are cached without invalidation.
-        self._events = DictCache[FrozenEvent]("events", max_entries=50_000)
         self._snapshots: OrderedDict[str, _RoomSnapshot] = OrderedDict()
 
     def add_listener(self, listener: PersistedListener) -> None:
         """Call ``listener(event, result)`` after each new event's transaction committed."""
         self._listeners.append(listener)
 
-    # --- state reads callers need -----------------------------------------------------
-
-    async def state_before_event(self, room_version: RoomVersion, event: FrozenEvent) -> dict[StateKey, str]:
-        """The state the event was sent on: its predecessors' state, resolved if they fork."""
-        _, state = await self._state_before(room_version, event)
-        return dict(state)
-
-    async def load_events(self, event_ids: Collection[str]) -> dict[str, FrozenEvent]:
-        """Parsed events by ID (those we have), from the cache or the database."""
-        result: dict[str, FrozenEvent] = {}
-        missing = []
-        for event_id in event_ids:
-            cached = self._events.get((event_id,))
-            if cached is None:
-                missing.append(event_id)
-            else:
-                result[event_id] = cached
-        if missing:
-            stored = await self._store.get_events(missing)
-            versions = await self._store.get_room_versions({row.room_id for row in stored.values()})
-            for event_id, row in stored.items():
-                room_version = get_room_version(versions.get(row.room_id, "10"))
-                event = make_event(room_version, row.pdu(), trusted_event_id=event_id)
-                self._events.set((event_id,), event)
-                result[event_id] = event
-        return result
+    # --- the room as a local send builds on it ---------------------------------------------
 
     async def send_context(self, room_id: str, keys: Collection[StateKey]) -> SendContext:
         """What a local send in ``room_id`` builds on: extremities, the current state of ``keys``
@@ -225,10 +205,6 @@ class EventPersister:
         snapshot.extremities = {event.event_id: event.depth}
         snapshot.extremity_groups = {event.event_id: result.state_group_after}
         self._snapshots[event.room_id] = snapshot
-
-    def remember(self, event: FrozenEvent) -> None:
-        """Cache an event we built or verified ourselves, so that reading it back is free."""
-        self._events.set((event.event_id,), event)
 
     # --- the write -------------------------------------------------------------------------
 
@@ -387,7 +363,7 @@ class EventPersister:
             if stream_ordering is None:
                 raise
             return PersistResult(stream_ordering, None, already_persisted=True)
-        self.remember(event)
+        self._loader.prime(event)
         if snapshot is not None and linear and ctx.for_local_send and is_local and not result.already_persisted:
             self._advance_snapshot(snapshot, event, result)
         return result
@@ -414,6 +390,7 @@ class EventPersister:
             display_name=display_name if isinstance(display_name, str) else None,
             avatar_url=avatar_url if isinstance(avatar_url, str) else None,
             room_version=room_version.identifier if event.type == "m.room.create" and event.state_key == "" else None,
+            redacts=event.redacts if event.type == C.REDACTION else None,
             **fields,
         )
 
@@ -450,7 +427,7 @@ class EventPersister:
 
         start = time.perf_counter()
         result = await backfill_ids.run_interaction("persist_backfilled_event", persist_event_txn, request, allocate)
-        self.remember(event)
+        self._loader.prime(event)
         self._after_persist(event, result, "remote", start)
         return result
 
@@ -465,12 +442,6 @@ class EventPersister:
                 listener(event, result)
             except Exception:
                 logger.exception("persisted-event listener %r failed for %s", listener, event.event_id)
-
-    async def resolve(
-        self, room_version: RoomVersion, room_id: str, state_sets: Sequence[Mapping[StateKey, str]]
-    ) -> dict[StateKey, str]:
-        """State resolution over ``state_sets`` (all of whose events are stored)."""
-        return await self._resolve(room_version, room_id, state_sets)
 
     # --- state -----------------------------------------------------------------------------
 
@@ -497,33 +468,13 @@ class EventPersister:
         if len(distinct) == 1:
             return distinct[0], await self._store.get_state_for_group(distinct[0])
         state_sets = [await self._store.get_state_for_group(g) for g in distinct]
-        resolved = await self._resolve(room_version, event.room_id, state_sets)
+        resolved = await self._loader.resolve(room_version, state_sets)
         # Stored as a delta on the first predecessor's group, which is usually
         # small; resolution keeps every key of every input, so no key is removed.
         base = state_sets[0]
         delta = {k: v for k, v in resolved.items() if base.get(k) != v}
         group = await self._store.new_state_group(event.room_id, distinct[0], delta) if delta else distinct[0]
         return group, resolved
-
-    async def _resolve(
-        self,
-        room_version: RoomVersion,
-        room_id: str,
-        state_sets: Sequence[Mapping[StateKey, str]],
-        pending: FrozenEvent | None = None,
-    ) -> dict[StateKey, str]:
-        """Resolve ``state_sets``; ``pending`` is an event not yet stored that they may name."""
-        wanted: set[str] = set()
-        for state in state_sets:
-            wanted.update(state.values())
-        extra: dict[str, FrozenEvent] = {}
-        if pending is not None and pending.event_id in wanted:
-            wanted.discard(pending.event_id)
-            wanted.update(pending.auth_event_ids)
-            extra[pending.event_id] = pending
-        event_map = await self.load_events(await self._store.get_auth_chain_ids(wanted) | wanted)
-        event_map.update(extra)
-        return dict(resolve_state(room_version, state_sets, event_map))
 
     async def _new_current_state(
         self,
@@ -540,7 +491,7 @@ class EventPersister:
         state_sets: list[Mapping[StateKey, str]] = [state_after]
         for group in sorted(set(groups.values())):
             state_sets.append(await self._store.get_state_for_group(group))
-        return await self._resolve(room_version, event.room_id, state_sets, pending=event)
+        return await self._loader.resolve(room_version, state_sets, pending=event)
 
     def room_lock(self, room_id: str) -> _RoomLock:
         """Serialises the events of one room in this process: held around

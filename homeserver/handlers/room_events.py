@@ -34,6 +34,7 @@ from homeserver.events import (
     initial_room_events,
 )
 from homeserver.events import constants as C
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from storage.stores.events import DuplicateTxnId, EventsStore, SendTxn, StaleRoomContext, StateKey
 
@@ -57,6 +58,7 @@ class RoomEventCreator:
         self,
         *,
         persister: EventPersister,
+        loader: EventLoader,
         store: EventsStore,
         server_name: str,
         signing_key: SigningKey,
@@ -64,6 +66,7 @@ class RoomEventCreator:
         clock_ms: Callable[[], int],
     ) -> None:
         self._persister = persister
+        self._loader = loader
         self._store = store
         self._server_name = server_name
         self._signing_key = signing_key
@@ -160,7 +163,7 @@ class RoomEventCreator:
         keys = set(auth_types_for(room_version, event.type, event.state_key, event.sender, event.content))
         keys.add((C.CREATE, ""))
         ids = {key: current[key] for key in keys if key in current}
-        events = await self._persister.load_events(set(ids.values()))
+        events = await self._loader.load_events(set(ids.values()))
         auth_state = {key: events[event_id] for key, event_id in ids.items() if event_id in events}
         if (C.CREATE, "") not in auth_state:
             raise AuthError("the room has no create event")

@@ -15,12 +15,11 @@ from typing import Any
 import attrs
 from twisted.internet.defer import Deferred
 
-from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.e2e import E2eHandler
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.messages import Backfill, MessagesHandler
 from homeserver.handlers.metrics import SyncMetrics
@@ -37,14 +36,13 @@ from storage.id_generators import StreamIdGenerator
 from storage.notifier import Notifier
 from storage.stores.account_data import AccountDataStore
 from storage.stores.e2e import E2eStore
-from storage.stores.events import EventsStore, PersistResult
+from storage.stores.events import EventsStore
 from storage.room_tokens import RoomTokens
 from storage.stores.instance_map import InstanceMap
 from storage.stores.presence import PresenceStore
 from storage.stores.streams import insert_typing_txn
 from storage.stores.timeline import TimelineStore
 from storage.streams import StreamName
-from storage.kernel.background import run_in_background
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ class RoomServices:
         streams: Mapping[StreamName, StreamIdGenerator],
         notifier: Notifier,
         events_store: EventsStore,
-        persister: EventPersister,
+        loader: EventLoader,
         room_events: RoomEventCreator,
         accounts: AccountServices,
         remote_invites: RemoteInvites,
@@ -91,16 +89,8 @@ class RoomServices:
 
         timeline = TimelineStore(db)
 
-        def on_persisted(event: FrozenEvent, result: PersistResult) -> None:
-            # Redactions from any source (local sends, federation) are recorded so reads
-            # serve their targets pruned. Local sends also record synchronously.
-            if event.type == C.REDACTION and event.redacts is not None and not result.already_persisted:
-                redacts = event.redacts
-                run_in_background("record_redaction", timeline.record_redaction(event.event_id, redacts, event.room_id))
-
-        persister.add_listener(on_persisted)
         client_events = ClientEvents(
-            persister=persister, events_store=events_store, timeline=timeline, clock_ms=clock_ms
+            loader=loader, events_store=events_store, timeline=timeline, clock_ms=clock_ms
         )
 
         async def is_joined(user_id: str, room_id: str) -> bool:
@@ -108,12 +98,12 @@ class RoomServices:
             return entry is not None and entry[0] == C.JOIN
 
         async def event_room(event_id: str) -> str | None:
-            event: FrozenEvent | None = (await persister.load_events([event_id])).get(event_id)
+            event = await loader.get_event(event_id)
             return None if event is None else event.room_id
 
         rooms = RoomHandler(
             room_events=room_events,
-            persister=persister,
+            loader=loader,
             events_store=events_store,
             timeline=timeline,
             client_events=client_events,

@@ -32,7 +32,7 @@ from homeserver.events import constants as C
 from homeserver.events.identifiers import server_name_of
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.profile import ProfileHandler
 from homeserver.handlers.ratelimit import Ratelimiters, ratelimit
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
@@ -124,7 +124,7 @@ class RoomHandler:
         self,
         *,
         room_events: RoomEventCreator,
-        persister: EventPersister,
+        loader: EventLoader,
         events_store: EventsStore,
         timeline: TimelineStore,
         client_events: ClientEvents,
@@ -136,7 +136,7 @@ class RoomHandler:
     ) -> None:
         self._limits = ratelimiters
         self._room_events = room_events
-        self._persister = persister
+        self._loader = loader
         self._events_store = events_store
         self._timeline = timeline
         self._client_events = client_events
@@ -214,7 +214,7 @@ class RoomHandler:
             return existing
         ratelimit(self._limits.message, requester.user_id, self._now())
         await self._check_room(room_id)
-        target = (await self._persister.load_events([event_id])).get(event_id)
+        target = await self._loader.get_event(event_id)
         if target is None or target.room_id != room_id:
             raise not_found("Event not found")
         if target.sender != requester.user_id:
@@ -225,7 +225,6 @@ class RoomHandler:
         content: dict[str, Any] = {} if reason is None else {"reason": reason}
         template = make_template(C.REDACTION, content, redacts=event_id)
         redaction = await self._send(room_id, template, requester.user_id)
-        await self._timeline.record_redaction(redaction.event_id, event_id, room_id)
         await self._timeline.store_txn_event(
             requester.access_token_id, txn_id, room_id, redaction.event_id, requester.user_id, self._clock_ms()
         )
@@ -477,7 +476,7 @@ class RoomHandler:
 
     async def _current_state_events(self, room_id: str, keys: list[StateKey]) -> dict[StateKey, FrozenEvent]:
         ids = await self._events_store.get_current_state_for_keys(room_id, keys)
-        loaded = await self._persister.load_events(set(ids.values()))
+        loaded = await self._loader.load_events(set(ids.values()))
         return {key: loaded[eid] for key, eid in ids.items() if eid in loaded}
 
     async def visible_state_ids(self, requester: Requester, room_id: str) -> dict[StateKey, str]:

@@ -102,7 +102,7 @@ class RoutedPersister(EventPersister):
             return await super().persist(room_version, event, **options)
         body = {"event": event_to_json(event), "options": _options_to_json(options)}
         result = _result_from_json(await self._client.call(owner, "persist_event", body))
-        self.remember(event)
+        self._loader.prime(event)
         return result
 
     async def persist_backfilled(self, room_version: RoomVersion, event: FrozenEvent, **options: Any) -> PersistResult:
@@ -110,7 +110,9 @@ class RoutedPersister(EventPersister):
         if owner == self._layout.instance_name:
             return await super().persist_backfilled(room_version, event, **options)
         body = {"event": event_to_json(event), "options": options}
-        return _result_from_json(await self._client.call(owner, "persist_backfilled", body))
+        result = _result_from_json(await self._client.call(owner, "persist_backfilled", body))
+        self._loader.prime(event)
+        return result
 
 
 def _options_to_json(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -160,7 +162,7 @@ class ShardedRoomEventCreator(RoomEventCreator):
                 raise DuplicateTxnId(txn.access_token_id, txn.txn_id) from None
             raise
         _, event = event_from_json(answer["event"])
-        self._persister.remember(event)
+        self._loader.prime(event)
         return event
 
     async def send_here(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn | None) -> FrozenEvent:

@@ -21,7 +21,7 @@ CREATE TABLE event_txn_ids (
 );
 CREATE INDEX event_txn_ids_event ON event_txn_ids (event_id);
 
--- Which event redacts which (filled by a persistence listener for every
+-- Which event redacts which (filled by the persist transaction of every
 -- m.room.redaction, local or remote), so that reads can serve events pruned.
 CREATE TABLE event_redactions (
     redaction_id TEXT PRIMARY KEY,

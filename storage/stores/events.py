@@ -125,6 +125,9 @@ class PersistRequest:
     current_state_delta: StateMap | None = None
     remote_servers: frozenset[str] = frozenset()
     room_version: str | None = None  # set for m.room.create: registers the room
+    # An m.room.redaction's target, recorded in ``event_redactions`` by the same transaction,
+    # so that whoever sees the redaction (any process) also serves its target pruned.
+    redacts: str | None = None
     # History fetched from another server (``/backfill``): stored with a negative stream
     # ordering (``allocate`` returns it), before the timeline; forward extremities, current
     # state and destination rows are left alone. An outlier copy of the event is promoted.
@@ -549,6 +552,13 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
             "INSERT INTO event_auth (event_id, auth_id, room_id) "
             "SELECT %s, unnest(%s::text[]), %s ON CONFLICT DO NOTHING",
             (r.event_id, list(r.auth_event_ids), r.room_id),
+        ))
+    if r.redacts is not None:
+        # Rejected, soft-failed or outlier redactions are recorded too; reads ignore them.
+        batch.append((
+            "INSERT INTO event_redactions (redaction_id, redacts, room_id) VALUES (%s, %s, %s) "
+            "ON CONFLICT DO NOTHING",
+            (r.event_id, r.redacts, r.room_id),
         ))
     if r.send_txn is not None:
         # No ON CONFLICT: a transaction ID already used fails the batch (DuplicateTxnId).

@@ -223,16 +223,6 @@ class TimelineStore:
 
     # --- redactions ---------------------------------------------------------------------
 
-    async def record_redaction(self, redaction_id: str, redacts: str, room_id: str) -> None:
-        def txn_fn(txn: Transaction) -> None:
-            txn.execute(
-                "INSERT INTO event_redactions (redaction_id, redacts, room_id) VALUES (%s, %s, %s) "
-                "ON CONFLICT DO NOTHING",
-                (redaction_id, redacts, room_id),
-            )
-
-        await self._db.run_interaction("record_redaction", txn_fn)
-
     async def get_redactions(self, event_ids: Collection[str]) -> dict[str, list[str]]:
         """redacted event ID -> redaction event IDs (same room only)."""
         if not event_ids:

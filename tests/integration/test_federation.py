@@ -466,7 +466,7 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
 
     # An event that fails auth: Bob (power 0) changes the power levels; stored as rejected.
     pl_id = a_state[("m.room.power_levels", "")]
-    pl = (await a.process.persister.load_events([pl_id]))[pl_id]  # type: ignore[union-attr]
+    [pl] = await a.process.rooms.client_events.load([pl_id])
     grab = await crafted(b, room_id, EventTemplate("m.room.power_levels", {**thaw(pl.content), "users": {bob: 100}}, ""), bob)
     result = await send_txn(b, a, "auth", [grab.get_pdu_json()])
     assert "error" in result["pdus"][grab.event_id]

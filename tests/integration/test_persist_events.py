@@ -3,6 +3,8 @@ memberships, destination_rooms, idempotency, forks and concurrency."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import pytest
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred, gatherResults
@@ -11,9 +13,11 @@ from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.events.errors import MissingEventsError
 from homeserver.events.room_versions import KNOWN_ROOM_VERSIONS
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
 from storage.database import Database, Transaction
-from storage.stores.events import MAX_STATE_DELTA_DEPTH, EventsStore
+from storage.stores.events import MAX_STATE_DELTA_DEPTH, EventsStore, StoredEvent
+from storage.stores.timeline import TimelineStore
 from storage.streams import StreamName, create_id_generator, get_stream
 from tests.twisted_plugin import reactor, run_sync
 from tests.unit.events.helpers import ALICE, BOB, RoomBuilder, standard_room
@@ -28,13 +32,16 @@ def store(database: Database) -> EventsStore:
     return EventsStore(database)
 
 
-async def new_persister(database: Database, store: EventsStore, *, server_name: str = SERVER) -> EventPersister:
+async def new_persister(
+    database: Database, store: EventsStore, *, server_name: str = SERVER, loader: EventLoader | None = None
+) -> EventPersister:
     """A persister writing the real events stream, as the main process does."""
     stream_ids = await create_id_generator(
         database, reactor, get_stream(StreamName.EVENTS), instance_name="master", writers=["master"]
     )
     return EventPersister(
         store=store,
+        loader=EventLoader(store) if loader is None else loader,
         stream_ids=stream_ids,
         server_name=server_name,
         instance_name="master",
@@ -147,7 +154,7 @@ async def test_fork_is_resolved_and_merged(persister: EventPersister, store: Eve
 
     merge = room.build("m.room.message", ALICE, {"msgtype": "m.text", "body": "merge"},
                        prev=[topic_a.event_id, topic_b.event_id])
-    state_before = await persister.state_before_event(V12, merge)
+    state_before = await EventLoader(store).state_before_event(V12, merge)
     assert state_before[("m.room.topic", "")] in {topic_a.event_id, topic_b.event_id}
     await persister.persist(V12, merge, is_local=True)
     assert set(await store.get_forward_extremities(room.room_id)) == {merge.event_id}
@@ -210,3 +217,34 @@ async def test_join_with_state_from_elsewhere(persister: EventPersister, store: 
     assert await store.get_current_state_ids(room.room_id) == room.state
     assert await store.get_destination_rooms("b.test") == {room.room_id: result.stream_ordering}
     assert await store.get_destination_rooms(SERVER) == {}
+
+
+class _CountingStore(EventsStore):
+    """The events store, counting the event reads that reach the database."""
+
+    def __init__(self, database: Database) -> None:
+        super().__init__(database)
+        self.read: list[str] = []
+
+    async def get_events(self, event_ids: Collection[str]) -> dict[str, StoredEvent]:
+        self.read.extend(event_ids)
+        return await super().get_events(event_ids)
+
+
+async def test_a_redaction_is_recorded_by_its_own_transaction_and_primes_the_loader(database: Database) -> None:
+    """A redaction arrives over federation. When persist returns, its target is already
+    recorded as redacted, so no process (this one or a worker reading the database) can
+    serve the target unpruned once the redaction is visible; and the loader serves every
+    event the persister stored without reading it back."""
+    store = _CountingStore(database)
+    loader = EventLoader(store)
+    persister = await new_persister(database, store, loader=loader)
+    room = standard_room(V12)
+    message = room.add("m.room.message", BOB, {"msgtype": "m.text", "body": "oops"})
+    redaction = room.add(C.REDACTION, ALICE, {}, redacts=message.event_id)
+    await _persist_all(persister, room, _events_in_order(room), local=False)
+    assert await TimelineStore(database).get_redactions([message.event_id]) == {
+        message.event_id: [redaction.event_id]
+    }
+    assert await loader.load_events(list(room.events)) == room.events
+    assert store.read == []

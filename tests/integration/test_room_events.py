@@ -7,6 +7,7 @@ from signedjson.key import generate_signing_key
 from twisted.internet.defer import Deferred, gatherResults
 
 from homeserver.events import AuthError, EventTemplate, parse_create_room_request
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
 from storage.database import Database
 from storage.stores.events import EventsStore
@@ -25,10 +26,11 @@ def store(database: Database) -> EventsStore:
 
 @pytest.fixture
 def creator(database: Database, store: EventsStore) -> RoomEventCreator:
-    persister = run_sync(new_persister(database, store, server_name=SERVER))
+    loader = EventLoader(store)
+    persister = run_sync(new_persister(database, store, server_name=SERVER, loader=loader))
     ticks = iter(range(1_700_000_000_000, 1_800_000_000_000, 1000))
     return RoomEventCreator(
-        persister=persister, store=store, server_name=SERVER, signing_key=generate_signing_key("t1"),
+        persister=persister, loader=loader, store=store, server_name=SERVER, signing_key=generate_signing_key("t1"),
         default_room_version="12", clock_ms=lambda: next(ticks),
     )
 

@@ -320,6 +320,32 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
             # syncs and sends (generic worker, event persister), and another nio client sees it.
             asyncio.run(nio_round_trip(f"http://127.0.0.1:{front}", rooms[0]))
 
+            # A redaction from the other server: the room's event persister stores it, the generic
+            # worker (which has read and cached the target) serves the target pruned as soon as the
+            # redaction is in the database: recorded by the same transaction, nothing to wait for.
+            quoted_room = quote(rooms[1], safe="")
+            target = bob.ok("PUT", f"rooms/{quoted_room}/send/m.room.message/to-redact",
+                            {"msgtype": "m.text", "body": "regrettable"})["event_id"]
+            deadline = time.monotonic() + 30
+            while True:
+                status, served = alice.call("GET", f"rooms/{quoted_room}/event/{quote(target)}")
+                if status == 200:
+                    break
+                assert time.monotonic() < deadline, (status, served)
+                time.sleep(0.2)
+            assert served["content"]["body"] == "regrettable"
+            redaction = bob.ok("PUT", f"rooms/{quoted_room}/redact/{quote(target)}/r1", {})["event_id"]
+            deadline = time.monotonic() + 30
+            while True:
+                with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+                    cur.execute("SELECT count(*) FROM events WHERE event_id = %s", (redaction,))
+                    if cur.fetchone()[0] == 1:
+                        break
+                assert time.monotonic() < deadline, "the redaction never reached this server"
+                time.sleep(0.1)
+            served = alice.ok("GET", f"rooms/{quoted_room}/event/{quote(target)}")
+            assert served["content"] == {} and served["unsigned"]["redacted_because"]["event_id"] == redaction
+
             # Every process serves its own metrics: the generic worker's show its syncs and what
             # replication brought it from both persisters.
             config = yaml.safe_load(main.config_path.read_text(encoding="utf-8"))

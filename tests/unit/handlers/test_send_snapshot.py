@@ -7,6 +7,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
 from storage.stores.events import SendContext, StateKey
 
@@ -38,7 +39,7 @@ class FakeStore:
 def _persister(store: FakeStore) -> EventPersister:
     fake: Any = store
     return EventPersister(
-        store=fake, stream_ids=fake, server_name="hs", instance_name="master",
+        store=fake, loader=EventLoader(fake), stream_ids=fake, server_name="hs", instance_name="master",
         metrics=PersistenceMetrics.create(CollectorRegistry()),
     )
 
