@@ -26,8 +26,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Protocol
-from urllib.parse import quote
+from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredSemaphore
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -35,8 +34,10 @@ from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
 from federation_sender.backoff import HEALTHY, Jitter, RetryState, is_unhealthy, policy_from_config
+from federation_sender.config import FederationSenderConfig
 from federation_sender.catch_up import CatchUpChunk, CatchUpRoom, plan_chunks
 from federation_sender.metrics import FederationSenderMetrics
+from federation_sender.transport import TransactionFailed, Transport
 from federation_sender.queue import (
     TO_DEVICE_EDU_TYPE,
     Added,
@@ -45,8 +46,6 @@ from federation_sender.queue import (
     PerDestinationQueue,
     PlannedTransaction,
 )
-from homeserver.config import FederationSenderConfig
-from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
 from storage.kernel.logcontext import log_context
 from storage.stores.federation_sender import CatchUpEvent, FederationSenderStore
 
@@ -56,33 +55,6 @@ FANOUT_BATCH = 1000
 # A loop that raised waits this long before restarting, doubling per crash in a row.
 SUPERVISION_FIRST_DELAY = 1.0
 SUPERVISION_MAX_DELAY = 300.0
-
-
-class TransactionFailed(Exception):
-    """A ``PUT /send`` got no 2xx answer; ``status`` None means no answer at all."""
-
-    def __init__(self, status: int | None, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class Transport(Protocol):
-    def __call__(self, destination: str, txn_id: str, body: dict[str, Any], timeout: float) -> Awaitable[Any]: ...
-
-
-def client_transport(client: FederationClient) -> Transport:
-    """``PUT /_matrix/federation/v1/send/{txnId}`` through the federation client."""
-
-    async def send(destination: str, txn_id: str, body: dict[str, Any], timeout: float) -> Any:
-        path = f"/_matrix/federation/v1/send/{quote(txn_id, safe='')}"
-        try:
-            return await client.put_json(destination, path, body, timeout=timeout)
-        except HttpResponseError as e:
-            raise TransactionFailed(e.code, str(e)) from e
-        except FederationClientError as e:
-            raise TransactionFailed(None, str(e)) from e
-
-    return send
 
 
 def _pending(event: CatchUpEvent, now: float) -> PendingPdu:

@@ -45,7 +45,8 @@ from homeserver.federation.devices import FederationDeviceHandler
 from homeserver.federation.edus import register_edu_handlers
 from storage.stores.e2e import E2eStore
 from federation_sender.metrics import FederationSenderMetrics
-from federation_sender.sender import FederationSender, client_transport
+from federation_sender.sender import FederationSender
+from homeserver.federation.sender_transport import client_transport
 from homeserver.handlers.federation_edus import EduSink, OutboundEdus
 from homeserver.handlers.auth import TokenCacheInvalidation
 from homeserver.handlers.typing import ReplicatedTyping

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from federation_sender.backoff import policy_from_config
 from federation_sender.queue import Added, Edu, PendingPdu, PerDestinationQueue, PlannedTransaction
-from homeserver.config import BackoffConfig
+from federation_sender.config import BackoffConfig
 
 POLICY = policy_from_config(BackoffConfig())
 HOUR = 3_600_000
