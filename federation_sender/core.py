@@ -510,7 +510,6 @@ class Destination:
         step = self._answer(SendTransaction)
         txn = step.txn
         self._in_flight = None
-        self._crashes = 0
         cleared = self._queue.on_success() is not None
         actions: list[Action] = [Accepted(txn)]
         if cleared:
@@ -527,7 +526,6 @@ class Destination:
         if not is_unhealthy(status):
             # A refusal of the request itself: resending it would be refused again. The
             # destination did answer about these events, so they count as refused, not lost.
-            self._crashes = 0
             self._queue.on_rejected()
             refusals = tuple(Refusal(p.event_id, error, "transaction_rejected") for p in txn.pdus)
             rejected = TransactionRejected(txn.txn_id, status, error, len(txn.pdus), len(txn.edus))
@@ -656,4 +654,5 @@ class Destination:
             names = "/".join(k.__name__ for k in kinds)
             raise ProtocolViolation(f"[{self.name}] got an answer to {names}, but the outstanding request is {step!r}")
         self._step = None
+        self._crashes = 0  # carried out: the crashes are no longer in a row
         return step

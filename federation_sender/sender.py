@@ -71,6 +71,7 @@ from storage.stores.federation_sender import CatchUpEvent, FederationSenderStore
 logger = logging.getLogger(__name__)
 
 FANOUT_BATCH = 1000
+_EVERYTHING = 2**63 - 1  # the largest bigint: no stream position is above it
 _REQUESTS = (
     ReadOutbox, BeginCatchUp, ReadCatchUpRooms, ReadCatchUpEvents, EndCatchUp, SendTransaction, PersistPosition,
     PersistRetry,
@@ -522,9 +523,14 @@ class FederationSender:
     # --- catch-up discovery ------------------------------------------------------------------
 
     async def _find_catch_up(self, *, startup: bool) -> int:
-        """Tell destinations with missed events so (only events the fan-out has handed out count:
-        a newer event is on its way to its destinations, not missed). Returns how many."""
-        rows = await self._store.get_needing_catch_up(self._position)
+        """Tell destinations with missed events so. Returns how many.
+
+        Later scans count only events the fan-out has handed out (a newer one is on its way to
+        its destinations, not missed). At start-up every row above the acknowledged position
+        counts, even one past the stream's position: a room's row holds only its newest event,
+        so an older event of that room that was in flight when the process died is behind it,
+        and the fan-out (which starts at the position) will never hand it out again."""
+        rows = await self._store.get_needing_catch_up(_EVERYTHING if startup else self._position)
         found = 0
         for row in rows:
             if not self._should_handle(row.destination):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import TypeVar
 
 import attrs
 
@@ -38,6 +39,7 @@ from federation_sender.core import (
 )
 from federation_sender.queue import PendingPdu, PlannedTransaction
 
+N = TypeVar("N")
 NAME = "b.example"
 MINUTE = 60_000
 HOUR = 60 * MINUTE
@@ -108,7 +110,7 @@ class World:
             else:
                 self.notices.append(action)
 
-    def notices_of(self, kind: type) -> list[Action]:
+    def notices_of(self, kind: type[N]) -> list[N]:
         return [n for n in self.notices if isinstance(n, kind)]
 
     # --- what happens around the destination -------------------------------------------------------
@@ -241,7 +243,7 @@ class World:
         self.queued_wakes = 0
         if not self.row.retry.healthy:
             self.dest.on_backoff_restored(self.row.retry)
-        if self.rooms_above(self.row.last_successful or 0, self.position):
+        if self.rooms_above(self.row.last_successful or 0, None):  # as sender.start() asks
             self.feed(self.dest.on_catch_up_found(self.now_ms, startup=True))
         if self.outbox:
             self.feed(self.dest.on_outbox_found(self.now_ms))
