@@ -63,10 +63,11 @@ from federation_sender.core import (
 )
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.queue import Edu, PendingPdu
+from federation_sender.store import SenderStore
 from federation_sender.transport import TransactionFailed, Transport
 from storage.kernel.background import run_in_background
 from storage.kernel.logcontext import log_context
-from storage.stores.federation_sender import CatchUpEvent, FederationSenderStore
+from storage.stores.federation_sender import CatchUpEvent
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class FederationSender:
         *,
         server_name: str,
         config: FederationSenderConfig,
-        store: FederationSenderStore,
+        store: SenderStore,
         transport: Transport,
         clock: IReactorTime,
         current_position: Callable[[], int],
