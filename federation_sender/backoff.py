@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import attrs
 
-from homeserver.config import BackoffConfig
+from federation_sender.config import BackoffConfig
 from storage.kernel.backoff import BackoffPolicy, Jitter
 
 __all__ = ["BackoffPolicy", "Jitter", "RetryState", "HEALTHY", "after_failure", "is_unhealthy", "policy_from_config"]
-
 
 
 @attrs.frozen

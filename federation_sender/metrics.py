@@ -4,7 +4,7 @@ No per-destination labels: which destinations are down is in the logs
 (``TX [destination]`` lines) and in the ``destinations`` table.
 """
 
-# tests: tests/unit/federation_sender/test_sender.py
+# tests: tests/unit/federation_sender/test_sender.py, tests/integration/test_metrics_doc.py
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Final
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from federation_sender.core import REFUSAL_REASONS
 
 TRANSACTION_OUTCOMES: Final = ("ok", "failed", "rejected")
 CATCH_UP_REASONS: Final = ("startup", "backoff", "overflow", "missed")
@@ -35,7 +37,7 @@ class FederationSenderMetrics:
     pdus_sent: Counter
     catch_up_pdus_sent: Counter
     edus_sent: Counter
-    pdu_errors: Counter
+    pdus_refused: Counter
     catch_up_entered: Counter
     loop_restarts: Counter
 
@@ -76,8 +78,12 @@ class FederationSenderMetrics:
                 "catch_up_pdus_sent_total", "PDUs sent by catch-up (part of pdus_sent_total)."
             ),
             edus_sent=counter("edus_sent_total", "EDUs in accepted transactions, by EDU type.", ("edu_type",)),
-            pdu_errors=counter(
-                "pdu_errors_total", "PDUs a destination accepted the transaction of but reported an error for."
+            pdus_refused=counter(
+                "pdus_refused_total",
+                "PDUs a destination answered about but did not take, by reason: its /send answer gave the PDU "
+                "an error (forbidden, signature, format, other), or it refused the whole transaction "
+                "(transaction_rejected). Logged and stored in destination_pdu_errors; never resent.",
+                ("reason",),
             ),
             catch_up_entered=counter(
                 "catch_up_entered_total",
@@ -95,6 +101,8 @@ class FederationSenderMetrics:
             metrics.edus_sent.labels(edu_type=edu_type)
         for reason in CATCH_UP_REASONS:
             metrics.catch_up_entered.labels(reason=reason)
+        for reason in REFUSAL_REASONS:
+            metrics.pdus_refused.labels(reason=reason)
         return metrics
 
     def count_edu(self, edu_type: str) -> None:

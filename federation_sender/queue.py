@@ -1,10 +1,11 @@
 """One destination's outbound state: what to send next, its backoff, whether it is catching up.
 
-Pure: no I/O, no clock reads (time is an argument), no logging. The sender's
-loop (``sender.py``) asks a queue for the next transaction, sends it, and tells
-the queue how it went; the queue decides what is retried, what is dropped and
-when the destination falls back to catch-up. It does not know how PDUs are
-fanned out or how catch-up finds the missed events (``catch_up.py``).
+Pure: no I/O, no clock reads (time is an argument), no logging. It is one part
+of a destination's ``core.Destination``, which alone uses it: the core takes
+transactions' contents from it, tells it how each went, and it decides what is
+retried, what is dropped and when the destination falls back to catch-up. It
+does not know how PDUs are fanned out or how catch-up finds the missed events
+(``catch_up.py``).
 
 Drop policy during long outages (also in docs/federation-sender.md): while a
 destination backs off, PDUs and EDUs wait in memory. Once its retry interval
@@ -124,9 +125,6 @@ class PerDestinationQueue:
         self.outbox_pending = False
         # A transaction that failed, resent as it was (same ID) before anything else.
         self.retained: PlannedTransaction | None = None
-        self.in_flight = False
-        # Unexpected errors of this destination's loop in a row (supervision backoff).
-        self.crashes = 0
 
     # --- what waits ------------------------------------------------------------------
 
@@ -160,10 +158,6 @@ class PerDestinationQueue:
             self.retained or self.pdus or self._edus or self._keyed_edus or self.catching_up or self.outbox_pending
         )
 
-    def is_idle(self) -> bool:
-        """Nothing waits, nothing in flight, nothing to remember: the queue can go."""
-        return not self.has_work() and not self.in_flight and self.retry.healthy and self.crashes == 0
-
     # --- building transactions -------------------------------------------------------
 
     def take_edus(self, limit: int) -> list[Edu]:
@@ -196,7 +190,6 @@ class PerDestinationQueue:
         """The retained transaction went through. Returns the retry state to
         persist when the destination was backing off (None: nothing to write)."""
         self.retained = None
-        self.crashes = 0
         if self.retry.healthy:
             return None
         self.retry = HEALTHY
@@ -206,7 +199,6 @@ class PerDestinationQueue:
         """The destination refused the transaction outright (a 4xx that is not about its
         health): resending it would be refused again, so it is dropped, without backoff."""
         self.retained = None
-        self.crashes = 0
 
     def on_failure(
         self,

@@ -42,13 +42,14 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from federation_sender.metrics import FederationSenderMetrics
-from federation_sender.sender import FederationSender, client_transport
+from federation_sender.sender import FederationSender
 from homeserver import __version__
 from homeserver.config import MAIN_INSTANCE, ConfigError, HomeserverConfig, ListenerConfig
 from homeserver.events import FrozenEvent
 from homeserver.federation.devices import FederationDeviceHandler
 from homeserver.federation.edus import register_edu_handlers
 from homeserver.federation.metrics import FederationMetrics
+from homeserver.federation.sender_transport import client_transport
 from homeserver.federation.servlets import FederationServices, build_federation_client, register_federation_servlets
 from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.auth import TokenCacheInvalidation

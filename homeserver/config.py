@@ -21,6 +21,7 @@ from typing import Any, Final, TypeVar
 import attrs
 import yaml
 
+from federation_sender.config import BackoffConfig, CatchUpConfig, FederationSenderConfig
 from replication.config import DEFAULT_REDIS_URL, RedisConfig, ReplicationConfig
 from storage.config import EMBEDDED_BINARIES, DatabaseConfig, EmbeddedDatabaseConfig
 
@@ -286,20 +287,6 @@ def _federation(path: str, raw: object) -> FederationConfig:
     return result
 
 
-@attrs.frozen
-class BackoffConfig:
-    """``federation_sender.backoff``: how long a failing destination is left alone.
-
-    The first failure waits ``initial``; each further one multiplies the wait by
-    ``multiplier`` and a random factor in ``jitter``, up to ``max``.
-    """
-
-    initial: timedelta = timedelta(minutes=10)
-    multiplier: float = 2.0
-    max: timedelta = timedelta(days=7)
-    jitter: tuple[float, float] = (0.8, 1.4)
-
-
 def _backoff(path: str, raw: object) -> BackoffConfig:
     s = _Section(path, raw)
     defaults = BackoffConfig()
@@ -329,23 +316,6 @@ def _backoff(path: str, raw: object) -> BackoffConfig:
     return result
 
 
-@attrs.frozen
-class CatchUpConfig:
-    """``federation_sender.catch_up``: sending a destination what it missed."""
-
-    # A destination whose backoff grows past this drops its in-memory queue and catches up.
-    threshold: timedelta = timedelta(hours=1)
-    rooms_per_batch: int = 50
-    # Besides each room's latest events, send up to this many of the events it
-    # missed there, oldest first, so the destination need not fetch the gap (0: off).
-    # One transaction's worth: an outage of a few dozen messages per room needs no fetch.
-    missed_events_per_room: int = 50
-    # Destinations woken to catch up, at most this many per second (start-up and scans).
-    wakes_per_second: float = 10.0
-    # How often destinations needing catch-up whose backoff has ended are looked for.
-    scan_interval: timedelta = timedelta(minutes=1)
-
-
 def _catch_up(path: str, raw: object) -> CatchUpConfig:
     s = _Section(path, raw)
     d = CatchUpConfig()
@@ -362,24 +332,6 @@ def _catch_up(path: str, raw: object) -> CatchUpConfig:
         raise ConfigError(s.sub("scan_interval"), "expected a positive duration")
     s.finish()
     return result
-
-
-@attrs.frozen
-class FederationSenderConfig:
-    """``federation_sender``: outbound federation (see docs/federation-sender.md)."""
-
-    # The spec's limits for one transaction.
-    max_pdus_per_transaction: int = 50
-    max_edus_per_transaction: int = 100
-    transaction_timeout: timedelta = timedelta(seconds=60)
-    # Outbound transactions in flight at once, across every destination.
-    max_concurrent_transactions: int = 100
-    # A destination with more PDUs than this waiting in memory drops them and catches up instead.
-    max_pending_pdus_per_destination: int = 10_000
-    # Receipts are gathered this long and sent per room in one EDU.
-    receipt_delay: timedelta = timedelta(milliseconds=500)
-    backoff: BackoffConfig = BackoffConfig()
-    catch_up: CatchUpConfig = CatchUpConfig()
 
 
 def _federation_sender(path: str, raw: object) -> FederationSenderConfig:

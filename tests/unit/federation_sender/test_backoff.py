@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from federation_sender.backoff import HEALTHY, RetryState, after_failure, is_unhealthy, policy_from_config
-from homeserver.config import BackoffConfig
+from federation_sender.config import BackoffConfig
 
 MINUTE = 60_000
 DEFAULT = policy_from_config(BackoffConfig())

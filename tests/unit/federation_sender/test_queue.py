@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from federation_sender.backoff import policy_from_config
 from federation_sender.queue import Added, Edu, PendingPdu, PerDestinationQueue, PlannedTransaction
-from homeserver.config import BackoffConfig
+from federation_sender.config import BackoffConfig
 
 POLICY = policy_from_config(BackoffConfig())
 HOUR = 3_600_000
@@ -97,15 +97,3 @@ def test_too_many_waiting_pdus_overflow_into_catch_up() -> None:
         assert q.add_pdu(pdu(n)) is Added.QUEUED
     assert q.add_pdu(pdu(3)) is Added.OVERFLOWED
     assert q.catching_up and not q.pdus
-
-
-def test_an_idle_queue_can_go_but_not_while_backing_off() -> None:
-    q = PerDestinationQueue("b")
-    assert q.is_idle()
-    q.add_pdu(pdu(1))
-    t = txn(q)
-    assert q.is_idle()
-    fail(q, t, now=0)
-    assert not q.is_idle()
-    q.on_remote_up()
-    assert q.retry.healthy and not q.is_idle(), "still holds the failed transaction"

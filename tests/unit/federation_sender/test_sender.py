@@ -1,0 +1,310 @@
+"""The sender's loop with an in-memory store, a transport the test answers and Twisted's fake clock.
+
+What is checked here is the loop's own work — fan-out, the global cap,
+timers on the injected clock, waking on the stream's position, holding
+requests until ``start()``, metrics — not the decisions (test_core.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import attrs
+import pytest
+from prometheus_client import CollectorRegistry
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from federation_sender.config import BackoffConfig, FederationSenderConfig
+from federation_sender.metrics import FederationSenderMetrics
+from federation_sender.sender import FederationSender
+from federation_sender.transport import TransactionFailed
+from storage.stores.federation_sender import CatchUpData, CatchUpEvent, DestinationRow, FanoutEvent, OutboxRow
+
+CONFIG = FederationSenderConfig(
+    max_concurrent_transactions=2,
+    backoff=BackoffConfig(initial=timedelta(seconds=600), jitter=(1.0, 1.0)),
+)
+
+
+@attrs.define
+class Row:
+    retry: tuple[int, int, int | None] = (0, 0, None)
+    last_successful: int | None = None
+    catch_up_from: int | None = None
+
+
+class MemoryStore:
+    """The tables the sender reads and writes, as dicts."""
+
+    def __init__(self) -> None:
+        self.events: list[FanoutEvent] = []
+        self.rows: dict[str, Row] = {}
+        self.outbox: dict[str, list[OutboxRow]] = {}
+        self.pdu_errors: dict[tuple[str, str], str] = {}
+        self.fail_next: list[str] = []  # method names that raise once
+
+    def _check(self, method: str) -> None:
+        if method in self.fail_next:
+            self.fail_next.remove(method)
+            raise RuntimeError(f"{method}: database went away")
+
+    def add_event(self, room: str, destinations: tuple[str, ...]) -> int:
+        ordering = len(self.events) + 1
+        pdu = {"event_id": f"$e{ordering}", "room_id": room}
+        self.events.append(FanoutEvent(ordering, f"$e{ordering}", room, json.dumps(pdu), destinations))
+        return ordering
+
+    def row(self, destination: str) -> Row:
+        return self.rows.setdefault(destination, Row())
+
+    def _destination_row(self, name: str) -> DestinationRow:
+        row = self.row(name)
+        return DestinationRow(name, *row.retry, row.last_successful)
+
+    def _rooms(self, destination: str) -> dict[str, int]:
+        newest: dict[str, int] = {}
+        for e in self.events:
+            if destination in e.destinations:
+                newest[e.room_id] = e.stream_ordering
+        return newest
+
+    async def get_fanout_events(self, after: int, upto: int, limit: int) -> list[FanoutEvent]:
+        return [e for e in self.events if after < e.stream_ordering <= upto][:limit]
+
+    async def get_backing_off(self) -> list[DestinationRow]:
+        return [self._destination_row(name) for name, row in sorted(self.rows.items()) if row.retry[1] > 0]
+
+    async def get_needing_catch_up(self, upto: int) -> list[DestinationRow]:
+        names = {d for e in self.events for d in e.destinations}
+        return [
+            self._destination_row(name) for name in sorted(names)
+            if any(self.row(name).last_successful or 0 < pos <= upto for pos in self._rooms(name).values())
+        ]
+
+    async def set_retry(self, destination: str, retry_last_ts: int, retry_interval: int, failure_ts: int | None) -> None:
+        self._check("set_retry")
+        self.row(destination).retry = (retry_last_ts, retry_interval, failure_ts)
+
+    async def mark_sent(
+        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None
+    ) -> None:
+        self._check("mark_sent")
+        row = self.row(destination)
+        if advance_to is not None:
+            row.last_successful = max(row.last_successful or 0, advance_to)
+        if reset_retry:
+            row.retry = (0, 0, None)
+        if to_device_upto is not None:
+            self.outbox[destination] = [r for r in self.outbox.get(destination, []) if r.stream_id > to_device_upto]
+
+    async def record_pdu_errors(self, destination: str, errors: Mapping[str, str], now_ms: int) -> None:
+        self.pdu_errors.update({(destination, e): error for e, error in errors.items()})
+
+    async def begin_catch_up(self, destination: str) -> tuple[int, int]:
+        row = self.row(destination)
+        if row.catch_up_from is None:
+            row.catch_up_from = row.last_successful or 0
+        return row.catch_up_from, row.last_successful or 0
+
+    async def end_catch_up(self, destination: str) -> None:
+        self.row(destination).catch_up_from = None
+
+    async def get_catch_up_rooms(
+        self, destination: str, after: int, upto: int | None, limit: int
+    ) -> list[tuple[str, int]]:
+        rooms = [(r, p) for r, p in self._rooms(destination).items() if p > after and (upto is None or p <= upto)]
+        return sorted(rooms, key=lambda row: row[1])[:limit]
+
+    async def get_catch_up_data(
+        self, destination: str, rooms: Sequence[tuple[str, int, int]], missed_per_room: int
+    ) -> CatchUpData:
+        def event(e: FanoutEvent) -> CatchUpEvent:
+            return CatchUpEvent(e.room_id, e.stream_ordering, e.event_id, e.pdu_json)
+
+        missed = {
+            room: [event(e) for e in self.events
+                   if e.room_id == room and after < e.stream_ordering <= upto and destination in e.destinations]
+            for room, upto, after in rooms
+        }
+        latest = {room: [event(e) for e in self.events if e.stream_ordering == upto] for room, upto, _ in rooms}
+        return CatchUpData(missed, latest)
+
+    async def get_outbox(self, destination: str, limit: int) -> list[OutboxRow]:
+        return self.outbox.get(destination, [])[:limit]
+
+    async def get_outbox_destinations(self) -> list[str]:
+        return sorted(d for d, rows in self.outbox.items() if rows)
+
+
+@attrs.frozen
+class Call:
+    destination: str
+    txn_id: str
+    body: dict[str, Any]
+    answer: Deferred[Any]
+
+
+class Harness:
+    def __init__(self, config: FederationSenderConfig = CONFIG) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_000)
+        self.store = MemoryStore()
+        self.calls: list[Call] = []
+        self.registry = CollectorRegistry()
+        self.position = 0
+        self.sender = FederationSender(
+            server_name="a.example",
+            config=config,
+            store=self.store,
+            transport=self.transport,
+            clock=self.clock,
+            current_position=lambda: self.position,
+            metrics=FederationSenderMetrics.create(self.registry),
+            jitter=lambda low, high: 1.0,
+        )
+
+    def transport(self, destination: str, txn_id: str, body: dict[str, Any], timeout: float) -> Deferred[Any]:
+        call = Call(destination, txn_id, body, Deferred())
+        self.calls.append(call)
+        return call.answer
+
+    def start(self) -> None:
+        d = Deferred.fromCoroutine(self.sender.start())
+        assert d.called
+
+    def event(self, room: str, *destinations: str) -> int:
+        self.position = self.store.add_event(room, destinations)
+        self.sender.notify_new_events(self.position)
+        return self.position
+
+    def pending(self) -> list[Call]:
+        return [c for c in self.calls if not c.answer.called]
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+
+def event_ids(call: Call) -> list[str]:
+    return [p["event_id"] for p in call.body["pdus"]]
+
+
+def test_new_events_go_out_and_the_position_is_written_after_the_answer() -> None:
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example", "c.example")
+    assert sorted((c.destination, tuple(event_ids(c))) for c in h.calls) == [
+        ("b.example", ("$e1",)), ("c.example", ("$e1",))]
+    assert h.store.row("b.example").last_successful is None
+    h.calls[0].answer.callback({})
+    assert h.store.row(h.calls[0].destination).last_successful == 1
+    assert h.metric("tributary_federation_sender_transactions_total", outcome="ok") == 1
+
+
+def test_the_global_cap_holds_transactions_back_first_come_first_served() -> None:
+    h = Harness()
+    h.start()
+    h.event("!r", "b1", "b2", "b3")
+    assert len(h.pending()) == 2
+    assert h.metric("tributary_federation_sender_transactions_in_flight") == 2
+    h.pending()[0].answer.callback({})
+    assert len(h.pending()) == 2 and len(h.calls) == 3
+
+
+def test_a_failure_is_retried_with_the_same_id_when_the_clock_says_so() -> None:
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example")
+    first = h.calls[0]
+    first.answer.errback(TransactionFailed(502, "bad gateway"))
+    assert h.store.row("b.example").retry == (1_000_000, 600_000, 1_000_000)
+    h.event("!r", "b.example")
+    h.clock.advance(599)
+    assert len(h.calls) == 1
+    h.clock.advance(2)
+    assert len(h.calls) == 2 and h.calls[1].txn_id == first.txn_id and event_ids(h.calls[1]) == ["$e1"]
+    h.calls[1].answer.callback({})
+    assert event_ids(h.calls[2]) == ["$e2"]
+    assert h.store.row("b.example").retry == (0, 0, None)
+
+
+def test_a_server_that_contacts_us_gets_what_waits_at_once() -> None:
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example")
+    h.calls[0].answer.errback(TransactionFailed(None, "connection refused"))
+    h.sender.notify_remote_server_up("b.example")
+    assert len(h.calls) == 2 and h.calls[1].txn_id == h.calls[0].txn_id
+    assert h.store.row("b.example").retry == (0, 0, None)
+
+
+def test_requests_made_before_start_wait_for_it() -> None:
+    h = Harness()
+    h.sender.send_edu(["b.example"], "m.device_list_update", {"n": 1})
+    assert h.calls == []
+    h.start()
+    assert [c.body["edus"] for c in h.calls] == [[{"edu_type": "m.device_list_update", "content": {"n": 1}}]]
+
+
+def test_startup_catches_up_and_waits_for_the_position_without_polling() -> None:
+    """The store has an event for b beyond the stream's position (persisted, but an older event is
+    still being written). Catch-up starts, finds nothing it may send yet, and sends nothing however
+    long the clock runs; the stream's position moving wakes it."""
+    h = Harness()
+    h.store.add_event("!r", ("b.example",))
+    h.start()
+    h.clock.advance(1)  # the rate-limited wake-up
+    h.clock.pump([1.0] * 30)
+    assert h.calls == []
+    h.position = 1
+    h.sender.notify_new_events(1)
+    assert [event_ids(c) for c in h.calls] == [["$e1"]]
+    h.calls[0].answer.callback({})
+    assert h.store.row("b.example").last_successful == 1
+    assert h.store.row("b.example").catch_up_from is None, "caught up"
+
+
+def test_refused_pdus_are_stored_and_counted_by_reason() -> None:
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example")
+    h.calls[0].answer.callback({"pdus": {"$e1": {"error": "Invalid signature"}}})
+    assert h.store.pdu_errors == {("b.example", "$e1"): "Invalid signature"}
+    assert h.metric("tributary_federation_sender_pdus_refused_total", reason="signature") == 1
+    assert h.store.row("b.example").last_successful == 1
+
+
+def test_a_store_failure_is_counted_and_retried_after_a_pause() -> None:
+    h = Harness()
+    h.start()
+    h.store.fail_next.append("mark_sent")
+    h.event("!r", "b.example")
+    h.calls[0].answer.callback({})
+    assert h.metric("tributary_federation_sender_loop_restarts_total") == 1
+    assert h.store.row("b.example").last_successful is None
+    h.clock.advance(1.002)
+    assert h.store.row("b.example").last_successful == 1
+
+
+def test_stop_cancels_what_is_in_flight() -> None:
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example")
+    d = Deferred.fromCoroutine(h.sender.stop())
+    assert d.called and h.calls[0].answer.called
+
+
+@pytest.mark.parametrize("status", [400, 404])
+def test_a_refused_transaction_is_not_retried(status: int) -> None:
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example")
+    h.calls[0].answer.errback(TransactionFailed(status, "no"))
+    assert h.metric("tributary_federation_sender_pdus_refused_total", reason="transaction_rejected") == 1
+    h.clock.advance(3600)
+    assert len(h.calls) == 1
+    assert h.store.row("b.example").retry == (0, 0, None)
