@@ -26,11 +26,3 @@ def test_embedded_binaries_must_be_a_known_source() -> None:
 def test_config_is_frozen() -> None:
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         DatabaseConfig().url = "postgresql://x/y"  # type: ignore[misc]
-
-
-def test_storage_imports_nothing_of_ours_outside_storage() -> None:
-    from tests.unit.replication.test_layers import imported_packages
-
-    modules = imported_packages("storage")
-    assert "storage/config.py" in modules and "storage/tokens.py" in modules
-    assert {module: names - {"storage"} for module, names in modules.items() if names - {"storage"}} == {}
