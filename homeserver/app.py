@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -66,7 +66,7 @@ from homeserver.http.client import register_versions
 from homeserver.http.client_api import register_client_api_servlets
 from homeserver.http.client_api.sync import register_room_api_servlets
 from homeserver.http.metrics import HttpMetrics
-from homeserver.http.server import JsonRouter, make_site
+from homeserver.http.server import Handler, JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
 from homeserver.metrics import ReactorMetrics, ReactorTickMonitor
 from homeserver.roles import MAIN, RoleContext, RoleHook, Stoppable, WorkerRole, known_roles, load_role
@@ -352,7 +352,7 @@ class HomeServer:
             instance_name=self.instance_name,
             sources=stream_sources(STREAMS, generators, db),
             writes=[name for name, g in generators.items() if g.instance_name == self.instance_name],
-            listen=[(address, listener.port) for listener in self.config.listeners if listener.type == "replication"
+            listen=[(address, listener.port) for listener in self.listeners if listener.type == "replication"
                     for address in listener.bind_addresses],
             connect_to=None if self.layout.is_main else self._main_replication_address(),
         )
@@ -571,12 +571,12 @@ class HomeServer:
         if self.role.servlets == "none":
             return
         accounts, rooms = services.accounts, services.rooms
-        router: Any = _RoleRouter(self.router, self.role)
+        router = _RoleRouter(self.router, self.role)
         register_versions(router)
         register_client_api_servlets(router, self.config, accounts, services.writers)
         register_room_api_servlets(router, rooms, accounts, services.writers, services.sync_tracker)
         register_federation_servlets(
-            _RoleRouter(self.federation_router, self.role),  # type: ignore[arg-type]
+            _RoleRouter(self.federation_router, self.role),
             services.federation,
             profile_lookup=accounts.profiles.get_profile,
             alias_lookup=rooms.timeline.get_alias,
@@ -745,6 +745,6 @@ class _RoleRouter:
         self._router = router
         self._role = role
 
-    def register(self, methods: Any, pattern: str, handler: Any, servlet: str) -> None:
+    def register(self, methods: Iterable[str], pattern: str, handler: Handler, servlet: str) -> None:
         if self._role.serves_servlet(servlet):
             self._router.register(methods, pattern, handler, servlet)

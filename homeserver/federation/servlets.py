@@ -35,7 +35,7 @@ from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.routing.writers import InviteWriter
 from storage.kernel.errors import bad_json, not_found
-from homeserver.http.server import JsonRouter, parse_json_body, parse_json_object
+from homeserver.http.server import Routes, parse_json_body, parse_json_object
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
 
@@ -151,7 +151,7 @@ AliasLookup = Callable[[str], Awaitable[tuple[str, str] | None]]
 """``#alias:server -> (room_id, creator)`` from the local alias directory, or None."""
 
 
-def register_federation_servlets(router: JsonRouter, fed: FederationServices, *,
+def register_federation_servlets(router: Routes, fed: FederationServices, *,
                                  profile_lookup: ProfileLookup | None = None,
                                  alias_lookup: AliasLookup | None = None,
                                  devices: FederationDeviceHandler | None = None) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from twisted.web.server import Request
 
-from homeserver.http.server import JsonRouter
+from homeserver.http.server import Routes
 
 CLIENT_PREFIX: Final = "/_matrix/client"
 
@@ -24,5 +24,5 @@ async def _versions(request: Request, params: Mapping[str, str]) -> tuple[int, A
     return 200, {"versions": list(SUPPORTED_SPEC_VERSIONS), "unstable_features": {}}
 
 
-def register_versions(router: JsonRouter) -> None:
+def register_versions(router: Routes) -> None:
     router.register(["GET"], rf"{CLIENT_PREFIX}/versions/?", _versions, "client_versions")

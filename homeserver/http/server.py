@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import unquote
 
 import attrs
@@ -125,6 +125,12 @@ def _depth(value: Any, limit: int = MAX_JSON_DEPTH + 1) -> int:
 
 def encode_json(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class Routes(Protocol):
+    """Where servlets are registered: a ``JsonRouter``, or a filter in front of one."""
+
+    def register(self, methods: Iterable[str], pattern: str, handler: Handler, servlet: str) -> None: ...
 
 
 class JsonRouter(Resource):

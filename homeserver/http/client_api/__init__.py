@@ -16,13 +16,13 @@ from homeserver.http.client_api.account_data import register_account_data_servle
 from homeserver.http.client_api.devices import register_device_servlets
 from homeserver.http.client_api.profile import register_profile_servlets
 from homeserver.http.client_api.server_info import register_server_info_servlets
-from homeserver.http.server import JsonRouter
+from homeserver.http.server import Routes
 from homeserver.routing.writers import Writers
 
 __all__ = ["register_client_api_servlets"]
 
 
-def register_client_api_servlets(router: JsonRouter, config: HomeserverConfig, services: AccountServices,
+def register_client_api_servlets(router: Routes, config: HomeserverConfig, services: AccountServices,
                                  writers: Writers) -> None:
     register_account_servlets(
         router,

@@ -36,7 +36,7 @@ from homeserver.http.client_api._base import (
     required_string,
 )
 from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, missing_param
-from homeserver.http.server import JsonRouter, parse_json_object
+from homeserver.http.server import Routes, parse_json_object
 
 REGISTER_FLOWS: Final = ((LOGIN_DUMMY,),)
 PASSWORD_FLOWS: Final = ((LOGIN_PASSWORD,),)
@@ -44,7 +44,7 @@ MAX_USERNAME_LENGTH: Final = 255
 
 
 def register_account_servlets(
-    router: JsonRouter,
+    router: Routes,
     *,
     config: HomeserverConfig,
     auth: Auth,

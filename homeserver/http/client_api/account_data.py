@@ -19,12 +19,12 @@ from homeserver.handlers.account_data import AccountDataHandler
 from homeserver.handlers.auth import Auth
 from homeserver.handlers.filters import FilterHandler
 from homeserver.http.client_api._base import client_path, empty
-from homeserver.http.server import JsonRouter, parse_json_body, parse_json_object
+from homeserver.http.server import Routes, parse_json_body, parse_json_object
 from homeserver.routing.writers import Writers
 
 
 def register_account_data_servlets(
-    router: JsonRouter, *, auth: Auth, account_data: AccountDataHandler, filters: FilterHandler, writers: Writers
+    router: Routes, *, auth: Auth, account_data: AccountDataHandler, filters: FilterHandler, writers: Writers
 ) -> None:
     async def get_global(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)

@@ -21,7 +21,7 @@ from homeserver.handlers.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
 from homeserver.handlers.validation import MAX_DEVICE_DISPLAY_NAME_LENGTH, MAX_DEVICE_ID_LENGTH, check_text
 from homeserver.http.client_api._base import client_path, empty, optional_string, parse_optional_json_object
 from storage.kernel.errors import bad_json, invalid_param, missing_param
-from homeserver.http.server import JsonRouter, parse_json_object
+from homeserver.http.server import Routes, parse_json_object
 from storage.stores.devices import DeviceRow
 
 DELETE_FLOWS: Final = ((LOGIN_PASSWORD,),)
@@ -43,7 +43,7 @@ def _check_device_id(device_id: str) -> str:
 
 
 def register_device_servlets(
-    router: JsonRouter, *, auth: Auth, devices: DeviceHandler, uia: UserInteractiveAuth
+    router: Routes, *, auth: Auth, devices: DeviceHandler, uia: UserInteractiveAuth
 ) -> None:
     async def delete_with_uia(request: Request, body: Mapping[str, Any], device_ids: Sequence[str]) -> None:
         requester = await auth.get_user_by_req(request)

@@ -15,13 +15,13 @@ from homeserver.handlers.presence import PRESENCE_STATES, PresenceHandler
 from homeserver.handlers.validation import check_text, check_user_id
 from homeserver.http.client_api._base import client_path, empty, optional_string, required_string
 from storage.kernel.errors import invalid_param
-from homeserver.http.server import JsonRouter, parse_json_object
+from homeserver.http.server import Routes, parse_json_object
 from homeserver.routing.writers import Writers
 
 MAX_ID_LENGTH: Final = 255
 
 
-def register_e2e_servlets(router: JsonRouter, *, auth: Auth, e2e: E2eHandler, presence: PresenceHandler,
+def register_e2e_servlets(router: Routes, *, auth: Auth, e2e: E2eHandler, presence: PresenceHandler,
                           writers: Writers) -> None:
     async def send_to_device(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)

@@ -19,7 +19,7 @@ from homeserver.handlers.profile import ProfileHandler
 from homeserver.handlers.validation import check_user_id
 from homeserver.http.client_api._base import client_path, empty
 from storage.kernel.errors import bad_json, missing_param
-from homeserver.http.server import JsonRouter, parse_json_object
+from homeserver.http.server import Routes, parse_json_object
 from storage.stores.profiles import ProfileRow
 
 
@@ -32,7 +32,7 @@ def _fields(profile: ProfileRow) -> dict[str, Any]:
     return out
 
 
-def register_profile_servlets(router: JsonRouter, *, auth: Auth, profiles: ProfileHandler) -> None:
+def register_profile_servlets(router: Routes, *, auth: Auth, profiles: ProfileHandler) -> None:
     async def get_profile(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         profile = await profiles.get_profile(check_user_id(params["user_id"]))
         return 200, _fields(profile)

@@ -31,7 +31,7 @@ from homeserver.http.client_api._base import (
     required_string,
 )
 from storage.kernel.errors import bad_json, invalid_param
-from homeserver.http.server import JsonRouter, parse_json_object
+from homeserver.http.server import Routes, parse_json_object
 
 MAX_ID_LENGTH: Final = 255
 MAX_REASON_LENGTH: Final = 2048
@@ -96,7 +96,7 @@ def _query_json(request: Request, name: str) -> Any:
 
 
 def register_room_servlets(
-    router: JsonRouter,
+    router: Routes,
     *,
     auth: Auth,
     rooms: RoomHandler,

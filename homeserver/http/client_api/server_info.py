@@ -19,10 +19,10 @@ from homeserver.handlers.push_rules import default_push_rules
 from homeserver.handlers.server_info import capabilities, client_well_known
 from homeserver.http.client_api._base import client_path
 from storage.kernel.errors import not_found
-from homeserver.http.server import JsonRouter
+from homeserver.http.server import Routes
 
 
-def register_server_info_servlets(router: JsonRouter, *, config: HomeserverConfig, auth: Auth) -> None:
+def register_server_info_servlets(router: Routes, *, config: HomeserverConfig, auth: Auth) -> None:
     async def get_capabilities(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         await auth.get_user_by_req(request)
         return 200, {"capabilities": capabilities(config)}

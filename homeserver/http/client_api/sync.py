@@ -20,12 +20,12 @@ from homeserver.http.client_api.e2e import register_e2e_servlets
 from homeserver.http.client_api.rooms import register_room_servlets
 from homeserver.http.client_api._base import client_path, query_string
 from storage.kernel.errors import invalid_param
-from homeserver.http.server import JsonRouter
+from homeserver.http.server import Routes
 from homeserver.routing.writers import Writers
 from storage.tokens import InvalidTokenError, StreamToken
 
 
-def register_sync_servlets(router: JsonRouter, *, auth: Auth, sync: SyncHandler, filters: FilterHandler,
+def register_sync_servlets(router: Routes, *, auth: Auth, sync: SyncHandler, filters: FilterHandler,
                            sync_tracker: SyncTracker | None = None) -> None:
     async def get_sync(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
@@ -81,7 +81,7 @@ def register_sync_servlets(router: JsonRouter, *, auth: Auth, sync: SyncHandler,
     router.register(["GET"], client_path(r"/sync"), get_sync, "client_sync")
 
 
-def register_room_api_servlets(router: JsonRouter, rooms: RoomServices, accounts: AccountServices,
+def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: AccountServices,
                                writers: Writers, sync_tracker: SyncTracker | None = None) -> None:
     """Every servlet of rooms.py and this module, wired to ``rooms``' handlers."""
     register_room_servlets(
