@@ -429,11 +429,13 @@ class JoinRateLimits:
 
 @attrs.frozen
 class InviteRateLimits:
-    """``rc_invites``: invites into one room, to one user, and by one sender."""
+    """``rc_invites``: invites into one room, to one user, and by one sender; ``per_origin``:
+    invites arriving over federation from one server (``per_user`` applies to those too)."""
 
     per_room: RateLimit = RateLimit(0.3, 10)
     per_user: RateLimit = RateLimit(0.003, 5)
     per_issuer: RateLimit = RateLimit(0.3, 10)
+    per_origin: RateLimit = RateLimit(0.3, 20)
 
 
 def _grouped_rate_limits(cls: type[T]) -> Callable[[str, object], T]:

@@ -69,7 +69,8 @@ def auth_types_for(
         membership = content.get("membership")
         if (C.MEMBER, state_key) not in keys:
             keys.append((C.MEMBER, state_key))
-        if membership in (C.JOIN, C.INVITE):
+        if membership in (C.JOIN, C.INVITE, C.KNOCK):
+            # Knock too: rule 4 reads the join rule for it (knock, knock_restricted).
             keys.append((C.JOIN_RULES, ""))
         if membership == C.INVITE:
             tpi = content.get("third_party_invite")

@@ -23,6 +23,7 @@ NAME: Final = "m.room.name"
 TOPIC: Final = "m.room.topic"
 CANONICAL_ALIAS: Final = "m.room.canonical_alias"
 TOMBSTONE: Final = "m.room.tombstone"
+SERVER_ACL: Final = "m.room.server_acl"
 
 # Memberships.
 JOIN: Final = "join"

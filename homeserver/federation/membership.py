@@ -1,7 +1,8 @@
 """Joining rooms across servers: serving and calling make_join / send_join (v2).
 
-Serving: ``make_join`` hands a remote server an unsigned join template built on
-our forward extremities and current state; ``send_join`` checks the signed join
+Serving: ``make_join`` (``make_leave``, ``make_knock``) hands a remote server an
+unsigned template built on our forward extremities and current state, once the
+auth rules allow it there (else 403); ``send_join`` checks the signed join
 (signatures, auth against the state before it), signs it too, persists it and
 answers with the state before the join and its auth chain.
 
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
+import attrs
 from signedjson.sign import sign_json
 from signedjson.types import SigningKey
 
@@ -51,6 +53,8 @@ from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.routing.writers import InviteWriter
+from homeserver.config import InviteRateLimits
+from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.rooms import RemoteMembershipError
 from storage.kernel.errors import MatrixError, bad_json, forbidden, not_found
 from storage.stores.events import EventsStore, StateKey
@@ -68,6 +72,27 @@ INVITE_ROOM_STATE_KEYS: tuple[StateKey, ...] = (
 
 def quote_path(value: str) -> str:
     return quote(value, safe="")
+
+
+@attrs.frozen
+class InviteLimits:
+    """Inbound invites (``PUT /invite``) per origin server and per invited user (``rc_invites``)."""
+
+    per_origin: Ratelimiter
+    per_user: Ratelimiter
+    now: Callable[[], float]
+
+    @classmethod
+    def from_config(cls, config: InviteRateLimits, now: Callable[[], float]) -> InviteLimits:
+        return cls(Ratelimiter.from_config(config.per_origin), Ratelimiter.from_config(config.per_user), now)
+
+    def check(self, origin: str, invitee: str) -> None:
+        """Count one invite, or raise 429 ``M_LIMIT_EXCEEDED`` (the origin's bucket first)."""
+        now = self.now()
+        ratelimit(self.per_origin, origin, now, update=False)
+        ratelimit(self.per_user, invitee, now, update=False)
+        self.per_origin.record(origin, now)
+        self.per_user.record(invitee, now)
 
 
 class JoinError(RemoteMembershipError):
@@ -88,8 +113,10 @@ class MembershipHandler:
         invites: RemoteInvites,
         invite_writer: InviteWriter,
         forward: Callable[[FrozenEvent, str], None] | None,
+        invite_limits: InviteLimits | None = None,
     ) -> None:
         self._server_name = server_name
+        self._invite_limits = invite_limits
         self._signing_key = signing_key
         self._store = store
         self._persister = persister
@@ -118,6 +145,11 @@ class MembershipHandler:
     async def make_leave(self, origin: str, room_id: str, user_id: str) -> dict[str, Any]:
         return await self.make_membership(origin, room_id, user_id, C.LEAVE, None)
 
+    async def make_knock(self, origin: str, room_id: str, user_id: str, versions: Iterable[str]) -> dict[str, Any]:
+        # Every supported room version (10-12) has knocking; the join rule is checked by the
+        # auth rules run on the template (knock needs the knock or knock_restricted rule).
+        return await self.make_membership(origin, room_id, user_id, C.KNOCK, versions)
+
     async def make_membership(self, origin: str, room_id: str, user_id: str, membership: str,
                               versions: Iterable[str] | None) -> dict[str, Any]:
         """A membership event template (``make_join``/``make_leave``) built on our view of the room."""
@@ -144,6 +176,15 @@ class MembershipHandler:
             origin_server_ts=self._clock_ms(),
         )
         pdu["origin"] = self._server_name
+        # The spec answers 403 here, not a template that send_* would then refuse: run the auth
+        # rules on the template against the current state (unsigned, so placeholders for those).
+        try:
+            candidate = make_event(room_version, {**pdu, "hashes": {"sha256": ""}, "signatures": {}})
+            await check_against_state(self._loader, room_version, candidate, context.auth_state)
+        except AuthError as e:
+            raise forbidden(f"{user_id} may not {membership} room {room_id}: {e}") from None
+        except EventsError as e:
+            raise bad_json(f"cannot make a {membership} event for {user_id}: {e}") from None
         return {"event": pdu, "room_version": room_version.identifier}
 
     async def send_join(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
@@ -152,6 +193,13 @@ class MembershipHandler:
     async def send_leave(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
         await self._send_membership(origin, room_id, event_id, body, C.LEAVE)
         return {}
+
+    async def send_knock(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
+        """``PUT /send_knock`` (v1): the knock, then the room's state a knocker may see."""
+        await self._send_membership(origin, room_id, event_id, body, C.KNOCK)
+        current = await self._store.get_current_state_for_keys(room_id, INVITE_ROOM_STATE_KEYS)
+        loaded = await self._loader.load_events(list(current.values()))
+        return {"knock_room_state": [loaded[i].get_pdu_json() for i in current.values() if i in loaded]}
 
     async def _send_membership(self, origin: str, room_id: str, event_id: str, body: object,
                                membership: str) -> dict[str, Any]:
@@ -393,6 +441,8 @@ class MembershipHandler:
             raise bad_json(f"{event.state_key} is not a user of this server")
         if server_name_of(event.sender) != origin:
             raise forbidden(f"{origin} may not send an invite from {event.sender}")
+        if self._invite_limits is not None:
+            self._invite_limits.check(origin, event.state_key)
         signed = self._cosign(room_version, event)
         if self._server_name not in await self._store.get_joined_servers(room_id):
             # Not in the room: nothing in our graph to put it in; kept for /sync and the client API.

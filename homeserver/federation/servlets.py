@@ -20,6 +20,7 @@ from twisted.web.server import Request
 
 from homeserver import __version__
 from homeserver.config import HomeserverConfig
+from homeserver.federation.acl import ServerAcls
 from homeserver.federation.auth import authenticate_request
 from homeserver.federation.backfill import BackfillHandler
 from homeserver.events import FrozenEvent
@@ -27,7 +28,7 @@ from homeserver.federation.client import FederationClient
 from homeserver.federation.devices import FederationDeviceHandler
 from homeserver.federation.history import HistoryHandler
 from homeserver.federation.keys import Keyring, server_key_response
-from homeserver.federation.membership import MembershipHandler
+from homeserver.federation.membership import InviteLimits, MembershipHandler
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.transaction import TransactionHandler
 from homeserver.handlers.event_loader import EventLoader
@@ -56,6 +57,7 @@ class FederationServices:
     membership: MembershipHandler
     history: HistoryHandler
     backfill: BackfillHandler
+    acl: ServerAcls
     # Called with the origin of every authenticated inbound request: the server is up
     # (the federation sender clears its backoff and wakes its queue).
     on_remote_up: Callable[[str], None]
@@ -90,6 +92,7 @@ class FederationServices:
             body: dict[str, Any] = {"server_keys": {server: {k: {} for k in key_ids}}}
             return await client.post_json(notary, f"{KEY_V2}/query", body, signed=False, timeout=15)
 
+        acl = ServerAcls(store=store, loader=loader)
         keyring = Keyring(server_name=server_name, signing_key=signing_key, clock_ms=clock_ms,
                           fetch_direct=fetch_direct, fetch_notary=fetch_notary, key_store=federation_store,
                           notaries=config.federation.trusted_key_servers)
@@ -97,15 +100,17 @@ class FederationServices:
             server_name=server_name, signing_key=signing_key, clock_ms=clock_ms, client=client, keyring=keyring,
             transactions=TransactionHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                             keyring=keyring, client=client, txn_store=federation_store,
-                                            clock_ms=clock_ms, metrics=metrics),
+                                            clock_ms=clock_ms, metrics=metrics, acl=acl),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
                                          persister=persister, loader=loader, keyring=keyring, client=client,
                                          clock_ms=clock_ms, invites=invites, invite_writer=invite_writer,
-                                         forward=forward),
+                                         forward=forward, invite_limits=InviteLimits.from_config(
+                                             config.rc_invites, lambda: float(reactor.seconds()))),
             history=HistoryHandler(server_name=server_name, store=store, loader=loader, clock_ms=clock_ms),
             backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                      keyring=keyring,
                                      client=client),
+            acl=acl,
             on_remote_up=on_remote_up,
         )
 
@@ -190,12 +195,15 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
         return 200, await fed.transactions.on_send(origin, p["txn_id"], body)
 
     async def make_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.make_join(origin, p["room_id"], p["user_id"], args(request, "ver"))
 
     async def send_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body)
 
     async def get_event(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check_event(origin, p["event_id"])
         return 200, await fed.history.get_event(origin, p["event_id"])
 
     def event_id_arg(request: Request) -> str:
@@ -205,29 +213,44 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
         return ids[0]
 
     async def state_ids(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.history.state_ids(origin, p["room_id"], event_id_arg(request))
 
     async def state(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.history.state(origin, p["room_id"], event_id_arg(request))
 
     async def backfill(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
         limits = args(request, "limit")
         limit = int(limits[0]) if limits and limits[0].isdigit() and len(limits[0]) < 6 else 10
         return 200, await fed.history.backfill(origin, p["room_id"], args(request, "v"), limit)
 
     async def missing(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
         if not isinstance(body, dict):
             raise bad_json("body must be a JSON object")
         return 200, await fed.history.get_missing_events(origin, p["room_id"], body)
 
     async def make_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.make_leave(origin, p["room_id"], p["user_id"])
 
     async def send_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.send_leave(origin, p["room_id"], p["event_id"], body)
 
     async def invite(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.on_invite(origin, p["room_id"], p["event_id"], body)
+
+    async def make_knock(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
+        return 200, await fed.membership.make_knock(origin, p["room_id"], p["user_id"], args(request, "ver"))
+
+    async def send_knock(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        await fed.acl.check(origin, p["room_id"])
+        return 200, await fed.membership.send_knock(origin, p["room_id"], p["event_id"], body)
 
     async def profile(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         user_ids = args(request, "user_id")
@@ -245,6 +268,9 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
     authed("GET", f"{FED_V1}/make_leave/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", make_leave, "federation_make_leave")
     authed("PUT", f"{FED_V2}/send_leave/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", send_leave,
            "federation_send_leave", has_body=True)
+    authed("GET", f"{FED_V1}/make_knock/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", make_knock, "federation_make_knock")
+    authed("PUT", f"{FED_V1}/send_knock/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", send_knock,
+           "federation_send_knock", has_body=True)
     authed("PUT", f"{FED_V2}/invite/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", invite, "federation_invite",
            has_body=True)
     async def directory(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:

@@ -27,6 +27,7 @@ from twisted.internet.defer import Deferred, FirstError, gatherResults
 
 from homeserver.events import FrozenEvent, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
+from homeserver.federation.acl import ServerAcls
 from homeserver.federation.client import FederationClient, FederationClientError
 from homeserver.federation.edus import EduRejected
 from homeserver.federation.keys import Keyring
@@ -70,8 +71,11 @@ class TransactionHandler:
         txn_store: TransactionStore,
         clock_ms: Callable[[], int],
         metrics: FederationMetrics,
+        acl: ServerAcls | None = None,
     ) -> None:
         self._metrics = metrics
+        # Server ACLs: PDUs and EDUs of rooms whose ACL denies the origin are dropped.
+        self._acl = acl
         self._txn_store = txn_store
         self._clock_ms = clock_ms
         self._server_name = server_name
@@ -168,6 +172,9 @@ class TransactionHandler:
             logger.warning("TX [%s] PDU for unknown room %s dropped", origin, room_id)
             return None, None
         room_version = get_room_version(identifier)
+        if self._acl is not None and not await self._acl.allows(origin, room_id):
+            logger.warning("TX [%s] PDU for %s dropped: the room's server ACL denies the origin", origin, room_id)
+            return _event_id_guess(room_version, pdu), "M_FORBIDDEN: the room's server ACL denies this server"
         try:
             event = await parse_and_verify(self._keyring, room_version, pdu)
         except EventsError as e:
@@ -260,8 +267,13 @@ class TransactionHandler:
         if handler is None:
             logger.debug("TX [%s] no handler for EDU %s", origin, edu["edu_type"])
             return
+        content = edu.get("content")
+        if self._acl is not None:
+            content = await self._acl.filter_edu(origin, edu["edu_type"], content)
+            if content is None:
+                return
         try:
-            await handler(origin, edu.get("content"))
+            await handler(origin, content)
         except EduRejected as e:
             logger.warning("TX [%s] %s EDU dropped: %s", origin, edu["edu_type"], e)
         except Exception:

@@ -1,7 +1,11 @@
 """Events as clients see them: the client event format, redaction on read, history visibility.
 
 ``ClientEvents`` turns ``FrozenEvent``s into client-format dicts (pruned, with
-``unsigned.redacted_because``, when a redaction of them exists; with
+``unsigned.redacted_because``, when a redaction of them exists that the room
+version lets apply: same room, and the redacter on the original sender's server
+or holding the ``redact`` level in the redaction's auth state; checked at every
+read, so a redaction that came before its target applies once the target is
+here, and one that may not apply never does); with
 ``unsigned.transaction_id`` for the requesting device's own sends) and filters
 lists of events down to what a user may see under the history-visibility
 rules. It reads state through the events store; it does not know HTTP.
@@ -14,9 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from homeserver.events import FrozenEvent, can_see_event, prune_event_dict
+from homeserver.events import FrozenEvent, can_apply_redaction, can_see_event, prune_event_dict
 from homeserver.events import constants as C
+from homeserver.events.auth import auth_state_from_auth_events
 from homeserver.events.canonical import thaw
+from homeserver.events.hashing import create_event_id_from_room_id
+from homeserver.events.identifiers import server_name_of
 from homeserver.handlers.event_loader import EventLoader
 from storage.stores.events import EventsStore, StateKey
 from storage.stores.timeline import TimelineStore
@@ -99,7 +106,7 @@ class ClientEvents:
             because: dict[str, Any] | None = None
             for redaction_id in redactions.get(event.event_id, ()):
                 redaction = redaction_events.get(redaction_id)
-                if redaction is not None and redaction.room_id == event.room_id:
+                if redaction is not None and await self._redaction_applies(redaction, event):
                     because = format_event(redaction, now, include_room_id=include_room_id)
                     break
             out.append(
@@ -112,6 +119,22 @@ class ClientEvents:
                 )
             )
         return out
+
+    async def _redaction_applies(self, redaction: FrozenEvent, original: FrozenEvent) -> bool:
+        """"Handling redactions": the power level is read only for a redacter of another server
+        (rare), from the redaction's own auth events (plus the create event, which v12 leaves out)."""
+        if redaction.room_id != original.room_id:
+            return False
+        if server_name_of(redaction.sender) == server_name_of(original.sender):
+            return True
+        wanted = set(redaction.auth_event_ids)
+        if not redaction.room_version.create_event_in_auth_events:
+            wanted.add(create_event_id_from_room_id(redaction.room_id))
+        loaded = await self._loader.load_events(wanted)
+        state = auth_state_from_auth_events(
+            redaction.room_version, (e for e in loaded.values() if e.room_id == redaction.room_id)
+        )
+        return can_apply_redaction(redaction.room_version, redaction, original, state)
 
     async def state_after(self, event_id: str) -> dict[StateKey, str]:
         groups = await self._events_store.get_state_groups_after([event_id])

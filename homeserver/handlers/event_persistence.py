@@ -39,6 +39,7 @@ from homeserver.events import FrozenEvent, RoomVersion
 from homeserver.events import constants as C
 from homeserver.events.errors import MissingEventsError
 from homeserver.events.identifiers import server_name_of
+from homeserver.federation.acl import ACL_KEY, server_allowed
 from homeserver.handlers.event_loader import EventLoader
 from storage.database import Transaction
 from storage.stores.events import (
@@ -338,6 +339,8 @@ class EventPersister:
                 servers.add(server_name_of(event.state_key))
             servers.discard(self._server_name)
             remote_servers = frozenset(servers)
+            if remote_servers:
+                remote_servers = await self._acl_allowed(event, snapshot, remote_servers)
 
         request = self._request(
             room_version,
@@ -367,6 +370,26 @@ class EventPersister:
         if snapshot is not None and linear and ctx.for_local_send and is_local and not result.already_persisted:
             self._advance_snapshot(snapshot, event, result)
         return result
+
+    async def _acl_allowed(
+        self, event: FrozenEvent, snapshot: _RoomSnapshot | None, servers: frozenset[str]
+    ) -> frozenset[str]:
+        """The ``servers`` the room's server ACL (after ``event``) lets receive its events. The
+        ACL's ID comes from the room's snapshot when it holds it (it does after the first send)."""
+        if event.state_key_tuple == ACL_KEY:
+            content: Mapping[str, Any] | None = event.content
+        else:
+            if snapshot is not None and ACL_KEY in snapshot.state:
+                acl_id = snapshot.state[ACL_KEY]
+            else:
+                acl_id = (await self._store.get_current_state_for_keys(event.room_id, [ACL_KEY])).get(ACL_KEY)
+                if snapshot is not None:
+                    snapshot.state[ACL_KEY] = acl_id
+            if acl_id is None:
+                return servers
+            acl = await self._loader.get_event(acl_id)
+            content = None if acl is None else acl.content
+        return frozenset(s for s in servers if server_allowed(s, content))
 
     def _request(self, room_version: RoomVersion, event: FrozenEvent, **fields: Any) -> PersistRequest:
         """The persist request of ``event``: what it says of itself, plus the caller's ``fields``."""

@@ -215,8 +215,15 @@ class RoomHandler:
         ratelimit(self._limits.message, requester.user_id, self._now())
         await self._check_room(room_id)
         target = await self._loader.get_event(event_id)
-        if target is None or target.room_id != room_id:
+        if target is None:
             raise not_found("Event not found")
+        if target.room_id != room_id:
+            # Synapse's answer (400 M_UNKNOWN): the spec gives none; a redaction naming an event
+            # of another room would never apply, so it is not sent.
+            raise MatrixError(400, "M_UNKNOWN", "Cannot redact event from a different room")
+        if target.type in (C.CREATE, C.SERVER_ACL):
+            # As Synapse: the pruned forms would break the room (no ACL content denies every server).
+            raise forbidden(f"Redacting {target.type} events is not permitted")
         if target.sender != requester.user_id:
             state = await self._current_state_events(room_id, [(C.POWER_LEVELS, ""), (C.CREATE, "")])
             level = get_user_power_level(target.room_version, requester.user_id, state)

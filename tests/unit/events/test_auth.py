@@ -417,6 +417,9 @@ def test_auth_types_for_memberships(version: RoomVersion) -> None:
     leave = room.build(C.MEMBER, BOB, {"membership": C.LEAVE}, BOB)
     assert (C.JOIN_RULES, "") not in auth_types_for_event(version, leave)
     assert ((C.CREATE, "") in auth_types_for_event(version, leave)) is (version is not V12)
+    # A knock cites the join rules: the auth rules allow it only under knock/knock_restricted.
+    knock = room.build(C.MEMBER, EVE, {"membership": C.KNOCK}, EVE)
+    assert (C.JOIN_RULES, "") in auth_types_for_event(version, knock)
 
 
 def test_v12_state_from_auth_events_needs_the_create_event() -> None:
