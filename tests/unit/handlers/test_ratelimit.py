@@ -107,6 +107,9 @@ def test_rc_defaults_are_synapse_defaults() -> None:
     assert config.rc_invites.per_room == RateLimit(0.3, 10)
     assert config.rc_invites.per_user == RateLimit(0.003, 5)
     assert config.rc_invites.per_issuer == RateLimit(0.3, 10)
+    # Not a Synapse key: inbound federation invites per origin server (issue 18).
+    assert config.rc_invites.per_origin == RateLimit(0.3, 20)
+    assert _parse({"rc_invites": {"per_origin": {"burst_count": 3}}}).rc_invites.per_origin == RateLimit(0.3, 3)
     assert config.bcrypt_rounds == 12
     limiters = Ratelimiters.from_config(config)
     assert (limiters.login_failed_attempts.per_second, limiters.login_failed_attempts.burst_count) == (0.17, 3)
