@@ -50,3 +50,18 @@ def test_trusted_key_servers_config() -> None:
     assert config.federation.trusted_key_servers == ("notary.example:8448",)
     with pytest.raises(ConfigError, match=r"federation\.trusted_key_servers\[0\]"):
         parse_config({**base, "federation": {"trusted_key_servers": ["not a name"]}})
+
+
+@pytest.mark.parametrize("name", [
+    "a" * 64 + ".example.org",            # a DNS label is at most 63 characters
+    ".".join(["a" * 63] * 4) + ".org",    # a DNS name is at most 255
+    "a..b", "a.b.", "exa mple.org", "ex_ample.org", "bücher.example", "host:+80", "host:０", "::1", "host:123456",
+])
+def test_parse_server_name_refuses_what_the_grammar_refuses(name: str) -> None:
+    with pytest.raises(ValueError):
+        parse_server_name(name)
+
+
+def test_parse_server_name_takes_63_character_labels() -> None:
+    name = "a" * 63 + ".example-1.org"
+    assert parse_server_name(name + ":8448") == ServerName(name, 8448)
