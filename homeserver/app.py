@@ -50,7 +50,12 @@ from homeserver.federation.devices import FederationDeviceHandler
 from homeserver.federation.edus import register_edu_handlers
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.sender_transport import client_transport
-from homeserver.federation.servlets import FederationServices, build_federation_client, register_federation_servlets
+from homeserver.federation.servlets import (
+    FederationServices,
+    build_federation_client,
+    build_remote_queries,
+    register_federation_servlets,
+)
 from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.auth import TokenCacheInvalidation
 from homeserver.handlers.event_loader import EventCacheMetrics, EventLoader
@@ -383,9 +388,13 @@ class HomeServer:
                 run_in_background("stream_revoked_tokens", streams.cache_invalidation.invalidate_and_stream(
                     TokenCacheInvalidation.name, tuple(digest.hex() for digest in hashes)))
 
+        # The one outbound federation client, first: accounts ask remote servers for profiles through it.
+        federation_metrics = FederationMetrics.create(self.registry)
+        client = build_federation_client(config, reactor, storage.signing_key, federation_metrics)
+        queries = build_remote_queries(config, reactor, client)
         accounts = AccountServices.build(config, db, reactor,
                                          account_data_stream_ids=generators[StreamName.ACCOUNT_DATA].get_next,
-                                         instance_name=self.instance_name)
+                                         instance_name=self.instance_name, remote_profiles=queries)
         accounts.auth.revoked_hooks.append(revoked)
         streams.caches.register(TokenCacheInvalidation(accounts.auth))
 
@@ -414,8 +423,6 @@ class HomeServer:
             persister = EventPersister(**persister_options)
             room_events = RoomEventCreator(persister=persister, **creator_options)
 
-        federation_metrics = FederationMetrics.create(self.registry)
-        client = build_federation_client(config, reactor, storage.signing_key, federation_metrics)
         outbound = self._build_outbound(db, generators, events_store, internal_client, client)
         remote_invites = RemoteInvites(store=RemoteInviteStore(db), stream=generators[StreamName.EVENTS])
         # Federation records invites before the other writers exist: chosen the same way.
@@ -443,7 +450,7 @@ class HomeServer:
             db=db, reactor=reactor, server_name=config.server_name, streams=generators, notifier=streams.notifier,
             events_store=events_store, loader=loader, room_events=room_events, accounts=accounts,
             remote_invites=remote_invites, remote=federation.membership, backfill=federation.backfill.backfill,
-            edus=outbound.edus, sync_metrics=SyncMetrics.create(self.registry),
+            edus=outbound.edus, sync_metrics=SyncMetrics.create(self.registry), directory=queries,
         )
         local_writers = rooms.local_writers(accounts)
         writers = build_writers(local_writers, layout, internal_client)

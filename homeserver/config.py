@@ -454,6 +454,44 @@ def _grouped_rate_limits(cls: type[T]) -> Callable[[str, object], T]:
     return parse
 
 
+
+@attrs.frozen
+class FederationLimitsConfig:
+    """``federation_limits``: how long each step of an outbound request may take, and the bounds
+    on inbound key queries and remote profile/alias lookups (docs/configuration.md)."""
+
+    dns_timeout: timedelta = timedelta(seconds=10)
+    well_known_timeout: timedelta = timedelta(seconds=10)
+    connect_timeout: timedelta = timedelta(seconds=10)
+    tls_timeout: timedelta = timedelta(seconds=10)
+    request_timeout: timedelta = timedelta(seconds=60)
+    body_timeout: timedelta = timedelta(seconds=30)
+    key_fetch_timeout: timedelta = timedelta(seconds=15)
+    key_query_timeout: timedelta = timedelta(seconds=30)
+    key_query_max_servers: int = 100
+    max_concurrent_fetches: int = 10
+    rc_key_query: RateLimit = RateLimit(1.0, 20)
+    query_cache_ttl: timedelta = timedelta(minutes=5)
+    query_cache_size: int = 10_000
+
+
+def _federation_limits(path: str, raw: object) -> FederationLimitsConfig:
+    s, d = _Section(path, raw), FederationLimitsConfig()
+    values: dict[str, Any] = {}
+    for field in attrs.fields(FederationLimitsConfig):
+        default = getattr(d, field.name)
+        if isinstance(default, timedelta):
+            values[field.name] = s.get(field.name, parse_duration, default)
+            if values[field.name] <= timedelta(0):
+                raise ConfigError(s.sub(field.name), "expected a positive duration")
+        elif isinstance(default, RateLimit):
+            values[field.name] = s.get(field.name, _rate_limit(default), default)
+        else:
+            values[field.name] = s.get(field.name, lambda p, v: _expect_int(p, v, 1, 10_000_000), default)
+    s.finish()
+    return FederationLimitsConfig(**values)
+
+
 # Worker roles the launcher knows (issue 9 makes them pluggable; the names are fixed here).
 WORKER_APPS: Final = ("generic", "event_persister", "federation_sender", "background")
 # Streams whose writer is configurable in ``stream_writers``.
@@ -624,6 +662,7 @@ class HomeserverConfig:
     listeners: tuple[ListenerConfig, ...] = DEFAULT_LISTENERS
     database: DatabaseConfig = DatabaseConfig()
     federation: FederationConfig = FederationConfig()
+    federation_limits: FederationLimitsConfig = FederationLimitsConfig()
     log_level: str = "INFO"
     log_format: str = "text"
     enable_registration: bool = False
@@ -729,6 +768,7 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         listeners=s.get("listeners", listeners, DEFAULT_LISTENERS),
         database=s.get("database", _database, DatabaseConfig()),
         federation=s.get("federation", _federation, FederationConfig()),
+        federation_limits=s.get("federation_limits", _federation_limits, FederationLimitsConfig()),
         log_level=s.get("log_level", lambda p, v: _expect_choice(p, str(v).upper(), LOG_LEVELS), "INFO"),
         log_format=s.get("log_format", lambda p, v: _expect_choice(p, v, LOG_FORMATS), "text"),
         enable_registration=s.get("enable_registration", _expect_bool, False),

@@ -71,7 +71,7 @@ EVENT_ID_CACHE_SIZE = 100_000
 class Behaviour(enum.Enum):
     """How a virtual server answers federation requests (``/_matrix/federation/...``).
 
-    Key requests (``/_matrix/key/...``) are always answered, except when ``DOWN``.
+    Key requests (``/_matrix/key/...``) are always answered, except when ``DOWN`` or ``SILENT``.
     """
 
     OK = "ok"
@@ -80,6 +80,7 @@ class Behaviour(enum.Enum):
     RATELIMIT_429 = "ratelimit_429"
     BAD_REQUEST_400 = "bad_request_400"
     HANG = "hang"              # accept the request, never answer (until switched away)
+    SILENT = "silent"          # like HANG, but for key requests too: a server that never answers
     CLOSE = "close"            # drop the TCP connection without answering
     PDU_ERRORS = "pdu_errors"  # 200, but every PDU gets {"error": ...}
     DOWN = "down"              # the listening port is closed: connections are refused
@@ -183,6 +184,10 @@ class VirtualServer:
     request_counts: Counter[str] = attrs.Factory(Counter)
     held: list[_HeldRequest] = attrs.Factory(list)
     channels: set[HTTPChannel] = attrs.Factory(set)
+    # Answers to GET /query/profile (user ID -> profile) and /query/directory (alias -> answer);
+    # anything else is answered 404 M_NOT_FOUND, as a real server does.
+    profiles: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    aliases: dict[str, dict[str, Any]] = attrs.Factory(dict)
     transition: Deferred[None] = attrs.Factory(lambda: succeed(None))
 
 
@@ -327,7 +332,8 @@ class FederationPeer:
         elif behaviour is not Behaviour.DOWN and server.listening is None:
             server.listening = self._reactor.listenSSL(server.port, server.site, server.tls_options,
                                                        interface=LOOPBACK)
-        if old is Behaviour.HANG and behaviour is not Behaviour.HANG:
+        holding = (Behaviour.HANG, Behaviour.SILENT)
+        if old in holding and behaviour not in holding:
             held, server.held = server.held, []
             for item in held:
                 if not item.disconnected:
@@ -405,6 +411,14 @@ class FederationPeer:
         """Requests received by path kind (``send``, ``invite``, ``get_missing_events``, ``key/server``...),
         counted on arrival whatever the behaviour or outcome."""
         return Counter(self._server(server_name).request_counts)
+
+    def set_profile(self, server_name: str, user_id: str, profile: dict[str, Any]) -> None:
+        """What ``server_name`` answers to ``GET /query/profile?user_id=user_id``."""
+        self._server(server_name).profiles[user_id] = profile
+
+    def set_alias(self, server_name: str, alias: str, answer: dict[str, Any]) -> None:
+        """What ``server_name`` answers to ``GET /query/directory?room_alias=alias``."""
+        self._server(server_name).aliases[alias] = answer
 
     def held_requests(self, server_name: str) -> int:
         """Requests held open under ``HANG`` whose clients are still connected."""
@@ -496,7 +510,7 @@ class FederationPeer:
         kind = path_kind(path)
         server.request_counts[kind] += 1
         logger.debug("[%s] peer got %s %s", server.name, request.method.decode(), path)
-        if server.behaviour is Behaviour.HANG and not kind.startswith("key/"):
+        if (server.behaviour is Behaviour.HANG and not kind.startswith("key/")) or server.behaviour is Behaviour.SILENT:
             item = _HeldRequest(request, kind)
             request.notifyFinish().addErrback(lambda _: setattr(item, "disconnected", True))
             server.held.append(item)
@@ -531,6 +545,14 @@ class FederationPeer:
             content = self._json_body(request)
             origin = await self._authenticate(server, request, content)
             return 200, self._on_transaction(server, origin, segments[5], content)
+        if kind == "query" and method == "GET" and len(segments) == 6 and segments[5] in ("profile", "directory"):
+            await self._authenticate(server, request, None)
+            args = {k.decode(): v[0].decode() for k, v in (request.args or {}).items()}
+            known = server.profiles if segments[5] == "profile" else server.aliases
+            answer = known.get(args.get("user_id") or args.get("room_alias") or "")
+            if answer is None:
+                return 404, {"errcode": "M_NOT_FOUND", "error": f"federation peer: no such {segments[5]}"}
+            return 200, answer
         if kind == "invite" and method == "PUT" and segments[3] == "v2" and len(segments) == 7:
             content = self._json_body(request)
             origin = await self._authenticate(server, request, content)

@@ -1,6 +1,7 @@
 """Calling ``/backfill``: fetching a room's older history from another server when ours runs out.
 
-``BackfillHandler.backfill(room_id)`` asks a server in the room for the events
+``BackfillHandler.backfill(room_id)`` asks the servers in the room, up to three at
+once, for the events
 before our backward extremities (events our timeline points back at that we do
 not have, or hold only as outliers), verifies them, works out the state before
 each (from its predecessors in the batch or in our database; when those are
@@ -27,6 +28,7 @@ from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
+from storage.kernel.concurrency import map_concurrently
 from storage.stores.events import EventsStore, StateKey
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,9 @@ MAX_EXTREMITIES: Final = 20
 
 MAX_BACKFILL_EVENTS: Final = 100
 """Events asked for (and accepted) in one ``/backfill`` response."""
+
+BACKFILL_CONCURRENCY: Final = 3
+"""Servers asked for the same history at once."""
 
 
 class BackfillError(EventsError):
@@ -78,21 +83,32 @@ class BackfillHandler:
         extremities = await self._store.get_backward_extremities(room_id, MAX_EXTREMITIES)
         if not extremities:
             return 0
-        for server in servers:
+        async def attempt(server: str) -> list[FrozenEvent]:
             try:
                 response = await self._client.get_json(
                     server, f"/_matrix/federation/v1/backfill/{quote(room_id, safe='')}",
                     query={"v": extremities, "limit": str(limit)},
                 )
-                events = await self._verified(room_version, room_id, server, response, limit)
-                if not events:
-                    continue
-                stored = await self._persist_batch(room_version, room_id, server, events)
+                return await self._verified(room_version, room_id, server, response, limit)
             except (FederationClientError, EventsError) as e:
                 logger.warning("[%s] backfill from %s failed: %s", room_id, server, e)
-                continue
-            logger.info("[%s] backfilled %d events from %s", room_id, stored, server)
-            return stored
+                return []
+
+        # Up to BACKFILL_CONCURRENCY servers are asked at once (each request bounded by the
+        # client's timeouts); the first of them, in order, whose answer verifies is stored.
+        for start in range(0, len(servers), BACKFILL_CONCURRENCY):
+            batch = servers[start:start + BACKFILL_CONCURRENCY]
+            answers = await map_concurrently(attempt, batch, limit=BACKFILL_CONCURRENCY)
+            for server, events in zip(batch, answers):
+                if not events:
+                    continue
+                try:
+                    stored = await self._persist_batch(room_version, room_id, server, events)
+                except (FederationClientError, EventsError) as e:
+                    logger.warning("[%s] backfill from %s failed: %s", room_id, server, e)
+                    continue
+                logger.info("[%s] backfilled %d events from %s", room_id, stored, server)
+                return stored
         return 0
 
     async def _verified(self, room_version: RoomVersion, room_id: str, server: str, response: Any,

@@ -17,30 +17,48 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import quote, urlencode
 
 import attrs
 from signedjson.types import SigningKey
-from twisted.internet.defer import Deferred
+from twisted.internet import error as net_error
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IProtocolFactory, IStreamClientEndpoint
-from twisted.web.client import Agent, HTTPConnectionPool, readBody
+from twisted.internet.interfaces import (
+    IAddress,
+    IHandshakeListener,
+    IProtocol,
+    IOpenSSLClientConnectionCreator,
+    IProtocolFactory,
+    IStreamClientEndpoint,
+    ITransport,
+)
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
 from homeserver.federation.auth import sign_request
 from homeserver.federation.metrics import METHODS, FederationMetrics
+from homeserver.federation.ttl_cache import TtlCache
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PORT: Final = 8448
 REQUEST_TIMEOUT_SECONDS: Final = 60.0
-WELL_KNOWN_TIMEOUT_SECONDS: Final = 10.0
 CLOSE_TIMEOUT_SECONDS: Final = 2.0
 MAX_RESPONSE_BYTES: Final = 50 * 1024 * 1024
+MAX_WELL_KNOWN_BYTES: Final = 64 * 1024
+# Resolved server names are remembered this long (a changed .well-known or SRV record is seen
+# within the hour), and at most this many, so names from hostile requests cannot fill memory.
+RESOLVE_CACHE_SECONDS: Final = 3600.0
+RESOLVE_CACHE_ENTRIES: Final = 10_000
 SCHEME: Final = b"matrix-federation"
 
 DEFAULT_IP_BLACKLIST: Final = (
@@ -53,6 +71,10 @@ DEFAULT_IP_BLACKLIST: Final = (
 
 class FederationClientError(Exception):
     """A request to another server failed before a response arrived (resolution, blacklist, network)."""
+
+
+class FederationTimeout(FederationClientError):
+    """A step of a request (DNS, connect, TLS, response, body) took longer than its limit."""
 
 
 class HttpResponseError(FederationClientError):
@@ -84,8 +106,25 @@ class ServerName:
             return False
 
 
+_DNS_LABEL = re.compile(r"[A-Za-z0-9-]{1,63}")
+MAX_DNS_NAME_LENGTH: Final = 255
+
+
+def check_hostname(host: str) -> None:
+    """Raise ValueError unless ``host`` is an IPv4 literal or a DNS name of the spec's grammar with
+    labels of 1-63 letters, digits and hyphens (DNS's limit), at most 255 characters in all."""
+    if len(host) > MAX_DNS_NAME_LENGTH:
+        raise ValueError(f"host name of {len(host)} characters, over {MAX_DNS_NAME_LENGTH}")
+    for label in host.split("."):
+        if not _DNS_LABEL.fullmatch(label) or not label.isascii():
+            shown = label if len(label) <= 70 else label[:70] + "..."
+            raise ValueError(f"host name label {shown!r} ({len(label)} characters) is not 1-63 letters, "
+                             "digits and hyphens")
+
+
 def parse_server_name(name: str) -> ServerName:
-    """Split ``host[:port]`` (IPv6 literals in brackets); raises ValueError when malformed."""
+    """Split ``host[:port]`` (IPv6 literals in brackets); raises ValueError unless it is a server
+    name by the spec's grammar, with DNS labels of at most 63 characters."""
     if name.startswith("["):
         end = name.find("]")
         if end < 0:
@@ -101,10 +140,13 @@ def parse_server_name(name: str) -> ServerName:
     if not host:
         raise ValueError(f"server name {name!r} has no host")
     if rest:
-        if not rest.startswith(":") or not rest[1:].isdigit() or not 0 < int(rest[1:]) < 65536:
-            raise ValueError(f"server name {name!r}: bad port {rest[1:]!r}")
-        return ServerName(host, int(rest[1:]))
-    return ServerName(host, None)
+        port = rest[1:]
+        if not rest.startswith(":") or not port.isascii() or not port.isdigit() or len(port) > 5 \
+                or not 0 < int(port) < 65536:
+            raise ValueError(f"server name {name[:300]!r}: bad port {port[:10]!r}")
+    if not name.startswith("["):
+        check_hostname(host)
+    return ServerName(host, int(rest[1:]) if rest else None)
 
 
 class IpFilter:
@@ -157,31 +199,81 @@ def _is_ip(host: str) -> bool:
         return False
 
 
-class ServerResolver:
-    """Server name -> ``Target``, cached for the life of the process (well-known answers are rare to change)."""
+@attrs.frozen
+class OutboundTimeouts:
+    """Seconds each step of an outbound request may take (``federation_limits``)."""
 
-    def __init__(self, reactor: Any, *, verify_certificates: bool, ip_filter: IpFilter) -> None:
+    dns: float = 10.0
+    well_known: float = 10.0
+    connect: float = 10.0
+    tls: float = 10.0
+    request: float = REQUEST_TIMEOUT_SECONDS
+    body: float = 30.0
+
+
+T = TypeVar("T")
+
+
+async def within(d: Deferred[T], seconds: float, reactor: Any, what: str) -> T:
+    """Await ``d`` for at most ``seconds``, then cancel it and raise ``FederationTimeout`` naming ``what``
+    (whatever error the cancelled work reports: Twisted's agent, for one, wraps the cancellation).
+
+    A cancellation from above passes through as ``CancelledError``."""
+    timed_out = False
+
+    def expire() -> None:
+        nonlocal timed_out
+        timed_out = True
+        d.cancel()
+
+    timer = reactor.callLater(seconds, expire)
+    try:
+        return await d
+    except BaseException:
+        if timed_out:
+            raise FederationTimeout(f"{what} timed out after {seconds:g}s") from None
+        raise
+    finally:
+        if timer.active():
+            timer.cancel()
+
+
+class ServerResolver:
+    """Server name -> ``Target``; answers are remembered for an hour, at most 10,000 of them."""
+
+    def __init__(self, reactor: Any, *, verify_certificates: bool, ip_filter: IpFilter,
+                 timeouts: OutboundTimeouts = OutboundTimeouts()) -> None:
         self._reactor = reactor
         self._verify = verify_certificates
         self._ip_filter = ip_filter
-        self._cache: dict[str, Target] = {}
+        self.timeouts = timeouts
+        self._cache: TtlCache[str, Target] = TtlCache(ttl=RESOLVE_CACHE_SECONDS, max_entries=RESOLVE_CACHE_ENTRIES)
+
+    def remember(self, server_name: str, target: Target) -> None:
+        """Use ``target`` for ``server_name`` until the cache forgets it."""
+        self._cache.set(server_name, target, self._reactor.seconds())
 
     async def resolve(self, server_name: str) -> Target:
-        cached = self._cache.get(server_name)
+        cached = self._cache.get(server_name, self._reactor.seconds())
         if cached is not None:
             return cached
         target = await self._resolve(server_name)
-        self._cache[server_name] = target
+        self.remember(server_name, target)
         return target
 
     async def _resolve(self, server_name: str) -> Target:
         try:
             parsed = parse_server_name(server_name)
         except ValueError as e:
-            raise FederationClientError(str(e)) from None
+            raise FederationClientError(f"not a valid server name: {e}") from None
         if parsed.is_ip_literal or parsed.port is not None:
             return Target(parsed.host, parsed.port or DEFAULT_PORT, parsed.host)
-        delegated = await self._well_known(parsed.host)
+        try:
+            delegated = await within(Deferred.fromCoroutine(self._well_known(parsed.host)),
+                                     self.timeouts.well_known, self._reactor, f"{parsed.host}/.well-known/matrix/server")
+        except FederationTimeout as e:
+            logger.info("no delegation for %s: %s", parsed.host, e)
+            delegated = None
         if delegated is not None:
             try:
                 d = parse_server_name(delegated)
@@ -201,31 +293,43 @@ class ServerResolver:
 
         for prefix in ("_matrix-fed._tcp.", "_matrix._tcp."):
             try:
-                answers, _, _ = await dns_client.lookupService(prefix + host)
-            except Exception:  # NXDOMAIN and friends: try the next way
+                answers, _, _ = await within(dns_client.lookupService(prefix + host), self.timeouts.dns,
+                                             self._reactor, f"SRV lookup of {prefix}{host}")
+            except CancelledError:
+                raise
+            except Exception as e:  # NXDOMAIN, a timeout and friends: try the next way
+                logger.debug("SRV %s%s: %s", prefix, host, e)
                 continue
             records = [a.payload for a in answers if a.type == dns.SRV]
             if records:
                 best = min(records, key=lambda r: (r.priority, -r.weight))
-                return Target(str(best.target).rstrip("."), int(best.port), host)
+                target = str(best.target).rstrip(".")
+                try:
+                    check_hostname(target)
+                except ValueError:
+                    continue
+                return Target(target, int(best.port), host)
         return None
 
     async def _well_known(self, host: str) -> str | None:
+        """``m.server`` of ``https://host/.well-known/matrix/server``; the caller bounds the time."""
         try:
             address = await self.connect_address(host)
+        except FederationTimeout:
+            raise
         except FederationClientError:
             return None
         creator = self.tls_creator(host)
-        endpoint = wrapClientTLS(creator, _tcp_endpoint(self._reactor, address, 443))
+        endpoint = wrapClientTLS(creator, _tcp_endpoint(self._reactor, address, 443, self.timeouts.connect))
         agent = Agent.usingEndpointFactory(self._reactor, _FixedEndpoint(endpoint))
         try:
-            d = agent.request(b"GET", f"https://{host}/.well-known/matrix/server".encode("ascii"))
-            d.addTimeout(WELL_KNOWN_TIMEOUT_SECONDS, self._reactor)
-            response = await d
+            response = await agent.request(b"GET", f"https://{host}/.well-known/matrix/server".encode("ascii"))
             if response.code != 200:
                 return None
-            body = await readBody(response)
+            body = await read_body(response, MAX_WELL_KNOWN_BYTES, host)
             value = json.loads(body).get("m.server")
+        except CancelledError:
+            raise
         except Exception as e:  # no delegation; fall through to SRV
             logger.debug("no .well-known/matrix/server for %s: %s", host, e)
             return None
@@ -237,9 +341,13 @@ class ServerResolver:
             address = host
         else:
             try:
-                address = await self._reactor.resolve(host)
+                check_hostname(host)
+                address = await within(self._reactor.resolve(host), self.timeouts.dns, self._reactor,
+                                       f"DNS lookup of {host}")
+            except (CancelledError, FederationClientError):
+                raise
             except Exception as e:
-                raise FederationClientError(f"cannot resolve {host}: {e}") from None
+                raise FederationClientError(f"cannot resolve {host[:300]}: {e}") from None
         if not self._ip_filter.allowed(address):
             raise FederationClientError(f"{host} resolves to {address}, which is in the IP range blacklist")
         return str(address)
@@ -252,10 +360,105 @@ class ServerResolver:
         return _NoVerifyTLS(tls_name)
 
 
-def _tcp_endpoint(reactor: Any, address: str, port: int) -> IStreamClientEndpoint:
+def _tcp_endpoint(reactor: Any, address: str, port: int, timeout: float) -> IStreamClientEndpoint:
     if ipaddress.ip_address(address).version == 6:
-        return TCP6ClientEndpoint(reactor, address, port, timeout=30)
-    return TCP4ClientEndpoint(reactor, address, port, timeout=30)
+        return TCP6ClientEndpoint(reactor, address, port, timeout=timeout)
+    return TCP4ClientEndpoint(reactor, address, port, timeout=timeout)
+
+
+class _BodyReader(Protocol):
+    """Collects a response body up to ``limit`` bytes; past it, drops the connection."""
+
+    def __init__(self, done: Deferred[bytes], limit: int, destination: str) -> None:
+        self._done = done
+        self._limit = limit
+        self._destination = destination
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._done.called:
+            return
+        self._size += len(data)
+        if self._size > self._limit:
+            self._done.errback(FederationClientError(f"{self._destination} sent a body over {self._limit} bytes"))
+            if self.transport is not None:
+                self.transport.stopProducing()  # type: ignore[attr-defined]
+            return
+        self._chunks.append(data)
+
+    def connectionLost(self, reason: Failure = Failure(ResponseDone())) -> None:
+        if self._done.called:
+            return
+        if reason.check(ResponseDone, PotentialDataLoss):
+            self._done.callback(b"".join(self._chunks))
+        else:
+            self._done.errback(reason)
+
+
+async def read_body(response: IResponse, limit: int, destination: str) -> bytes:
+    """The body of ``response``, at most ``limit`` bytes (``FederationClientError`` past it)."""
+    reader: _BodyReader | None = None
+
+    def cancel(d: Deferred[bytes]) -> None:
+        if reader is not None and reader.transport is not None:
+            reader.transport.stopProducing()  # type: ignore[attr-defined]
+
+    done: Deferred[bytes] = Deferred(cancel)
+    reader = _BodyReader(done, limit, destination)
+    response.deliverBody(reader)
+    return await done
+
+
+@implementer(IProtocol, IHandshakeListener)
+class _HandshakeWatch:
+    """Sits between TLS and the HTTP protocol to learn when the handshake is done."""
+
+    def __init__(self, inner: IProtocol, handshake: Deferred[None]) -> None:
+        self.inner = inner
+        self.transport: Any = None
+        self._handshake = handshake
+
+    def makeConnection(self, transport: ITransport) -> None:
+        self.transport = transport
+        self.inner.makeConnection(transport)
+
+    def connectionMade(self) -> None:
+        pass  # the inner protocol's makeConnection called its own
+
+    def dataReceived(self, data: bytes) -> None:
+        self.inner.dataReceived(data)
+
+    def connectionLost(self, reason: Failure) -> None:
+        if not self._handshake.called:
+            self._handshake.errback(reason)
+        self.inner.connectionLost(reason)
+
+    def handshakeCompleted(self) -> None:
+        if not self._handshake.called:
+            self._handshake.callback(None)
+        if IHandshakeListener.providedBy(self.inner):
+            self.inner.handshakeCompleted()
+
+
+@implementer(IProtocolFactory)
+class _HandshakeWatchFactory:
+    def __init__(self, inner: IProtocolFactory) -> None:
+        self._inner = inner
+        self.handshake: Deferred[None] = Deferred()
+        self.built: _HandshakeWatch | None = None
+
+    def buildProtocol(self, addr: IAddress) -> IProtocol | None:
+        protocol = self._inner.buildProtocol(addr)
+        if protocol is not None:
+            self.built = _HandshakeWatch(protocol, self.handshake)
+        return self.built
+
+    def doStart(self) -> None:
+        self._inner.doStart()
+
+    def doStop(self) -> None:
+        self._inner.doStop()
 
 
 @implementer(IAgentEndpointFactory)
@@ -269,7 +472,7 @@ class _FixedEndpoint:
 
 @implementer(IStreamClientEndpoint)
 class _FederationEndpoint:
-    """Connects to a server name: resolution, blacklist and TLS happen at connect time."""
+    """Connects to a server name: resolution, blacklist, TCP and TLS happen at connect time, each bounded."""
 
     def __init__(self, reactor: Any, resolver: ServerResolver, server_name: str) -> None:
         self._reactor = reactor
@@ -280,12 +483,34 @@ class _FederationEndpoint:
         return Deferred.fromCoroutine(self._connect(protocolFactory))
 
     async def _connect(self, protocolFactory: IProtocolFactory) -> Any:
+        timeouts = self._resolver.timeouts
         target = await self._resolver.resolve(self._server_name)
         address = await self._resolver.connect_address(target.host)
+        watch = _HandshakeWatchFactory(protocolFactory)
         endpoint = wrapClientTLS(
-            self._resolver.tls_creator(target.tls_name), _tcp_endpoint(self._reactor, address, target.port)
+            self._resolver.tls_creator(target.tls_name),
+            _tcp_endpoint(self._reactor, address, target.port, timeouts.connect),
         )
-        return await endpoint.connect(protocolFactory)
+        where = f"{self._server_name} ({address}:{target.port})"
+        try:
+            await endpoint.connect(watch)
+        except net_error.TimeoutError:
+            raise FederationTimeout(f"connecting to {where} timed out after {timeouts.connect:g}s") from None
+        except net_error.ConnectError as e:
+            raise FederationClientError(f"cannot connect to {where}: {type(e).__name__}: {e}") from None
+        protocol = watch.built
+        if protocol is None:
+            raise FederationClientError(f"connecting to {where}: no protocol was built")
+        try:
+            await within(watch.handshake, timeouts.tls, self._reactor, f"TLS handshake with {where}")
+        except BaseException as e:
+            transport = protocol.transport
+            if transport is not None:
+                transport.abortConnection()
+            if isinstance(e, (CancelledError, FederationClientError)):
+                raise
+            raise FederationClientError(f"TLS handshake with {where} failed: {e}") from None
+        return protocol.inner
 
 
 @implementer(IAgentEndpointFactory)
@@ -331,16 +556,20 @@ class FederationClient:
         signing_key: SigningKey,
         verify_certificates: bool,
         ip_range_whitelist: Iterable[str],
-        timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
+        timeout_seconds: float | None = None,
+        timeouts: OutboundTimeouts = OutboundTimeouts(),
         metrics: FederationMetrics | None = None,
     ) -> None:
+        """``timeouts`` bound each step; ``timeout_seconds``, when given, replaces ``timeouts.request``."""
+        if timeout_seconds is not None:
+            timeouts = attrs.evolve(timeouts, request=timeout_seconds)
         self._metrics = metrics
         self._reactor = reactor
         self._server_name = server_name
         self._signing_key = signing_key
-        self._timeout = timeout_seconds
+        self._timeouts = timeouts
         self.resolver = ServerResolver(
-            reactor, verify_certificates=verify_certificates, ip_filter=IpFilter(ip_range_whitelist)
+            reactor, verify_certificates=verify_certificates, ip_filter=IpFilter(ip_range_whitelist), timeouts=timeouts,
         )
         self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = 5
@@ -400,23 +629,31 @@ class FederationClient:
         if signed:
             auth = sign_request(method, uri, self._server_name, destination, content, self._signing_key)
             headers.addRawHeader(b"Authorization", auth.encode("utf-8"))
-        url = SCHEME + b"://" + destination.encode("idna" if not destination.isascii() else "ascii") + uri.encode("ascii")
-        logger.debug("[%s] %s %s", destination, method, path)
         try:
-            d = self._agent.request(method.encode("ascii"), url, headers, body)
-            d.addTimeout(timeout or self._timeout, self._reactor)
-            response = await d
-            d2 = readBody(response)
-            d2.addTimeout(timeout or self._timeout, self._reactor)
-            raw = await d2
+            parse_server_name(destination)
+        except ValueError as e:
+            self._count(method, "network_error")
+            raise FederationClientError(f"not a valid server name: {e}") from None
+        url = SCHEME + b"://" + destination.encode("ascii") + uri.encode("ascii")
+        logger.debug("[%s] %s %s", destination, method, path)
+        limit = timeout or self._timeouts.request
+        what = f"{method} {path} to {destination}"
+        try:
+            response = await within(self._agent.request(method.encode("ascii"), url, headers, body), limit,
+                                    self._reactor, what)
+            raw = await within(Deferred.fromCoroutine(read_body(response, MAX_RESPONSE_BYTES, destination)),
+                               min(limit, self._timeouts.body), self._reactor, f"reading the answer to {what}")
+        except CancelledError:
+            raise
+        except FederationTimeout:
+            self._count(method, "timeout")
+            raise
         except FederationClientError:
             self._count(method, "network_error")
             raise
         except Exception as e:
             self._count(method, "network_error")
-            raise FederationClientError(f"{method} {path} to {destination} failed: {type(e).__name__}: {e}") from e
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise FederationClientError(f"{destination} sent {len(raw)} bytes, over {MAX_RESPONSE_BYTES}")
+            raise FederationClientError(f"{what} failed: {type(e).__name__}: {e}") from e
         if not 200 <= response.code < 300:
             self._count(method, "http_error")
             raise HttpResponseError(destination, response.code, raw)

@@ -7,6 +7,12 @@ capped at seven days after fetching. ``Keyring`` caches keys until they expire,
 fetches from the server itself first and from notaries second, and keeps the
 verified responses in a ``KeyStore`` so that a restart need not refetch. Time is an injected
 ``clock_ms``; fetching is injected too, so the keyring needs no network in tests.
+
+``Notary`` answers key queries about other servers (``POST /_matrix/key/v2/query`` and
+``GET /_matrix/key/v2/query/{serverName}[/{keyId}]``): at most ``max_servers`` names per
+query, fetched concurrently (at most ``concurrency`` at once) for whichever keys are not
+cached valid until the query's ``minimum_valid_until_ts``, and answered within ``timeout``
+seconds from whatever is cached by then. ``parse_key_query`` is the pure part.
 """
 
 # tests: tests/unit/federation/test_keys.py
@@ -24,7 +30,12 @@ from signedjson.sign import SignatureVerifyException, sign_json, verify_signed_j
 from signedjson.types import SigningKey, VerifyKey
 from unpaddedbase64 import decode_base64
 
+from twisted.internet.defer import CancelledError, Deferred
+
 from homeserver.events import ServerKey
+from homeserver.federation.client import FederationClientError, parse_server_name, within
+from storage.kernel.concurrency import map_concurrently
+from storage.kernel.errors import MatrixError, bad_json
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +183,9 @@ class Keyring:
         fetch_notary: NotaryFetch,
         notaries: Iterable[str] = (),
         key_store: KeyStore | None = None,
+        concurrency: int = 10,
     ) -> None:
+        self._concurrency = concurrency
         self._key_store = key_store
         self._server_name = server_name
         self._signing_key = signing_key
@@ -221,15 +234,22 @@ class Keyring:
         return False
 
     async def keyring_for(self, wanted: Mapping[str, Iterable[str]], *, at_ms: int) -> dict[str, dict[str, ServerKey]]:
-        """A ``KeyRing`` (server -> key ID -> key) for verifying an event signed at ``at_ms``."""
-        result: dict[str, dict[str, ServerKey]] = {}
-        for server, key_ids in wanted.items():
+        """A ``KeyRing`` (server -> key ID -> key) for verifying an event signed at ``at_ms``;
+        the servers are asked concurrently, ``concurrency`` at a time."""
+
+        async def one(item: tuple[str, Iterable[str]]) -> dict[str, ServerKey]:
+            server, key_ids = item
             try:
-                result[server] = await self.get_server_keys(server, key_ids, at_ms=at_ms)
+                return await self.get_server_keys(server, key_ids, at_ms=at_ms)
+            except CancelledError:
+                raise
             except Exception as e:  # the remote is down or lies: the signature will not verify
                 logger.warning("could not fetch keys of %s: %s", server, e)
-                result[server] = {}
-        return result
+                return {}
+
+        items = list(wanted.items())
+        found = await map_concurrently(one, items, limit=self._concurrency)
+        return {server: keys for (server, _), keys in zip(items, found)}
 
     async def _fetch(self, server: str, wanted: set[str], previous: _Entry | None) -> _Entry:
         now = self._clock_ms()
@@ -254,6 +274,8 @@ class Keyring:
             response = body
             if self._key_store is not None:
                 await self._key_store.store_key_response(server, body, now)
+        except CancelledError:
+            raise
         except Exception as e:
             errors.append(f"direct: {e}")
         if not wanted <= set(keys):
@@ -265,6 +287,8 @@ class Keyring:
                         check_notary_signature(item, notary, notary_keys)
                         keys.update(parse_key_response(server, item, now))
                         response = item
+                except CancelledError:
+                    raise
                 except Exception as e:
                     errors.append(f"notary {notary}: {e}")
                 if wanted <= set(keys):
@@ -284,3 +308,127 @@ def _has_valid(keys: Mapping[str, ServerKey], wanted: set[str], at_ms: int, now_
     if not wanted:
         return any(k.valid_until_ts >= now_ms for k in keys.values())
     return all(k in keys and keys[k].valid_until_ts >= max(at_ms, now_ms) for k in wanted)
+
+
+# --- notary -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class KeyQuery:
+    """One server named in a key query: the key IDs wanted (none: all) and how long they must stay valid."""
+
+    server: str
+    key_ids: frozenset[str]
+    minimum_valid_until_ts: int
+
+
+def _timestamp(field: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+        raise bad_json(f"'{field}' must be a non-negative integer timestamp in milliseconds")
+    return value
+
+
+def parse_key_query(body: object, now_ms: int, *, max_servers: int) -> list[KeyQuery]:
+    """The servers a ``POST /_matrix/key/v2/query`` body asks about, in its order.
+
+    400 ``M_BAD_JSON`` for a wrong shape or type, 400 ``M_TOO_LARGE`` for more than
+    ``max_servers`` names. A name that is not a valid server name is left out: nothing
+    can be fetched for it, and the answer simply holds no keys for it. A key's
+    ``minimum_valid_until_ts`` defaults to now; a server's is the latest of its keys'.
+    """
+    if not isinstance(body, Mapping):
+        raise bad_json("the body must be a JSON object")
+    wanted = body.get("server_keys")
+    if not isinstance(wanted, Mapping):
+        raise bad_json("'server_keys' must be an object of server name -> key ID -> criteria")
+    if len(wanted) > max_servers:
+        raise MatrixError(400, "M_TOO_LARGE", f"a key query may name at most {max_servers} servers, "
+                                              f"this one names {len(wanted)}")
+    queries = []
+    for server, key_ids in wanted.items():
+        if not isinstance(key_ids, Mapping):
+            raise bad_json(f"'server_keys.{str(server)[:100]}' must be an object of key ID -> criteria")
+        minimum = now_ms
+        for key_id, criteria in key_ids.items():
+            if not isinstance(criteria, Mapping):
+                raise bad_json(f"'server_keys.{str(server)[:100]}.{str(key_id)[:100]}' must be an object")
+            if criteria.get("minimum_valid_until_ts") is not None:
+                minimum = max(minimum, _timestamp("minimum_valid_until_ts", criteria["minimum_valid_until_ts"]))
+        try:
+            parse_server_name(server)
+        except ValueError as e:
+            logger.debug("key query names %r, not a server name: %s", server[:300], e)
+            continue
+        queries.append(KeyQuery(server, frozenset(str(k) for k in key_ids), minimum))
+    return queries
+
+
+def parse_minimum_valid_until(values: list[str], now_ms: int) -> int:
+    """The ``minimum_valid_until_ts`` query parameter of the GET form (now when absent)."""
+    if not values:
+        return now_ms
+    text = values[0]
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        raise MatrixError(400, "M_INVALID_PARAM", "minimum_valid_until_ts must be an integer timestamp in milliseconds")
+    return max(now_ms, int(text))
+
+
+@attrs.frozen
+class NotaryLimits:
+    max_servers: int = 100
+    concurrency: int = 10
+    timeout: float = 30.0
+
+
+class Notary:
+    """Answers what we know of other servers' keys, each response countersigned by us."""
+
+    def __init__(self, *, keyring: Keyring, server_name: str, signing_key: SigningKey, clock_ms: Callable[[], int],
+                 reactor: Any, limits: NotaryLimits = NotaryLimits()) -> None:
+        self._keyring = keyring
+        self._server_name = server_name
+        self._signing_key = signing_key
+        self._clock_ms = clock_ms
+        self._reactor = reactor
+        self.limits = limits
+
+    async def query_body(self, body: object) -> dict[str, Any]:
+        """``POST /_matrix/key/v2/query``."""
+        return await self.answer(parse_key_query(body, self._clock_ms(), max_servers=self.limits.max_servers))
+
+    async def query_server(self, server: str, key_id: str | None, minimum_params: list[str]) -> dict[str, Any]:
+        """``GET /_matrix/key/v2/query/{serverName}[/{keyId}]``."""
+        minimum = parse_minimum_valid_until(minimum_params, self._clock_ms())
+        try:
+            parse_server_name(server)
+        except ValueError:
+            return {"server_keys": []}
+        return await self.answer([KeyQuery(server, frozenset([key_id] if key_id else []), minimum)])
+
+    async def answer(self, queries: list[KeyQuery]) -> dict[str, Any]:
+        """Fetch what is missing (bounded in number, concurrency and time), then answer from the cache."""
+
+        async def fetch(query: KeyQuery) -> None:
+            if query.server == self._server_name:
+                return
+            try:
+                await self._keyring.get_server_keys(query.server, query.key_ids, at_ms=query.minimum_valid_until_ts)
+            except CancelledError:
+                raise
+            except (FederationClientError, KeyFetchError) as e:  # unreachable: answer with what we have
+                logger.info("key query: keys of %s: %s", query.server, e)
+
+        try:
+            await within(Deferred.fromCoroutine(map_concurrently(fetch, queries, limit=self.limits.concurrency)),
+                         self.limits.timeout, self._reactor, "key query")
+        except FederationClientError as e:
+            logger.warning("%s; answering from the cache", e)
+        results: list[dict[str, Any]] = []
+        for query in queries:
+            if query.server == self._server_name:
+                results.append(server_key_response(self._server_name, self._signing_key, self._clock_ms()))
+                continue
+            cached = self._keyring.cached_response(query.server)
+            if cached is not None:
+                results.append(sign_json(dict(cached), self._server_name, self._signing_key))
+        return {"server_keys": results}

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 TRANSACTION_OUTCOMES: Final = ("processed", "repeat", "refused")
 PDU_OUTCOMES: Final = ("accepted", "rejected", "soft_failed", "invalid", "missing_events")
-REQUEST_OUTCOMES: Final = ("ok", "http_error", "network_error")
+REQUEST_OUTCOMES: Final = ("ok", "http_error", "network_error", "timeout")
 METHODS: Final = ("GET", "PUT", "POST")
 
 

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
-from signedjson.sign import sign_json
 from signedjson.types import SigningKey
 from twisted.web.server import Request
 
@@ -24,13 +23,16 @@ from homeserver.federation.acl import ServerAcls
 from homeserver.federation.auth import authenticate_request
 from homeserver.federation.backfill import BackfillHandler
 from homeserver.events import FrozenEvent
-from homeserver.federation.client import FederationClient
+from homeserver.federation.client import FederationClient, OutboundTimeouts
 from homeserver.federation.devices import FederationDeviceHandler
 from homeserver.federation.history import HistoryHandler
-from homeserver.federation.keys import Keyring, server_key_response
+from homeserver.federation.keys import Keyring, Notary, NotaryLimits, server_key_response
 from homeserver.federation.membership import InviteLimits, MembershipHandler
 from homeserver.federation.metrics import FederationMetrics
+from homeserver.federation.queries import RemoteQueries
 from homeserver.federation.transaction import TransactionHandler
+from homeserver.handlers.auth import client_ip
+from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
@@ -53,6 +55,9 @@ class FederationServices:
     clock_ms: Callable[[], int]
     client: FederationClient
     keyring: Keyring
+    notary: Notary
+    # Inbound key queries, per requesting address (federation_limits.rc_key_query).
+    key_query_limiter: Ratelimiter
     transactions: TransactionHandler
     membership: MembershipHandler
     history: HistoryHandler
@@ -81,23 +86,30 @@ class FederationServices:
         on_remote_up: Callable[[str], None],
     ) -> FederationServices:
         server_name = config.server_name
+        limits = config.federation_limits
+        key_fetch_timeout = limits.key_fetch_timeout.total_seconds()
 
         def clock_ms() -> int:
             return int(reactor.seconds() * 1000)
 
         async def fetch_direct(server: str) -> Any:
-            return await client.get_json(server, f"{KEY_V2}/server", signed=False, timeout=15)
+            return await client.get_json(server, f"{KEY_V2}/server", signed=False, timeout=key_fetch_timeout)
 
         async def fetch_notary(notary: str, server: str, key_ids: Any) -> Any:
             body: dict[str, Any] = {"server_keys": {server: {k: {} for k in key_ids}}}
-            return await client.post_json(notary, f"{KEY_V2}/query", body, signed=False, timeout=15)
+            return await client.post_json(notary, f"{KEY_V2}/query", body, signed=False, timeout=key_fetch_timeout)
 
         acl = ServerAcls(store=store, loader=loader)
         keyring = Keyring(server_name=server_name, signing_key=signing_key, clock_ms=clock_ms,
                           fetch_direct=fetch_direct, fetch_notary=fetch_notary, key_store=federation_store,
-                          notaries=config.federation.trusted_key_servers)
+                          notaries=config.federation.trusted_key_servers, concurrency=limits.max_concurrent_fetches)
+        notary = Notary(keyring=keyring, server_name=server_name, signing_key=signing_key, clock_ms=clock_ms,
+                        reactor=reactor, limits=NotaryLimits(max_servers=limits.key_query_max_servers,
+                                                             concurrency=limits.max_concurrent_fetches,
+                                                             timeout=limits.key_query_timeout.total_seconds()))
         return cls(
             server_name=server_name, signing_key=signing_key, clock_ms=clock_ms, client=client, keyring=keyring,
+            notary=notary, key_query_limiter=Ratelimiter.from_config(limits.rc_key_query),
             transactions=TransactionHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                             keyring=keyring, client=client, txn_store=federation_store,
                                             clock_ms=clock_ms, metrics=metrics, acl=acl),
@@ -122,27 +134,9 @@ class FederationServices:
     def key_response(self) -> dict[str, Any]:
         return server_key_response(self.server_name, self.signing_key, self.clock_ms())
 
-    async def key_query(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """``POST /_matrix/key/v2/query``: what we know of each server's keys, with our signature added."""
-        wanted = body.get("server_keys")
-        if not isinstance(wanted, Mapping):
-            raise bad_json("'server_keys' must be an object")
-        results = []
-        for server, key_ids in list(wanted.items())[:100]:
-            if not isinstance(server, str):
-                continue
-            if server == self.server_name:
-                results.append(self.key_response())
-                continue
-            ids = list(key_ids) if isinstance(key_ids, Mapping) else []
-            try:
-                await self.keyring.get_server_keys(server, ids, at_ms=self.clock_ms())
-            except Exception:  # unreachable server: answer with what we have, possibly nothing
-                pass
-            cached = self.keyring.cached_response(server)
-            if cached is not None:
-                results.append(sign_json(dict(cached), self.server_name, self.signing_key))
-        return {"server_keys": results}
+    def check_key_query_rate(self, request: Request) -> None:
+        """429 ``M_LIMIT_EXCEEDED`` when the requesting address asks for keys too often."""
+        ratelimit(self.key_query_limiter, client_ip(request) or "-", self.clock_ms() / 1000)
 
 
 Authed = Callable[[str, Request, Mapping[str, str], Any], Awaitable[tuple[int, Any]]]
@@ -167,11 +161,19 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
         return 200, fed.key_response()
 
     async def key_query(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        return 200, await fed.key_query(parse_json_object(request))
+        fed.check_key_query_rate(request)
+        return 200, await fed.notary.query_body(parse_json_object(request))
+
+    async def key_query_server(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        fed.check_key_query_rate(request)
+        minimum = [v.decode("utf-8", "replace") for v in (request.args or {}).get(b"minimum_valid_until_ts", [])]
+        return 200, await fed.notary.query_server(params["server"], params.get("key_id"), minimum)
 
     router.register(["GET"], f"{FED_V1}/version", version, "federation_version")
     router.register(["GET"], f"{KEY_V2}/server(?:/{_SEG})?", key_server, "key_server")
     router.register(["POST"], f"{KEY_V2}/query", key_query, "key_query")
+    router.register(["GET"], f"{KEY_V2}/query/(?P<server>{_SEG})(?:/(?P<key_id>{_SEG}))?", key_query_server,
+                    "key_query_server")
 
     def authed(method: str, pattern: str, handler: Authed, servlet: str, *, has_body: bool = False) -> None:
         async def wrapped(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -322,8 +324,21 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
 def build_federation_client(config: HomeserverConfig, reactor: Any, signing_key: SigningKey,
                             metrics: FederationMetrics) -> FederationClient:
     """The one outbound federation client of a process (requests, the sender's transactions, keys)."""
+    limits = config.federation_limits
+    timeouts = OutboundTimeouts(
+        dns=limits.dns_timeout.total_seconds(), well_known=limits.well_known_timeout.total_seconds(),
+        connect=limits.connect_timeout.total_seconds(), tls=limits.tls_timeout.total_seconds(),
+        request=limits.request_timeout.total_seconds(), body=limits.body_timeout.total_seconds(),
+    )
     return FederationClient(
         reactor, server_name=config.server_name, signing_key=signing_key,
         verify_certificates=config.federation.verify_certificates,
-        ip_range_whitelist=config.federation.ip_range_whitelist, metrics=metrics,
+        ip_range_whitelist=config.federation.ip_range_whitelist, timeouts=timeouts, metrics=metrics,
     )
+
+
+def build_remote_queries(config: HomeserverConfig, reactor: Any, client: FederationClient) -> RemoteQueries:
+    """Remote profile and alias lookups for our clients, cached as ``federation_limits`` says."""
+    limits = config.federation_limits
+    return RemoteQueries(client, clock=reactor.seconds, cache_ttl=limits.query_cache_ttl.total_seconds(),
+                         cache_size=limits.query_cache_size)

@@ -26,7 +26,7 @@ from homeserver.handlers.auth import Auth, PasswordHasher
 from homeserver.handlers.devices import DeviceHandler
 from homeserver.handlers.filters import FilterHandler
 from homeserver.handlers.login import LoginHandler
-from homeserver.handlers.profile import ProfileHandler
+from homeserver.handlers.profile import ProfileHandler, RemoteProfiles
 from homeserver.handlers.ratelimit import Ratelimiters
 from homeserver.handlers.register import RegistrationHandler
 from homeserver.handlers.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, UiaSessions, UserInteractiveAuth, check_dummy
@@ -88,6 +88,7 @@ class AccountServices:
         account_data_stream_ids: StreamIdAllocator | None = None,
         instance_name: str = DEFAULT_INSTANCE_NAME,
         clock: Callable[[], float] = time.time,
+        remote_profiles: RemoteProfiles | None = None,
     ) -> AccountServices:
         accounts = AccountStore(db)
         device_store = DeviceStore(db)
@@ -121,7 +122,7 @@ class AccountServices:
             ),
             login=login,
             devices=devices,
-            profiles=ProfileHandler(ProfileStore(db), server_name=config.server_name),
+            profiles=ProfileHandler(ProfileStore(db), server_name=config.server_name, remote=remote_profiles),
             account_data=AccountDataHandler(
                 account_data_store,
                 account_data_stream_ids or sequence_stream_ids(account_data_store),

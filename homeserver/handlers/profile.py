@@ -1,8 +1,9 @@
 """Profiles: reading any local user's display name and avatar, changing your own.
 
-Only local users are served for now: a remote user's profile needs a
-federation query, which is not built yet, and reads as 404 ``M_NOT_FOUND``.
-A change runs ``profile_changed_hooks`` once stored: the rooms code will hang
+``get_profile`` reads local users only (federation serves it to other
+servers); ``lookup_profile``, what clients get, asks a remote user's server
+through ``RemoteProfiles`` (``homeserver/federation/queries.py``: cached, 404
+when the remote says so, 502 when it cannot be reached). A change runs ``profile_changed_hooks`` once stored: the rooms code will hang
 the "send an updated ``m.room.member`` event into every joined room" step
 there.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.validation import MAX_AVATAR_URL_LENGTH, MAX_DISPLAYNAME_LENGTH, check_text, is_local_user_id
@@ -25,10 +27,17 @@ logger = logging.getLogger(__name__)
 ProfileChangedHook = Callable[[Requester, ProfileRow], Awaitable[None]]
 
 
+class RemoteProfiles(Protocol):
+    async def query_profile(self, user_id: str) -> ProfileRow:
+        """The profile of a user on another server; raises ``MatrixError`` (404, 502)."""
+        ...
+
+
 class ProfileHandler:
-    def __init__(self, store: ProfileStore, *, server_name: str) -> None:
+    def __init__(self, store: ProfileStore, *, server_name: str, remote: RemoteProfiles | None = None) -> None:
         self._store = store
         self._server_name = server_name
+        self._remote = remote
         self.profile_changed_hooks: list[ProfileChangedHook] = []
 
     async def get_profile(self, user_id: str) -> ProfileRow:
@@ -39,6 +48,12 @@ class ProfileHandler:
         if profile is None:
             raise not_found("Profile not found")
         return profile
+
+    async def lookup_profile(self, user_id: str) -> ProfileRow:
+        """Any user's profile: local from the store, remote over federation (when this process federates)."""
+        if is_local_user_id(user_id, self._server_name) or self._remote is None:
+            return await self.get_profile(user_id)
+        return await self._remote.query_profile(user_id)
 
     def _check_own(self, requester: Requester, user_id: str) -> None:
         if requester.user_id != user_id:

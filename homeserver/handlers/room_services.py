@@ -27,7 +27,7 @@ from homeserver.handlers.presence import PresenceHandler
 from homeserver.handlers.receipts import ReceiptsHandler
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.handlers.room_events import RoomEventCreator
-from homeserver.handlers.rooms import RemoteMembership, RoomHandler
+from homeserver.handlers.rooms import RemoteDirectory, RemoteMembership, RoomHandler
 from homeserver.handlers.sync import SyncHandler
 from homeserver.handlers.typing import TypingHandler
 from homeserver.routing.writers import Writers
@@ -80,6 +80,7 @@ class RoomServices:
         backfill: Backfill | None,
         edus: OutboundEdus | None,
         sync_metrics: SyncMetrics | None = None,
+        directory: RemoteDirectory | None = None,
     ) -> RoomServices:
         """``remote`` and ``backfill`` come from federation (None: this server's rooms only);
         ``edus`` takes typing, receipts, presence and to-device to other servers (None: this
@@ -112,6 +113,7 @@ class RoomServices:
             clock_ms=clock_ms,
             ratelimiters=accounts.ratelimiters,
             remote=remote,
+            directory=directory,
         )
         accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
         room_tokens = RoomTokens(streams[StreamName.EVENTS], InstanceMap(db))

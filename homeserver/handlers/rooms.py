@@ -75,6 +75,12 @@ class RemoteMembership(Protocol):
                             content: Mapping[str, object] | None = None) -> FrozenEvent: ...
 
 
+class RemoteDirectory(Protocol):
+    async def query_directory(self, alias: str) -> dict[str, Any]:
+        """``{"room_id", "servers"}`` of an alias on another server; raises ``MatrixError`` (404, 502)."""
+        ...
+
+
 def remote_error(error: RemoteMembershipError) -> MatrixError:
     """403 when a remote server refused, else 404: no server could be reached or had the room."""
     if error.forbidden:
@@ -133,6 +139,7 @@ class RoomHandler:
         clock_ms: Callable[[], int],
         ratelimiters: Ratelimiters,
         remote: RemoteMembership | None,
+        directory: RemoteDirectory | None = None,
     ) -> None:
         self._limits = ratelimiters
         self._room_events = room_events
@@ -145,6 +152,7 @@ class RoomHandler:
         self._clock_ms = clock_ms
         # Joins and invites that need another server (None: this server's rooms only).
         self._remote = remote
+        self._directory = directory
         # (access token ID, txn ID) -> event ID of this process's recent sends, so that a
         # retried request is answered without the database. The database stays the truth.
         self._sent_txns = DictCache[str]("sent_txn_ids", max_entries=50_000)
@@ -281,6 +289,8 @@ class RoomHandler:
 
     async def get_alias(self, alias: str) -> dict[str, Any]:
         self._check_alias(alias)
+        if self._directory is not None and alias.split(":", 1)[1] != self._server_name:
+            return await self._directory.query_directory(alias)
         entry = await self._timeline.get_alias(alias)
         if entry is None:
             raise not_found(f"Room alias {alias} not found")

@@ -434,13 +434,13 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
     resolver = a.process.federation.client.resolver
     real_target = await resolver.resolve(name(b))
     await a.process.federation.client.close()  # no pooled connection to B survives
-    resolver._cache[name(b)] = Target("127.0.0.1", free_port(), "localhost")  # nothing listens there
+    resolver.remember(name(b), Target("127.0.0.1", free_port(), "localhost"))  # nothing listens there
     lost = [await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": f"lost {i}"}), alice)
             for i in range(2)]
     assert a.process.federation_sender is not None
     await a.process.federation_sender.wait_idle()
     assert await stored(b, lost[0].event_id) is None
-    resolver._cache[name(b)] = real_target
+    resolver.remember(name(b), real_target)
     third = await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": "third"}), alice)
     row = await eventually(lambda: stored(b, third.event_id))
     assert not row.outlier

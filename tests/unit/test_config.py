@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -253,3 +255,24 @@ def test_replication_and_database_sections_parse_into_their_packages_types() -> 
         _parse({"server_name": "example.com", "listeners": [listener]})
     assert _parse({"server_name": "example.com", "listeners": [listener], "allow_unauthenticated_replication": True})
     _parse({"server_name": "example.com", "listeners": [{"type": "replication", "port": 9093, "bind_addresses": ["::1"]}]})
+
+
+def test_federation_limits_defaults_and_overrides() -> None:
+    from datetime import timedelta
+
+    from homeserver.config import FederationLimitsConfig, RateLimit
+
+    assert parse_config({"server_name": "h"}).federation_limits == FederationLimitsConfig()
+    limits = parse_config({"server_name": "h", "federation_limits": {
+        "dns_timeout": "500ms", "key_query_max_servers": 5, "rc_key_query": {"per_second": 0.5, "burst_count": 2},
+    }}).federation_limits
+    assert limits.dns_timeout == timedelta(milliseconds=500) and limits.key_query_max_servers == 5
+    assert limits.rc_key_query == RateLimit(0.5, 2) and limits.connect_timeout == timedelta(seconds=10)
+    for raw, message in (
+        ({"dns_timeout": "0s"}, "federation_limits.dns_timeout: expected a positive duration"),
+        ({"tls_timeout": 3}, "federation_limits.tls_timeout: expected a duration"),
+        ({"key_query_max_servers": 0}, "federation_limits.key_query_max_servers: expected an integer"),
+        ({"bogus": 1}, "federation_limits.bogus: unknown key"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse_config({"server_name": "h", "federation_limits": raw})

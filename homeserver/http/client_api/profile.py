@@ -34,12 +34,12 @@ def _fields(profile: ProfileRow) -> dict[str, Any]:
 
 def register_profile_servlets(router: Routes, *, auth: Auth, profiles: ProfileHandler) -> None:
     async def get_profile(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        profile = await profiles.get_profile(check_user_id(params["user_id"]))
+        profile = await profiles.lookup_profile(check_user_id(params["user_id"]))
         return 200, _fields(profile)
 
     async def get_field(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         field = params["field"]
-        profile = await profiles.get_profile(check_user_id(params["user_id"]))
+        profile = await profiles.lookup_profile(check_user_id(params["user_id"]))
         return 200, {key: value for key, value in _fields(profile).items() if key == field}
 
     async def put_field(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:

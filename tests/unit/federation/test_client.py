@@ -50,3 +50,51 @@ def test_trusted_key_servers_config() -> None:
     assert config.federation.trusted_key_servers == ("notary.example:8448",)
     with pytest.raises(ConfigError, match=r"federation\.trusted_key_servers\[0\]"):
         parse_config({**base, "federation": {"trusted_key_servers": ["not a name"]}})
+
+
+@pytest.mark.parametrize("name", [
+    "a" * 64 + ".example.org",            # a DNS label is at most 63 characters
+    ".".join(["a" * 63] * 4) + ".org",    # a DNS name is at most 255
+    "a..b", "a.b.", "exa mple.org", "ex_ample.org", "bücher.example", "host:+80", "host:０", "::1", "host:123456",
+])
+def test_parse_server_name_refuses_what_the_grammar_refuses(name: str) -> None:
+    with pytest.raises(ValueError):
+        parse_server_name(name)
+
+
+def test_parse_server_name_takes_63_character_labels() -> None:
+    name = "a" * 63 + ".example-1.org"
+    assert parse_server_name(name + ":8448") == ServerName(name, 8448)
+
+
+def test_within_times_out_cancels_and_lets_cancellation_through() -> None:
+    """``within`` turns its own timer into FederationTimeout whatever error the cancelled work
+    reports, passes results through, and leaves a cancellation from above a CancelledError."""
+    from twisted.internet.defer import CancelledError, Deferred
+    from twisted.internet.task import Clock
+
+    from homeserver.federation.client import FederationTimeout, within
+
+    clock = Clock()
+
+    def wrapped_cancel(d: Deferred[int]) -> None:
+        d.errback(RuntimeError("the agent wraps the cancellation"))
+
+    outcomes: list[object] = []
+    slow: Deferred[int] = Deferred(wrapped_cancel)
+    Deferred.fromCoroutine(within(slow, 2.0, clock, "DNS lookup of x")).addErrback(lambda f: outcomes.append(f.value))
+    clock.advance(1.9)
+    assert outcomes == []
+    clock.advance(0.2)
+    assert isinstance(outcomes[0], FederationTimeout) and "DNS lookup of x timed out after 2s" in str(outcomes[0])
+
+    fast: Deferred[int] = Deferred()
+    Deferred.fromCoroutine(within(fast, 2.0, clock, "x")).addCallback(outcomes.append)
+    fast.callback(7)
+    assert outcomes[-1] == 7 and not clock.getDelayedCalls()
+
+    waiting: Deferred[int] = Deferred()
+    outer = Deferred.fromCoroutine(within(waiting, 2.0, clock, "x"))
+    outer.addErrback(lambda f: outcomes.append(f.value))
+    outer.cancel()
+    assert isinstance(outcomes[-1], CancelledError) and not clock.getDelayedCalls()

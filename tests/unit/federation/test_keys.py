@@ -189,3 +189,62 @@ def test_stored_responses_spare_a_fetch_after_restart() -> None:
     clock.now += DAY  # the stored response has expired: fetched again
     assert run_sync(keyring().get_verify_key("remote.test", "ed25519:r1")) is not None
     assert fetcher.direct == 2
+
+
+# --- notary ------------------------------------------------------------------------------
+
+
+def test_parse_key_query_takes_the_latest_minimum_and_skips_invalid_names() -> None:
+    from homeserver.federation.keys import KeyQuery, parse_key_query
+
+    body = {"server_keys": {
+        "remote.test": {"ed25519:a": {"minimum_valid_until_ts": 5}, "ed25519:b": {"minimum_valid_until_ts": 2000}},
+        "a" * 64 + ".test": {},
+        "other.test:8448": {},
+    }}
+    assert parse_key_query(body, 1000, max_servers=3) == [
+        KeyQuery("remote.test", frozenset({"ed25519:a", "ed25519:b"}), 2000),
+        KeyQuery("other.test:8448", frozenset(), 1000),
+    ]
+
+
+@pytest.mark.parametrize("body, errcode", [
+    ([], "M_BAD_JSON"),
+    ({"server_keys": []}, "M_BAD_JSON"),
+    ({"server_keys": {"r.test": []}}, "M_BAD_JSON"),
+    ({"server_keys": {"r.test": {"k": 1}}}, "M_BAD_JSON"),
+    ({"server_keys": {"r.test": {"k": {"minimum_valid_until_ts": 1.5}}}}, "M_BAD_JSON"),
+    ({"server_keys": {"r.test": {"k": {"minimum_valid_until_ts": True}}}}, "M_BAD_JSON"),
+    ({"server_keys": {f"s{i}.test": {} for i in range(4)}}, "M_TOO_LARGE"),
+])
+def test_parse_key_query_refuses_bad_bodies(body: Any, errcode: str) -> None:
+    from homeserver.federation.keys import parse_key_query
+    from storage.kernel.errors import MatrixError
+
+    with pytest.raises(MatrixError) as info:
+        parse_key_query(body, 0, max_servers=3)
+    assert (info.value.status, info.value.errcode) == (400, errcode)
+
+
+def test_notary_refetches_keys_that_expire_before_the_minimum() -> None:
+    """A cached key valid for a day is enough for a query needing it for an hour, not for one
+    needing it for two days: that one refetches (and answers with what the server sends)."""
+    from homeserver.federation.keys import Notary
+    from tests.twisted_plugin import reactor
+
+    clock = Clock()
+    fetcher = Fetcher(clock)
+    notary = Notary(keyring=_keyring(clock, fetcher), server_name="ours.test", signing_key=OURS, clock_ms=clock,
+                    reactor=reactor)
+    answer = run_sync(notary.query_server("remote.test", None, [str(clock.now + 3600_000)]))
+    [keys] = answer["server_keys"]
+    assert set(keys["signatures"]) == {"remote.test", "ours.test"} and fetcher.direct == 1
+    run_sync(notary.query_server("remote.test", None, [str(clock.now + 3600_000)]))
+    assert fetcher.direct == 1
+    clock.now += 61_000
+    run_sync(notary.query_body({"server_keys": {"remote.test": {"ed25519:r1": {
+        "minimum_valid_until_ts": clock.now + 2 * DAY}}}}))
+    assert fetcher.direct == 2
+    assert run_sync(notary.query_server("not a name", None, [])) == {"server_keys": []}
+    [own] = run_sync(notary.query_server("ours.test", None, []))["server_keys"]
+    assert own["server_name"] == "ours.test"

@@ -76,3 +76,64 @@ def test_cancelling_background_work_is_not_a_failure(caplog: pytest.LogCaptureFi
         d = run_in_background("kernel_test_cancel", waiting)
         d.cancel()
     assert "kernel_test_cancel" not in caplog.text
+
+
+def _driven(coro: object) -> Deferred[object]:
+    return Deferred.fromCoroutine(coro)  # type: ignore[arg-type]
+
+
+def test_map_concurrently_caps_calls_in_flight_and_keeps_order() -> None:
+    """Ten calls, limit three: never more than three wait at once, results in input order
+    although the calls finish in reverse."""
+    from storage.kernel.concurrency import map_concurrently
+
+    gates: dict[int, Deferred[None]] = {}
+    in_flight: list[int] = []
+    peak = 0
+
+    async def call(n: int) -> int:
+        nonlocal peak
+        in_flight.append(n)
+        peak = max(peak, len(in_flight))
+        gates[n] = Deferred()
+        await gates[n]
+        in_flight.remove(n)
+        return n * 10
+
+    result: list[object] = []
+    _driven(map_concurrently(call, range(10), limit=3)).addBoth(result.append)
+    while not result:
+        assert len(in_flight) <= 3 and in_flight
+        gates[max(in_flight)].callback(None)
+    assert peak == 3
+    assert result == [[n * 10 for n in range(10)]]
+
+
+def test_map_concurrently_first_failure_cancels_the_rest() -> None:
+    from twisted.internet.defer import CancelledError
+
+    from storage.kernel.concurrency import map_concurrently
+
+    waiting: list[Deferred[None]] = []
+    cancelled: list[int] = []
+
+    async def call(n: int) -> int:
+        if n == 2:
+            raise ValueError("boom")
+        d: Deferred[None] = Deferred()
+        waiting.append(d)
+        try:
+            await d
+        except CancelledError:
+            cancelled.append(n)
+            raise
+        return n
+
+    result: list[object] = []
+    _driven(map_concurrently(call, range(5), limit=3)).addBoth(result.append)
+    assert len(result) == 1 and result[0].check(ValueError)  # type: ignore[attr-defined]
+    assert sorted(cancelled) == [0, 1]
+    assert _driven(map_concurrently(call, [], limit=2)).result == []
+    refused: list[object] = []
+    _driven(map_concurrently(call, [1], limit=0)).addErrback(lambda f: refused.append(f.value))
+    assert isinstance(refused[0], ValueError)
