@@ -416,8 +416,12 @@ class Destination:
 
     def on_position(self, position: int, now_ms: int) -> list[Action]:
         """The events stream's position moved to ``position``."""
-        if self._awaiting_position is None or position <= self._awaiting_position:
+        if self._awaiting_position is None:
             return []
+        if position <= self._awaiting_position:
+            # Not past what catch-up saw yet (another writer moved, the linear position did not):
+            # the loop forgets a waiter it has woken, so ask again, or nothing ever wakes it.
+            return [WaitForPosition(self._awaiting_position)]
         self._awaiting_position = None
         return self._next(now_ms)
 
