@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import attrs
@@ -41,6 +41,8 @@ import pytest
 from tests.conftest import REDIS_URL, scratch_database
 from tests.harness import TributaryProcess, configure_workers
 from tests.integration.test_workers import Http, register
+from tests.interop.matrix_client import MatrixUser
+from tests.interop.synapse import SynapseProcess
 
 VARIANTS = ("sender", "destination", "both")
 SEEDS = int(os.environ.get("TRIBUTARY_CRASH_SEEDS", str(len(VARIANTS))))
@@ -59,15 +61,37 @@ SENDER: dict[str, Any] = {
 TIMELINE = quote(json.dumps({"room": {"timeline": {"limit": 1000}}}))
 
 
+class Destination(Protocol):
+    """The destination homeserver: a ``TributaryProcess`` or (bench/sender_crash.py) a ``SynapseProcess``."""
+
+    process: Any
+    client_port: int
+
+    @property
+    def log_path(self) -> Path: ...
+
+    def start(self, *, timeout: float = ...) -> float: ...
+
+    def stop(self) -> int | None: ...
+
+
+def sigkill(process: TributaryProcess | Destination) -> None:
+    """SIGKILL the process and reap it."""
+    assert process.process is not None
+    if process.process.poll() is None:
+        process.process.send_signal(signal.SIGKILL)
+    process.process.wait()
+
+
 @attrs.define
 class Layout:
     """The source's worker layout and the destination, started; Alice on the source, Bob on the destination."""
 
     main: TributaryProcess
     workers: dict[str, TributaryProcess]
-    destination: TributaryProcess
+    destination: Destination
     source_dsn: str
-    destination_dsn: str
+    destination_dsn: str | None  # None: a Synapse with its own SQLite database
     alice: Http
     bob: Http
 
@@ -75,37 +99,41 @@ class Layout:
     def sender(self) -> TributaryProcess:
         return self.workers["fs1"]
 
-    def processes(self) -> list[TributaryProcess]:
-        return [self.main, *self.workers.values(), self.destination]
-
-    def targets(self, variant: str) -> list[TributaryProcess]:
-        return {"sender": [self.sender], "destination": [self.destination],
-                "both": [self.sender, self.destination]}[variant]
-
+    def stop(self) -> None:
+        for process in (self.destination, *reversed(self.workers.values()), self.main):
+            if process.process is not None:
+                process.stop()
 
 
 @contextmanager
-def started_layout(tmp_path: Path, postgres_template: str, redis_url: str,
-                   sender: dict[str, Any] | None = None) -> Iterator[Layout]:
-    """Start the source's worker layout and the destination, register Alice and Bob; stop all on exit."""
+def started_layout(tmp_path: Path, postgres_template: str | None, redis_url: str, *,
+                   sender: dict[str, Any] | None = None, synapse_python: Path | None = None) -> Iterator[Layout]:
+    """Start the source's worker layout and the destination (another Tributary, or a Synapse run by
+    ``synapse_python``), register Alice and Bob; stop all on exit."""
     with ExitStack() as stack:
         source_dsn = stack.enter_context(scratch_database(postgres_template))
-        destination_dsn = stack.enter_context(scratch_database(postgres_template))
         main, workers, generic_port = configure_workers(
             tmp_path / "source", source_dsn, redis_url, extra={"federation_sender": sender or SENDER})
-        destination = TributaryProcess.configure_federating(tmp_path / "destination", database_url=destination_dsn)
+        destination: Destination
+        destination_dsn: str | None = None
+        if synapse_python is None:
+            destination_dsn = stack.enter_context(scratch_database(postgres_template))
+            destination = TributaryProcess.configure_federating(tmp_path / "destination", database_url=destination_dsn)
+        else:
+            (tmp_path / "destination").mkdir(parents=True, exist_ok=True)
+            destination = SynapseProcess.configure(synapse_python, tmp_path / "destination")
         layout = Layout(main, workers, destination, source_dsn, destination_dsn, Http(0), Http(0))
         try:
-            for process in layout.processes():
+            for process in (main, *workers.values(), destination):
                 process.start()
             # Registration is the main process's; everything else Alice does goes to the generic worker.
             layout.alice = Http(generic_port, register(main.client_port, "alice")[1])
-            layout.bob = Http(destination.client_port, register(destination.client_port, "bob")[1])
+            bob = MatrixUser(f"http://127.0.0.1:{destination.client_port}")
+            bob.register("bob", "correct horse")  # through user-interactive auth, as Synapse wants
+            layout.bob = Http(destination.client_port, bob.access_token)
             yield layout
         finally:
-            for process in reversed(layout.processes()):
-                if process.process is not None:
-                    process.stop()
+            layout.stop()
 
 
 @attrs.frozen
@@ -193,15 +221,15 @@ def fan_out_with_kills(layout: Layout, messages: int, kills: list[Kill], label: 
     then wait (at most ``converge_seconds`` after the last restart) for Bob's /sync to show them all."""
     alice, bob = layout.alice, layout.bob
     room_id = alice.ok("POST", "createRoom", {"preset": "public_chat"})["room_id"]
-    bob.ok("POST", f"join/{quote(room_id, safe='')}?server_name={quote(layout.main.server_name)}", {})
+    bob.ok("POST", f"join/{quote(room_id, safe='')}?via={quote(layout.main.server_name)}", {})
     since = bob.ok("GET", f"sync?timeout=0&filter={TIMELINE}")["next_batch"]
     follower = RoomFollower(bob, room_id, since)
     follower.start()
-    processes = {"sender": layout.sender, "destination": layout.destination}
+    processes: dict[str, TributaryProcess | Destination] = {"sender": layout.sender, "destination": layout.destination}
     restarts: dict[str, threading.Thread] = {}
     failures: list[BaseException] = []
 
-    def restart(process: TributaryProcess, delay: float) -> None:
+    def restart(process: TributaryProcess | Destination, delay: float) -> None:
         time.sleep(delay)
         try:
             process.start()
@@ -211,7 +239,7 @@ def fan_out_with_kills(layout: Layout, messages: int, kills: list[Kill], label: 
     def kill(k: Kill) -> None:
         if k.target in restarts:  # still down from an earlier kill: let it come back first
             restarts.pop(k.target).join()
-        processes[k.target].stop(signal.SIGKILL)
+        sigkill(processes[k.target])
         restarts[k.target] = threading.Thread(target=restart, args=(processes[k.target], k.down_seconds))
         restarts[k.target].start()
 
@@ -262,6 +290,17 @@ def diagnosis(layout: Layout, outcome: Outcome) -> str:
              f"{len(outcome.synced) - len(set(outcome.synced))} duplicates, {len(missing)} missing "
              f"(first {missing[:3]}); /sync since: {len(outcome.synced_since)} (limited {outcome.limited}); "
              f"/messages: {len(outcome.paginated)}"]
+    with psycopg2.connect(layout.source_dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT destination, retry_last_ts, retry_interval, last_successful_stream_ordering, "
+                    "catch_up_from FROM destinations")
+        lines.append(f"source destinations: {cur.fetchall()}")
+        cur.execute("SELECT destination, room_id, stream_ordering FROM destination_rooms ORDER BY stream_ordering")
+        lines.append(f"source destination_rooms: {cur.fetchall()}")
+        cur.execute("SELECT stream_name, instance_name, stream_id FROM stream_positions WHERE stream_name = 'events'")
+        lines.append(f"source events positions: {cur.fetchall()}; max stream_ordering: ")
+        cur.execute("SELECT max(stream_ordering) FROM events")
+        lines[-1] += str(cur.fetchone())
+    conn.close()
     for process in (layout.sender, layout.destination):
         text = process.log_path.read_text(encoding="utf-8", errors="replace")
         wanted = [line for line in text.splitlines()
@@ -299,6 +338,7 @@ def test_every_message_reaches_the_destination_once_in_order_whatever_is_killed(
     assert len(outcome.sent) == len(set(outcome.sent)) == MESSAGES
     assert outcome.converged_seconds is not None, f"{kills}: " + diagnosis(layout, outcome)
     assert outcome.complete, f"{kills}: " + diagnosis(layout, outcome)
+    assert layout.destination_dsn is not None
     with psycopg2.connect(layout.destination_dsn) as conn, conn.cursor() as cur:
         cur.execute("SELECT count(*) FROM events WHERE event_id = ANY(%s) AND NOT outlier", (outcome.sent,))
         assert cur.fetchone() == (MESSAGES,)
