@@ -83,7 +83,8 @@ def main() -> None:
                     f"{len(wanted & set(outcome.synced_since))}/{len(outcome.sent)} in one /sync since before, "
                     f"{len(wanted & set(outcome.paginated))}/{len(outcome.sent)} by /messages "
                     f"({'in order, once' if outcome.paginated == outcome.sent else 'NOT in order once'}); "
-                    f"fan-out {outcome.fan_out_seconds:.1f}s, all in /sync {took} after the restart; "
+                    f"fan-out {outcome.fan_out_seconds:.1f}s, sender killed after {outcome.killed_after} messages, "
+                    f"all in /sync {took} after the restart; "
                     f"refused PDUs {refused(layout) - refused_before}, "
                     f"get_missing_events served {missing_events_served(layout) - fetched_before:.0f}",
                     flush=True,

@@ -175,6 +175,7 @@ class Outcome:
     limited: bool                 # that one /sync said its timeline was cut
     converged_seconds: float | None  # from the last restart until Bob's /sync had every message
     fan_out_seconds: float
+    killed_after: list[int] = attrs.Factory(list)  # messages sent when each kill happened
 
     @property
     def complete(self) -> bool:
@@ -237,6 +238,7 @@ def fan_out_with_kills(layout: Layout, messages: int, kills: list[Kill], label: 
             failures.append(e)
 
     def kill(k: Kill) -> None:
+        killed_after.append(len(sent))
         if k.target in restarts:  # still down from an earlier kill: let it come back first
             restarts.pop(k.target).join()
         sigkill(processes[k.target])
@@ -244,6 +246,7 @@ def fan_out_with_kills(layout: Layout, messages: int, kills: list[Kill], label: 
         restarts[k.target].start()
 
     sent: list[str] = []
+    killed_after: list[int] = []
     waiting = list(kills)
     started = time.monotonic()
     try:
@@ -280,7 +283,7 @@ def fan_out_with_kills(layout: Layout, messages: int, kills: list[Kill], label: 
     timeline = once.get("rooms", {}).get("join", {}).get(room_id, {}).get("timeline", {})
     synced_since = [e["event_id"] for e in timeline.get("events", []) if e["type"] == "m.room.message"]
     return Outcome(sent, follower.seen, synced_since, paginate(bob, room_id), bool(timeline.get("limited")),
-                   converged, fan_out_seconds)
+                   converged, fan_out_seconds, killed_after)
 
 
 def diagnosis(layout: Layout, outcome: Outcome) -> str:
