@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 MAX_STATE_IDS: Final = 20_000
 """Event IDs one ``/state_ids`` answer may name (state plus auth chain); more is refused."""
 
+MAX_LATEST_EVENTS: Final = 20
+"""``latest_events`` named in one ``get_missing_events`` call (the oldest of the gap's edge)."""
+
 MAX_UNKNOWN_PREVS: Final = 5
 """Unknown prev events of one event whose state is taken from ``/state_ids`` (one request each)."""
 
@@ -157,25 +160,33 @@ class GapFiller:
     # --- get_missing_events ---------------------------------------------------------------
 
     async def walk(self, origin: str, room_version: RoomVersion, room_id: str,
-                   latest: Sequence[FrozenEvent]) -> list[FrozenEvent]:
-        """The events between our timeline and ``latest``, fetched from ``origin`` with
-        ``get_missing_events`` in steps, verified, oldest first (parents before children).
+                   batch: Sequence[FrozenEvent]) -> list[FrozenEvent]:
+        """The events between our timeline and ``batch`` (one transaction's PDUs of the room),
+        fetched from ``origin`` with ``get_missing_events`` in steps, verified, oldest first
+        (parents before children). Empty when nothing in front of the batch is missing.
 
-        Stops when every fetched event's prev events are known, after ``max_events``, when
-        a call fails or brings nothing new, or when the origin's budget is spent. The
-        events are not stored: the caller checks and persists them in the order given.
+        Each call names our forward extremities as ``earliest_events`` and, as
+        ``latest_events``, the events (of the batch or fetched so far) whose prev events
+        are still unknown, so one walk serves every orphan of the batch. Stops when every
+        prev event is known, after ``max_events``, when a call fails or brings nothing new,
+        or when the origin's budget is spent. Nothing is stored: the caller checks and
+        persists the events in the order given.
         """
+        known = await self.timeline_ids({p for e in batch for p in e.prev_event_ids})
+        edge = gap_edge(batch, known)
+        if not edge:
+            return []
         extremities = await self._store.get_forward_extremities(room_id)
-        fetched: dict[str, FrozenEvent] = {}
-        known: set[str] = set()
-        edge = list(latest)
         min_depth = min(extremities.values(), default=0)
+        fetched: dict[str, FrozenEvent] = {}
+        calls = 0
         while edge and len(fetched) < self._limits.max_events:
             if not self._spend(origin, "get_missing_events", room_id):
                 break
+            calls += 1
             limit = min(self._limits.per_call, self._limits.max_events - len(fetched))
             new = await self._missing_events_call(origin, room_version, room_id, sorted(extremities),
-                                                  [e.event_id for e in edge], limit, min_depth)
+                                                  [e.event_id for e in edge][:MAX_LATEST_EVENTS], limit, min_depth)
             if not new:
                 break
             stored = await self._store.get_events(list(new))
@@ -183,15 +194,13 @@ class GapFiller:
             if not new:
                 break
             fetched.update(new)
-            wanted = {p for e in fetched.values() for p in e.prev_event_ids if p not in fetched and p not in known}
+            wanted = {p for e in new.values() for p in e.prev_event_ids if p not in fetched}
             known |= await self.timeline_ids(wanted)
-            edge = gap_edge(fetched.values(), known)
-        closed = not gap_edge([*fetched.values(), *latest], known | await self.timeline_ids(
-            {p for e in latest for p in e.prev_event_ids}))
-        if closed and fetched:
+            edge = gap_edge([*batch, *fetched.values()], known)
+        if not edge and fetched:
             self._metrics.gaps_filled.labels(method="get_missing_events").inc()
-        logger.info("[%s] get_missing_events from %s: %d events, gap %s", room_id, origin, len(fetched),
-                    "closed" if closed else "still open")
+        logger.info("[%s] get_missing_events from %s: %d calls, %d events, gap %s", room_id, origin, calls,
+                    len(fetched), "still open" if edge else "closed")
         return topological_order(fetched.values())
 
     async def _missing_events_call(self, origin: str, room_version: RoomVersion, room_id: str,

@@ -30,7 +30,7 @@ from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.federation.acl import ServerAcls
 from homeserver.federation.client import FederationClient
 from homeserver.federation.edus import EduRejected
-from homeserver.federation.gaps import GapFiller, gap_edge, topological_order
+from homeserver.federation.gaps import GapFiller, topological_order
 from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
@@ -212,17 +212,19 @@ class TransactionHandler:
         ordered = topological_order(events)
         outcomes: dict[str, str | None] = {}
         async with self._gaps.room_lock(room_id):
-            prevs = {p for e in ordered for p in e.prev_event_ids}
-            edge = gap_edge(ordered, await self._gaps.timeline_ids(prevs))
-            if edge:
-                for fetched in await self._gaps.walk(origin, room_version, room_id, edge):
+            fetched = await self._gaps.walk(origin, room_version, room_id, ordered)
+            ours = {e.event_id for e in ordered}
+            # The fetched events and the transaction's interleave (a fetched event may follow one
+            # of the transaction's): all of them are taken parents first, together.
+            for event in topological_order([*fetched, *ordered]) if fetched else ordered:
+                if event.event_id not in ours:
                     try:
-                        await self._check_and_persist(origin, room_version, fetched)
+                        await self._check_and_persist(origin, room_version, event)
                     except SoftFailed:
                         pass
                     except EventsError as e:
-                        logger.warning("[%s] missing event %s not stored: %s", room_id, fetched.event_id, e)
-            for event in ordered:
+                        logger.warning("[%s] missing event %s not stored: %s", room_id, event.event_id, e)
+                    continue
                 try:
                     await self._check_and_persist(origin, room_version, event)
                 except SoftFailed:
