@@ -339,8 +339,10 @@ class EventPersister:
             remote_servers = destinations - {self._server_name}
         elif is_local and not outlier:
             servers = set(ctx.joined_servers)
-            if event.type == "m.room.member" and event.state_key:
-                # The target of a kick, ban or invite hears of it though not joined.
+            if event.type == "m.room.member" and event.state_key and event.membership in ("leave", "ban"):
+                # The target of a kick or ban hears of it though no longer joined. Nothing else
+                # goes to a server without a joined member: an invite reaches the invitee's
+                # server by /invite, not in its transactions.
                 servers.add(server_name_of(event.state_key))
             servers.discard(self._server_name)
             remote_servers = frozenset(servers)
