@@ -90,14 +90,21 @@ class HistoryHandler:
             seen.update(next_ids)
             loaded = await self._loader.load_events(next_ids)
             queue = sorted((e for e in loaded.values() if e.depth >= min_depth), key=lambda e: -e.depth)
-            found.extend(queue[: limit - len(found)])
+            # Walked through, but never served: rejected events.
+            rejected = await self._rejected([e.event_id for e in queue])
+            found.extend([e for e in queue if e.event_id not in rejected][: limit - len(found)])
         return found
+
+    async def _rejected(self, event_ids: list[str]) -> set[str]:
+        rows = await self._store.get_events(event_ids) if event_ids else {}
+        return {i for i, row in rows.items() if row.rejection_reason is not None}
 
     async def backfill(self, origin: str, room_id: str, from_ids: list[str], limit: int) -> dict[str, Any]:
         await self._check_in_room(origin, room_id)
         limit = max(1, min(limit, MAX_BACKFILL))
         starts = await self._loader.load_events(from_ids)
-        events = [e for e in starts.values() if e.room_id == room_id][:limit]
+        rejected = await self._rejected(list(starts))
+        events = [e for e in starts.values() if e.room_id == room_id and e.event_id not in rejected][:limit]
         events += await self._walk_back([e.event_id for e in events], set(), limit - len(events))
         return self._envelope(events)
 

@@ -223,30 +223,52 @@ async def test_a_gap_the_origin_will_not_walk_is_closed_with_state_ids(
             tributary.server_name, f"/_matrix/federation/v1/{kind}/{quote(room_id)}", query={"event_id": outlier}))
         assert status == (404, "M_NOT_FOUND"), (kind, status)
 
-    # A rejected event (a power-level-0 user changes the power levels): 404 everywhere.
+    # The origin now walks: a PDU forking off the outlier brings the chain in with
+    # get_missing_events, and the outliers among it (the rename, the PDU's old prev event) are
+    # promoted into the timeline.
     version = peer.room_version(room_id)
     assert version is not None
-    state = await client.get_json(tributary.server_name, f"/_matrix/federation/v1/state/{quote(room_id)}",
-                                  query={"event_id": on})
-    pl = next(p for p in state["pdus"] if p["type"] == "m.room.power_levels")
-    state_ids = {(p["type"], p["state_key"]): peer._event_id(p) for p in state["pdus"]}
-    state_ids[("m.room.member", remote)] = rename
-    template = EventTemplate("m.room.power_levels", {**pl["content"], "users": {remote: 100}}, "")
-    last = _ids(peer, more)[0]
-    grab = sign_pdu(version, build_pdu(
-        version, template, sender=remote, room_id=room_id, prev_event_ids=[last],
-        auth_event_ids=select_auth_event_ids(version, template, remote, state_ids),
-        depth=int(more[0]["depth"]) + 1, origin_server_ts=int(reactor.seconds() * 1000)),
-        server, peer.signing_key(server))
-    answer = await peer.send_transaction(server, tributary.server_name, "grab", [grab.get_pdu_json()])
-    assert "error" in answer["pdus"][grab.event_id]
+    state = dict(keyed)
+    state[("m.room.member", remote)] = rename
+    fork = _signed(peer, server, room_id, outlier, int(pdus[-2]["depth"]) + 1,
+                   EventTemplate("m.room.message", {"msgtype": "m.text", "body": "fork"}), remote, state)
+    peer.serve_history(server, [*pdus, fork], missing_events=True)
+    answer = await peer.send_transaction(server, tributary.server_name, "fork", [fork])
+    assert answer["pdus"] == {peer._event_id(fork): {}}
+    for event_id in [*ids, peer._event_id(fork)]:
+        assert await _client_event(tributary, token, room_id, event_id) == 200, event_id
+    status = await _fed_status(client.get_json(
+        tributary.server_name, f"/_matrix/federation/v1/state_ids/{quote(room_id)}", query={"event_id": outlier}))
+    assert status == (200, "")
+
+    # A rejected event (a power-level-0 user changes the power levels): 404 everywhere, and
+    # left out of what /backfill serves.
+    pl = await client.get_json(tributary.server_name, f"/_matrix/federation/v1/event/{quote(keyed[('m.room.power_levels', '')])}")
+    template = EventTemplate("m.room.power_levels", {**pl["pdus"][0]["content"], "users": {remote: 100}}, "")
+    grab = _signed(peer, server, room_id, _ids(peer, more)[0], int(more[0]["depth"]) + 1, template, remote, state)
+    grab_id = peer._event_id(grab)
+    answer = await peer.send_transaction(server, tributary.server_name, "grab", [grab])
+    assert "error" in answer["pdus"][grab_id]
     assert await _fed_status(client.get_json(
-        tributary.server_name, f"/_matrix/federation/v1/event/{quote(grab.event_id)}")) == (404, "M_NOT_FOUND")
+        tributary.server_name, f"/_matrix/federation/v1/event/{quote(grab_id)}")) == (404, "M_NOT_FOUND")
     for kind in ("state", "state_ids"):
         status = await _fed_status(client.get_json(
-            tributary.server_name, f"/_matrix/federation/v1/{kind}/{quote(room_id)}",
-            query={"event_id": grab.event_id}))
+            tributary.server_name, f"/_matrix/federation/v1/{kind}/{quote(room_id)}", query={"event_id": grab_id}))
         assert status == (404, "M_NOT_FOUND"), (kind, status)
+    served = await client.get_json(tributary.server_name, f"/_matrix/federation/v1/backfill/{quote(room_id)}",
+                                   query={"v": [grab_id], "limit": "5"})
+    assert grab_id not in _ids(peer, served["pdus"])
+
+
+def _signed(peer: FederationPeer, server: str, room_id: str, prev: str, depth: int, template: EventTemplate,
+            sender: str, state: dict[tuple[str, str], str]) -> dict[str, Any]:
+    """A signed PDU of ``server`` on ``prev``, its auth events picked from ``state``."""
+    version = peer.room_version(room_id)
+    assert version is not None
+    pdu = build_pdu(version, template, sender=sender, room_id=room_id, prev_event_ids=[prev],
+                    auth_event_ids=select_auth_event_ids(version, template, sender, state), depth=depth,
+                    origin_server_ts=int(reactor.seconds() * 1000))
+    return dict(sign_pdu(version, pdu, server, peer.signing_key(server)).get_pdu_json())
 
 
 @pytest.mark.timeout(120)
