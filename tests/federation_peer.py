@@ -11,9 +11,9 @@ connections). As a client it can join a room through ``make_join``/``send_join``
 send signed transactions.
 
 It deliberately does not keep room state or check PDU signatures or auth: it records
-what a sender delivered, nothing more. ``get_missing_events``, ``/event`` and
-``/state_ids`` are answered only from a history a test hands a virtual server
-(``serve_history``: events by ID, and the state IDs at some of them); otherwise
+what a sender delivered, nothing more. ``get_missing_events``, ``/event``,
+``/state_ids`` and ``/state`` are answered only from a history a test hands a virtual
+server (``serve_history``: events by ID, and the state IDs at some of them); otherwise
 they, like ``backfill``, are counted and answered 404. It reuses the homeserver's signing,
 event building, key response and ``X-Matrix`` code rather than its own.
 """
@@ -584,12 +584,17 @@ class FederationPeer:
             await self._authenticate(server, request, None)
             return 200, {"origin": server.name, "origin_server_ts": self._now_ms(),
                          "pdus": [server.history[segments[5]]]}
-        if kind == "state_ids" and method == "GET":
+        if kind in ("state_ids", "state") and method == "GET":
             await self._authenticate(server, request, None)
             event_id = (request.args or {}).get(b"event_id", [b""])[0].decode()
-            if event_id in server.state_ids:
-                return 200, server.state_ids[event_id]
-            return 404, {"errcode": "M_NOT_FOUND", "error": f"federation peer: no state at {event_id}"}
+            answer = server.state_ids.get(event_id)
+            if answer is None:
+                return 404, {"errcode": "M_NOT_FOUND", "error": f"federation peer: no state at {event_id}"}
+            if kind == "state_ids":
+                return 200, answer
+            # /state: the PDUs of its history among them (the rest the asker has, in these tests).
+            return 200, {"pdus": [server.history[i] for i in answer["pdu_ids"] if i in server.history],
+                         "auth_chain": [server.history[i] for i in answer["auth_chain_ids"] if i in server.history]}
         return 404, {"errcode": "M_UNRECOGNIZED", "error": f"the federation peer does not serve {method} {kind}"}
 
     @staticmethod

@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 MAX_STATE_IDS: Final = 20_000
 """Event IDs one ``/state_ids`` answer may name (state plus auth chain); more is refused."""
 
+MAX_EVENT_FETCHES: Final = 100
+"""Missing state events fetched one by one with ``/event``; more are taken from one ``/state``."""
+
 MAX_LATEST_EVENTS: Final = 20
 """``latest_events`` named in one ``get_missing_events`` call (the oldest of the gap's edge)."""
 
@@ -275,7 +278,7 @@ class GapFiller:
             ids[field] = raw
         if len(ids["pdu_ids"]) + len(ids["auth_chain_ids"]) > MAX_STATE_IDS:
             raise GapFillError(f"{origin}'s state at {prev_id} names more than {MAX_STATE_IDS} events")
-        events = await self._fetch_outliers(origin, room_version, room_id,
+        events = await self._fetch_outliers(origin, room_version, room_id, prev_id,
                                             {*ids["pdu_ids"], *ids["auth_chain_ids"], prev_id})
         state: dict[StateKey, str] = {}
         for event_id in ids["pdu_ids"]:
@@ -295,12 +298,63 @@ class GapFiller:
             raise GapFillError(f"{origin}'s state at {prev_id} has no create event")
         return state
 
-    async def _fetch_outliers(self, origin: str, room_version: RoomVersion, room_id: str,
+    async def _fetch_outliers(self, origin: str, room_version: RoomVersion, room_id: str, prev_id: str,
                               wanted: set[str]) -> dict[str, FrozenEvent]:
-        """``wanted`` events: those stored here, and the others fetched from ``origin`` with
-        ``/event`` (at most ``concurrency`` at once), verified and stored as outliers."""
+        """``wanted`` events: those stored here, and the others fetched from ``origin``, verified
+        and stored as outliers. A few are fetched with ``/event`` (at most ``concurrency`` at
+        once); more than ``MAX_EVENT_FETCHES`` with one ``/state`` at ``prev_id`` (as Synapse
+        does when much of the state is missing), which also carries ``prev_id``'s state."""
         have = {i: e for i, e in (await self._loader.load_events(wanted)).items() if e.room_id == room_id}
         missing = sorted(wanted - set(have))
+        if len(missing) > MAX_EVENT_FETCHES:
+            fetched = await self._fetch_by_state(origin, room_version, room_id, prev_id, set(missing))
+        else:
+            fetched = await self._fetch_by_event(origin, room_version, room_id, missing)
+        for outlier in topological_order(fetched.values()):
+            rejection: str | None = None
+            try:
+                await check_against_auth_events(self._loader, room_version, outlier, fetched)
+            except MissingEventsError:
+                pass  # its auth chain reaches past what we hold: stored, its own checks decide later
+            except AuthError as e:
+                rejection = str(e)
+                logger.warning("[%s] outlier %s from %s fails auth: %s", room_id, outlier.event_id, origin, e)
+            await self._persister.persist(room_version, outlier, is_local=False, outlier=True,
+                                          rejection_reason=rejection)
+            if rejection is None:
+                have[outlier.event_id] = outlier
+        return have
+
+    async def _fetch_by_state(self, origin: str, room_version: RoomVersion, room_id: str, prev_id: str,
+                              missing: set[str]) -> dict[str, FrozenEvent]:
+        try:
+            response = await self._client.get_json(
+                origin, f"/_matrix/federation/v1/state/{quote(room_id, safe='')}", query={"event_id": prev_id})
+        except FederationClientError as e:
+            raise GapFillError(f"/state at {prev_id} from {origin} failed: {e}") from None
+        raw: list[Any] = []
+        for field in ("pdus", "auth_chain"):
+            value = response.get(field) if isinstance(response, dict) else None
+            if not isinstance(value, list):
+                raise GapFillError(f"{origin} sent a /state answer without a '{field}' list")
+            raw.extend(value)
+        if len(raw) > MAX_STATE_IDS:
+            raise GapFillError(f"{origin}'s /state at {prev_id} holds more than {MAX_STATE_IDS} events")
+        fetched: dict[str, FrozenEvent] = {}
+        for pdu in raw:
+            try:
+                event = await parse_and_verify(self._keyring, room_version, pdu)
+            except EventsError as e:
+                logger.warning("[%s] a state event from %s failed verification: %s", room_id, origin, e)
+                continue
+            if event.event_id in missing and event.room_id == room_id:
+                fetched[event.event_id] = event
+        if prev_id in missing and prev_id not in fetched:
+            fetched.update(await self._fetch_by_event(origin, room_version, room_id, [prev_id]))
+        return fetched
+
+    async def _fetch_by_event(self, origin: str, room_version: RoomVersion, room_id: str,
+                              missing: list[str]) -> dict[str, FrozenEvent]:
 
         async def fetch(event_id: str) -> FrozenEvent | None:
             try:
@@ -318,22 +372,8 @@ class GapFiller:
                 return None
             return event
 
-        fetched = {e.event_id: e for e in await map_concurrently(fetch, missing, limit=self._limits.concurrency)
-                   if e is not None}
-        for outlier in topological_order(fetched.values()):
-            rejection: str | None = None
-            try:
-                await check_against_auth_events(self._loader, room_version, outlier, fetched)
-            except MissingEventsError:
-                pass  # its auth chain reaches past what we hold: stored, its own checks decide later
-            except AuthError as e:
-                rejection = str(e)
-                logger.warning("[%s] outlier %s from %s fails auth: %s", room_id, outlier.event_id, origin, e)
-            await self._persister.persist(room_version, outlier, is_local=False, outlier=True,
-                                          rejection_reason=rejection)
-            if rejection is None:
-                have[outlier.event_id] = outlier
-        return have
+        return {e.event_id: e for e in await map_concurrently(fetch, missing, limit=self._limits.concurrency)
+                if e is not None}
 
 
 class _RoomGapLock:

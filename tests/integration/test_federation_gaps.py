@@ -316,3 +316,103 @@ async def test_a_server_with_only_an_invited_user_is_sent_no_room_events(
     messages = [await _send(tributary, token, room_id, f"for the joined {i}") for i in range(3)]
     await peer.wait_for_pdus(joined_server, messages)
     assert peer.received_pdu_ids(invited_server) == []
+
+
+@pytest.mark.timeout(120)
+async def test_the_walk_and_the_origins_budget_are_bounded(postgres_template: str, tmp_path_factory: pytest.TempPathFactory,
+                                                          make_peer: list[FederationPeer]) -> None:
+    """With ``missing_events_max: 20`` and a budget of three requests, a 60-event gap takes two
+    get_missing_events calls (20 events) and one /state_ids at the oldest fetched event's prev
+    event: the PDU and the 20 events before it are placed, the older 39 are left to backfill.
+    The next gap finds the budget spent: its PDU gets an error and nothing is fetched or stored."""
+    tmp_path = tmp_path_factory.mktemp("bounded")
+    fed_port = free_port()
+    server_name = f"127.0.0.1:{fed_port}"
+    limits = {"missing_events_max": 20, "rc_missing_events": {"per_second": 0.001, "burst_count": 3}}
+    with scratch_database(postgres_template) as dsn:
+        proc = TributaryProcess.configure(tmp_path, database_url=dsn, server_name=server_name,
+                                          extra={"federation": FED, "log_level": "INFO",
+                                                 "federation_limits": limits})
+        config = yaml.safe_load(proc.config_path.read_text())
+        config["listeners"].append({"type": "http", "port": fed_port, "tls": True, "resources": ["federation", "keys"]})
+        proc.config_path.write_text(yaml.safe_dump(config))
+        proc.start()
+        try:
+            await _bounded(Tributary(proc, server_name, Client(proc.base_url)), make_peer)
+        finally:
+            assert proc.stop() == 0, proc.output[-5000:]
+
+
+async def _bounded(tributary: Tributary, make_peer: list[FederationPeer]) -> None:
+    peer, [server] = await started_peer(make_peer, 1)
+    token, room_id, on, remote = await _room_with_peer(tributary, peer, server, "bounded_alice")
+    pdus, at_on, _ = await _chain(peer, server, tributary, room_id, on, 60, remote)
+    ids = _ids(peer, pdus)
+    peer.serve_history(server, pdus, state_ids={i: at_on for i in ids})
+
+    answer = await peer.send_transaction(server, tributary.server_name, "long", [pdus[-1]])
+    assert answer["pdus"] == {ids[-1]: {}}
+    counts = peer.request_counts(server)
+    assert (counts["get_missing_events"], counts["state_ids"]) == (2, 1)
+    assert metric(tributary, "tributary_federation_gaps_filled_total", method="state_ids") == 1
+    assert metric(tributary, "tributary_federation_gaps_filled_total", method="get_missing_events") == 0
+    for event_id in ids[-21:]:
+        assert await _client_event(tributary, token, room_id, event_id) == 200, event_id
+    for event_id in ids[:-21]:
+        assert await _client_event(tributary, token, room_id, event_id) == 404, event_id
+    assert (await _timeline(tributary, token, room_id))[-21:] == ids[-21:]
+
+    more, _, _ = await _chain(peer, server, tributary, room_id, ids[-1], 3, remote)
+    peer.serve_history(server, more, state_ids={i: at_on for i in _ids(peer, more)})
+    answer = await peer.send_transaction(server, tributary.server_name, "over-budget", [more[-1]])
+    assert "budget" in answer["pdus"][_ids(peer, more)[-1]]["error"]
+    counts = peer.request_counts(server)
+    assert (counts["get_missing_events"], counts["state_ids"]) == (2, 1)
+    assert await _client_event(tributary, token, room_id, _ids(peer, more)[-1]) == 404
+
+
+@pytest.mark.timeout(120)
+async def test_much_missing_state_is_taken_from_one_state_request(
+        tributary: Tributary, make_peer: list[FederationPeer]) -> None:
+    """The peer's user (power 100 here) set 110 state events we never saw; the origin will not
+    walk. The state at the PDU's prev event names all of them: rather than 110 /event requests we
+    take them from one /state, store them as outliers, and the PDU lands with that state."""
+    peer, [server] = await started_peer(make_peer, 1)
+    remote = f"@u:{server}"
+    token = (await tributary.client.register_ok("bulk_alice"))["access_token"]
+    created = await tributary.client.request("POST", "createRoom", {
+        "preset": "public_chat", "power_level_content_override": {"users": {remote: 100}}}, token=token)
+    assert created.status == 200, created
+    room_id = created.body["room_id"]
+    await peer.join(server, remote, room_id, via=tributary.server_name)
+    on = await _send(tributary, token, room_id, "after the join")
+    client = peer.client(server)
+    answer = await client.get_json(tributary.server_name, f"/_matrix/federation/v1/state/{quote(room_id)}",
+                                   query={"event_id": on})
+    state = {(p["type"], p["state_key"]): peer._event_id(p) for p in answer["pdus"]}
+    at_on = await client.get_json(tributary.server_name, f"/_matrix/federation/v1/state_ids/{quote(room_id)}",
+                                  query={"event_id": on})
+    [on_pdu] = (await client.get_json(tributary.server_name, f"/_matrix/federation/v1/event/{quote(on)}"))["pdus"]
+    pdus: list[dict[str, Any]] = []
+    prev, depth = on, int(on_pdu["depth"])
+    for i in range(112):
+        template = (EventTemplate("org.example.bulk", {"n": i}, f"key{i}") if i < 110
+                    else EventTemplate("m.room.message", {"msgtype": "m.text", "body": f"after state {i}"}))
+        depth += 1
+        pdus.append(_signed(peer, server, room_id, prev, depth, template, remote, state))
+        prev = peer._event_id(pdus[-1])
+        if template.state_key is not None:
+            state[(template.type, template.state_key)] = prev
+    ids = _ids(peer, pdus)
+    at_prev = {"pdu_ids": sorted({*at_on["pdu_ids"], *ids[:110]}), "auth_chain_ids": at_on["auth_chain_ids"]}
+    peer.serve_history(server, pdus, state_ids={ids[-2]: at_prev}, missing_events=False)
+
+    answer = await peer.send_transaction(server, tributary.server_name, "bulk", [pdus[-1]])
+    assert answer["pdus"] == {ids[-1]: {}}
+    counts = peer.request_counts(server)
+    assert (counts["state_ids"], counts["state"]) == (1, 1)
+    assert counts["event"] <= 1  # the prev event itself, when /state does not carry it
+    assert ids[-1] in await _timeline(tributary, token, room_id)
+    bulk = await tributary.client.request(
+        "GET", f"rooms/{quote(room_id)}/state/org.example.bulk/key109", token=token)
+    assert bulk.status == 200 and bulk.body == {"n": 109}, bulk
