@@ -36,7 +36,7 @@ from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.federation.client import FederationClient, FederationClientError
 from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
-from homeserver.federation.pdus import check_against_auth_events, parse_and_verify
+from homeserver.federation.pdus import check_against_auth_events, parse_and_verify, verified_in_room
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.ratelimit import Ratelimiter
@@ -221,16 +221,8 @@ class GapFiller:
         if not isinstance(raw, list):
             logger.warning("[%s] get_missing_events answer from %s has no 'events' list", room_id, origin)
             return {}
-        found: dict[str, FrozenEvent] = {}
-        for pdu in raw[:limit]:
-            try:
-                event = await parse_and_verify(self._keyring, room_version, pdu)
-            except EventsError as e:
-                logger.warning("[%s] missing event from %s failed verification: %s", room_id, origin, e)
-                continue
-            if event.room_id == room_id:
-                found[event.event_id] = event
-        return found
+        return await verified_in_room(self._keyring, room_version, room_id, raw[:limit],
+                                      source=f"{origin}'s get_missing_events", logger=logger)
 
     # --- /state_ids -------------------------------------------------------------------------
 
@@ -340,15 +332,9 @@ class GapFiller:
             raw.extend(value)
         if len(raw) > MAX_STATE_IDS:
             raise GapFillError(f"{origin}'s /state at {prev_id} holds more than {MAX_STATE_IDS} events")
-        fetched: dict[str, FrozenEvent] = {}
-        for pdu in raw:
-            try:
-                event = await parse_and_verify(self._keyring, room_version, pdu)
-            except EventsError as e:
-                logger.warning("[%s] a state event from %s failed verification: %s", room_id, origin, e)
-                continue
-            if event.event_id in missing and event.room_id == room_id:
-                fetched[event.event_id] = event
+        verified = await verified_in_room(self._keyring, room_version, room_id, raw, source=f"{origin}'s /state",
+                                          logger=logger)
+        fetched = {i: e for i, e in verified.items() if i in missing}
         if prev_id in missing and prev_id not in fetched:
             fetched.update(await self._fetch_by_event(origin, room_version, room_id, [prev_id]))
         return fetched

@@ -16,17 +16,13 @@ from typing import Any
 from urllib.parse import quote as _quote
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from homeserver.events import EventTemplate, build_pdu, select_auth_event_ids, sign_pdu
 from homeserver.federation.client import HttpResponseError
-from tests.conftest import scratch_database
 from tests.federation_peer import FederationPeer
-from tests.harness import TributaryProcess, free_port
-from tests.integration.test_client_support import Client
-from tests.integration.test_federation_peer import FED, Tributary, make_peer, started_peer
-from tests.twisted_plugin import eventually, reactor
+from tests.integration.test_federation_peer import Tributary, make_peer, running_tributary, started_peer
+from tests.twisted_plugin import reactor
 
 __all__ = ["make_peer"]
 
@@ -41,20 +37,8 @@ def quote(value: str) -> str:
 @pytest.fixture(scope="module")
 def tributary(postgres_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tributary]:
     """One real process with the default ``federation_limits`` (the gap-filling bounds included)."""
-    tmp_path = tmp_path_factory.mktemp("tributary")
-    fed_port = free_port()
-    server_name = f"127.0.0.1:{fed_port}"
-    with scratch_database(postgres_template) as dsn:
-        proc = TributaryProcess.configure(tmp_path, database_url=dsn, server_name=server_name,
-                                          extra={"federation": FED, "log_level": "INFO"})
-        config = yaml.safe_load(proc.config_path.read_text())
-        config["listeners"].append({"type": "http", "port": fed_port, "tls": True, "resources": ["federation", "keys"]})
-        proc.config_path.write_text(yaml.safe_dump(config))
-        proc.start()
-        try:
-            yield Tributary(proc, server_name, Client(proc.base_url))
-        finally:
-            assert proc.stop() == 0, proc.output[-5000:]
+    with running_tributary(postgres_template, tmp_path_factory.mktemp("tributary"), log_level="INFO") as running:
+        yield running
 
 
 def metric(tributary: Tributary, name: str, **labels: str) -> float:
@@ -325,22 +309,10 @@ async def test_the_walk_and_the_origins_budget_are_bounded(postgres_template: st
     get_missing_events calls (20 events) and one /state_ids at the oldest fetched event's prev
     event: the PDU and the 20 events before it are placed, the older 39 are left to backfill.
     The next gap finds the budget spent: its PDU gets an error and nothing is fetched or stored."""
-    tmp_path = tmp_path_factory.mktemp("bounded")
-    fed_port = free_port()
-    server_name = f"127.0.0.1:{fed_port}"
     limits = {"missing_events_max": 20, "rc_missing_events": {"per_second": 0.001, "burst_count": 3}}
-    with scratch_database(postgres_template) as dsn:
-        proc = TributaryProcess.configure(tmp_path, database_url=dsn, server_name=server_name,
-                                          extra={"federation": FED, "log_level": "INFO",
-                                                 "federation_limits": limits})
-        config = yaml.safe_load(proc.config_path.read_text())
-        config["listeners"].append({"type": "http", "port": fed_port, "tls": True, "resources": ["federation", "keys"]})
-        proc.config_path.write_text(yaml.safe_dump(config))
-        proc.start()
-        try:
-            await _bounded(Tributary(proc, server_name, Client(proc.base_url)), make_peer)
-        finally:
-            assert proc.stop() == 0, proc.output[-5000:]
+    with running_tributary(postgres_template, tmp_path_factory.mktemp("bounded"), log_level="INFO",
+                           federation_limits=limits) as tributary:
+        await _bounded(tributary, make_peer)
 
 
 async def _bounded(tributary: Tributary, make_peer: list[FederationPeer]) -> None:
