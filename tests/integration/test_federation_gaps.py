@@ -388,3 +388,35 @@ async def test_much_missing_state_is_taken_from_one_state_request(
     bulk = await tributary.client.request(
         "GET", f"rooms/{quote(room_id)}/state/org.example.bulk/key109", token=token)
     assert bulk.status == 200 and bulk.body == {"n": 109}, bulk
+
+
+@pytest.mark.timeout(120)
+async def test_soft_failed_is_success_in_the_answer_and_rejected_is_an_error(
+        tributary: Tributary, make_peer: list[FederationPeer]) -> None:
+    """Two PDUs in one transaction: a message built before Alice banned its sender passes the auth
+    rules at the state before it but not at the current state (soft-failed: ``{}``, stored, hidden
+    from clients); a power-levels change by the same power-0 user fails at its own state
+    (rejected: an error)."""
+    peer, [server] = await started_peer(make_peer, 1)
+    token, room_id, on, remote = await _room_with_peer(tributary, peer, server, "soft_alice")
+    _, _, state = await _chain(peer, server, tributary, room_id, on, 0, remote)
+    [on_pdu] = (await peer.client(server).get_json(
+        tributary.server_name, f"/_matrix/federation/v1/event/{quote(on)}"))["pdus"]
+    pl = (await peer.client(server).get_json(
+        tributary.server_name,
+        f"/_matrix/federation/v1/event/{quote(state[('m.room.power_levels', '')])}"))["pdus"][0]
+    late = _signed(peer, server, room_id, on, int(on_pdu["depth"]) + 1,
+                   EventTemplate("m.room.message", {"msgtype": "m.text", "body": "too late"}), remote, state)
+    grab = _signed(peer, server, room_id, on, int(on_pdu["depth"]) + 1,
+                   EventTemplate("m.room.power_levels", {**pl["content"], "users": {remote: 100}}, ""),
+                   remote, state)
+    banned = await tributary.client.request("POST", f"rooms/{quote(room_id)}/ban", {"user_id": remote}, token=token)
+    assert banned.status == 200, banned
+
+    answer = await peer.send_transaction(server, tributary.server_name, "soft", [late, grab])
+    late_id, grab_id = peer._event_id(late), peer._event_id(grab)
+    assert answer["pdus"][late_id] == {}
+    assert "error" in answer["pdus"][grab_id]
+    assert await _client_event(tributary, token, room_id, late_id) == 404
+    assert late_id not in await _timeline(tributary, token, room_id)
+    assert metric(tributary, "tributary_federation_pdus_received_total", outcome="soft_failed") >= 1
