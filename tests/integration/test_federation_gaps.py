@@ -12,15 +12,18 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote as _quote
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from homeserver.events import EventTemplate, build_pdu, select_auth_event_ids, sign_pdu
-from homeserver.federation.client import HttpResponseError
+from homeserver.events import EventTemplate, build_pdu, parse_create_room_request, select_auth_event_ids, sign_pdu
+from homeserver.federation.client import HttpResponseError, Target
 from tests.federation_peer import FederationPeer
+from tests.harness import free_port
+from tests.integration.test_federation import eventually, name, stored, two_servers
 from tests.integration.test_federation_peer import Tributary, make_peer, running_tributary, started_peer
 from tests.twisted_plugin import reactor
 
@@ -420,3 +423,44 @@ async def test_soft_failed_is_success_in_the_answer_and_rejected_is_an_error(
     assert await _client_event(tributary, token, room_id, late_id) == 404
     assert late_id not in await _timeline(tributary, token, room_id)
     assert metric(tributary, "tributary_federation_pdus_received_total", outcome="soft_failed") >= 1
+
+
+@pytest.mark.timeout(180)
+async def test_two_tributaries_a_gap_longer_than_the_walk_is_bridged_then_backfilled(
+        database_dsn: str, second_database_dsn: str, tmp_path: Path) -> None:
+    """Issue 28's failure between two Tributaries: B cannot be reached while Alice (A) sends 150
+    messages, and A's catch-up then sends B only the room's latest event. B walks back 100 events
+    with get_missing_events (A serves them), bridges the rest with A's /state_ids at the oldest
+    fetched event's prev event, and stores the latest event: nothing is refused. The 50 older
+    messages then come with /backfill when B pages back, so B ends with all 151."""
+    async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
+        assert a.process.room_events is not None and b.process.federation is not None
+        assert a.process.federation is not None and a.process.federation_sender is not None
+        alice, bob = f"@alice:{name(a)}", f"@bob:{name(b)}"
+        room_id = await a.process.room_events.create_room(alice, parse_create_room_request({"preset": "public_chat"}))
+        await b.process.federation.membership.join_remote(room_id, bob, [name(a)])
+        hello = await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": "hello"}), alice)
+        await eventually(lambda: stored(b, hello.event_id))
+
+        resolver = a.process.federation.client.resolver
+        real_target = await resolver.resolve(name(b))
+        await a.process.federation.client.close()
+        resolver.remember(name(b), Target("127.0.0.1", free_port(), "localhost"))  # nothing listens there
+        lost = [await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": f"lost {i}"}),
+                                                 alice) for i in range(150)]
+        await a.process.federation_sender.wait_idle()
+        resolver.remember(name(b), real_target)
+        last = await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": "last"}), alice)
+        row = await eventually(lambda: stored(b, last.event_id), timeout=60)
+        assert not row.outlier and row.rejection_reason is None
+        sample = b.registry.get_sample_value
+        assert sample("tributary_federation_gaps_filled_total", {"method": "state_ids"}) == 1
+        assert (sample("tributary_federation_pdus_received_total", {"outcome": "missing_events"}) or 0) == 0
+        in_timeline = [e.event_id for e in lost if (r := await stored(b, e.event_id)) is not None and not r.outlier]
+        assert in_timeline == [e.event_id for e in lost[-100:]]
+
+        while await b.process.federation.backfill.backfill(room_id, limit=100):
+            pass
+        for event in [*lost, last]:
+            row = await stored(b, event.event_id)
+            assert row is not None and not row.outlier and row.rejection_reason is None, event.event_id
