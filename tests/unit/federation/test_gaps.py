@@ -80,3 +80,60 @@ def test_every_event_follows_its_parents_in_the_batch(parent_choices: list[list[
         for prev in event.prev_event_ids:
             if prev in position:
                 assert position[prev] < position[event.event_id]
+
+
+def test_one_gap_fill_per_room_at_a_time() -> None:
+    """Two transactions for the same room: the second waits for the first; another room does not
+    wait; once nobody holds or waits for a room, its lock is gone from the table."""
+    from twisted.internet.defer import Deferred
+
+    from homeserver.federation.gaps import GapFiller
+
+    filler = GapFiller(store=None, loader=None, persister=None, keyring=None, client=None,  # type: ignore[arg-type]
+                       metrics=None, limiter=None, clock=lambda: 0.0)  # type: ignore[arg-type]
+    log: list[str] = []
+    release_first: Deferred[None] = Deferred()
+
+    async def fill(room: str, name: str, wait: Deferred[None] | None = None) -> None:
+        async with filler.room_lock(room):
+            log.append(f"{name} in")
+            if wait is not None:
+                await wait
+            log.append(f"{name} out")
+
+    first = Deferred.fromCoroutine(fill("!a", "first", release_first))
+    second = Deferred.fromCoroutine(fill("!a", "second"))
+    other = Deferred.fromCoroutine(fill("!b", "other"))
+    assert log == ["first in", "other in", "other out"]
+    release_first.callback(None)
+    assert log == ["first in", "other in", "other out", "first out", "second in", "second out"]
+    assert first.called and second.called and other.called
+    assert filler._locks == {}
+
+
+def test_a_cancelled_waiter_does_not_wedge_the_room() -> None:
+    from twisted.internet.defer import CancelledError, Deferred
+
+    from homeserver.federation.gaps import GapFiller
+
+    filler = GapFiller(store=None, loader=None, persister=None, keyring=None, client=None,  # type: ignore[arg-type]
+                       metrics=None, limiter=None, clock=lambda: 0.0)  # type: ignore[arg-type]
+    release: Deferred[None] = Deferred()
+    entered: list[str] = []
+
+    async def fill(name: str, wait: Deferred[None] | None = None) -> None:
+        async with filler.room_lock("!a"):
+            entered.append(name)
+            if wait is not None:
+                await wait
+
+    holder = Deferred.fromCoroutine(fill("holder", release))
+    waiter = Deferred.fromCoroutine(fill("cancelled"))
+    waiter.cancel()
+    failures: list[object] = []
+    waiter.addErrback(lambda f: failures.append(f.trap(CancelledError)))
+    release.callback(None)
+    assert holder.called and entered == ["holder"] and len(failures) == 1
+    after = Deferred.fromCoroutine(fill("after"))
+    assert after.called and entered == ["holder", "after"]
+    assert filler._locks == {}
