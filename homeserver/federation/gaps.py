@@ -292,12 +292,16 @@ class GapFiller:
 
     async def _fetch_outliers(self, origin: str, room_version: RoomVersion, room_id: str, prev_id: str,
                               wanted: set[str]) -> dict[str, FrozenEvent]:
-        """``wanted`` events: those stored here, and the others fetched from ``origin``, verified
-        and stored as outliers. A few are fetched with ``/event`` (at most ``concurrency`` at
+        """``wanted`` events: those stored here (not rejected), and the others fetched from
+        ``origin``, verified and stored as outliers (those that pass their auth events). A few are fetched with ``/event`` (at most ``concurrency`` at
         once); more than ``MAX_EVENT_FETCHES`` with one ``/state`` at ``prev_id`` (as Synapse
         does when much of the state is missing), which also carries ``prev_id``'s state."""
-        have = {i: e for i, e in (await self._loader.load_events(wanted)).items() if e.room_id == room_id}
-        missing = sorted(wanted - set(have))
+        loaded = await self._loader.load_events(wanted)
+        rows = await self._store.get_events(list(loaded)) if loaded else {}
+        # Rejected events never count as state, whoever names them.
+        have = {i: e for i, e in loaded.items()
+                if e.room_id == room_id and i in rows and rows[i].rejection_reason is None}
+        missing = sorted(wanted - set(loaded))
         if len(missing) > MAX_EVENT_FETCHES:
             fetched = await self._fetch_by_state(origin, room_version, room_id, prev_id, set(missing))
         else:
