@@ -181,6 +181,7 @@ class GapFiller:
             return []
         extremities = await self._store.get_forward_extremities(room_id)
         min_depth = min(extremities.values(), default=0)
+        ours = {e.event_id for e in batch}
         fetched: dict[str, FrozenEvent] = {}
         calls = 0
         while edge and len(fetched) < self._limits.max_events:
@@ -193,7 +194,8 @@ class GapFiller:
             if not new:
                 break
             stored = await self._store.get_events(list(new))
-            new = {i: e for i, e in new.items() if i not in fetched and (i not in stored or stored[i].outlier)}
+            new = {i: e for i, e in new.items()
+                   if i not in fetched and i not in ours and (i not in stored or stored[i].outlier)}
             if not new:
                 break
             fetched.update(new)
