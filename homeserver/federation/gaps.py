@@ -11,7 +11,8 @@ the origin's ``/state_ids``, fetches the events it names that we lack with ``/ev
 (verified, stored as outliers) and resolves the prev events' states, so the event
 is placed in the room with the state it was sent on; the history in between stays
 a hole that ``/backfill`` fills when a client pages back. Every remote request of
-gap filling spends one unit of the origin's ``rc_missing_events`` budget.
+gap filling spends one unit of the origin's ``rc_missing_events`` budget; when it
+is spent the transaction is answered 429, to be sent again later.
 
 The ordering helpers at the top are pure; the filler does the I/O and knows
 nothing of transactions (the caller checks auth and persists).
@@ -41,6 +42,7 @@ from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.ratelimit import Ratelimiter
 from storage.kernel.concurrency import map_concurrently
+from storage.kernel.errors import MatrixError
 from storage.stores.events import EventsStore, StateKey
 
 logger = logging.getLogger(__name__)
@@ -149,12 +151,17 @@ class GapFiller:
             entry = self._locks[room_id] = (DeferredLock(), [0])
         return _RoomGapLock(self._locks, room_id, entry)
 
-    def _spend(self, origin: str, what: str, room_id: str) -> bool:
-        """One remote request of gap filling for ``origin``, if its budget allows."""
-        if self._limiter.check(origin, self._clock()).allowed:
-            return True
-        logger.warning("[%s] %s from %s skipped: rc_missing_events budget spent", room_id, what, origin)
-        return False
+    def _spend(self, origin: str, what: str, room_id: str) -> None:
+        """One remote request of gap filling for ``origin``. When its budget is spent, the whole
+        transaction is answered ``429 M_LIMIT_EXCEEDED``: the origin sends it again later (as
+        Synapse's and our sender do), so a PDU is slowed down, never refused for it."""
+        result = self._limiter.check(origin, self._clock())
+        if result.allowed:
+            return
+        logger.warning("[%s] %s from %s deferred: rc_missing_events budget spent", room_id, what, origin)
+        raise MatrixError(429, "M_LIMIT_EXCEEDED",
+                          f"too many missing-event fetches for {origin}; send this transaction again later",
+                          retry_after_ms=max(1, int(result.retry_after * 1000)))
 
     async def timeline_ids(self, event_ids: Collection[str]) -> set[str]:
         """Those of ``event_ids`` that are in the room's graph here (not outliers, not unknown)."""
@@ -171,8 +178,8 @@ class GapFiller:
         Each call names our forward extremities as ``earliest_events`` and, as
         ``latest_events``, the events (of the batch or fetched so far) whose prev events
         are still unknown, so one walk serves every orphan of the batch. Stops when every
-        prev event is known, after ``max_events``, when a call fails or brings nothing new,
-        or when the origin's budget is spent. Nothing is stored: the caller checks and
+        prev event is known, after ``max_events``, or when a call fails or brings nothing new;
+        raises ``MatrixError`` 429 when the origin's budget is spent. Nothing is stored: the caller checks and
         persists the events in the order given.
         """
         known = await self.timeline_ids({p for e in batch for p in e.prev_event_ids})
@@ -185,8 +192,7 @@ class GapFiller:
         fetched: dict[str, FrozenEvent] = {}
         calls = 0
         while edge and len(fetched) < self._limits.max_events:
-            if not self._spend(origin, "get_missing_events", room_id):
-                break
+            self._spend(origin, "get_missing_events", room_id)
             calls += 1
             limit = min(self._limits.per_call, self._limits.max_events - len(fetched))
             new = await self._missing_events_call(origin, room_version, room_id, sorted(extremities),
@@ -233,7 +239,7 @@ class GapFiller:
         the state after each known prev event from our state groups, after each unknown one from
         ``origin``'s ``/state_ids`` (the events it names stored as outliers), resolved together.
 
-        Raises ``GapFillError`` (or ``MissingEventsError`` when the budget is spent)."""
+        Raises ``GapFillError``, or ``MatrixError`` 429 when the origin's budget is spent."""
         prevs = list(dict.fromkeys(event.prev_event_ids))
         groups = await self._store.get_state_groups_after(prevs)
         unknown = [p for p in prevs if p not in groups]
@@ -244,8 +250,7 @@ class GapFiller:
             await self._store.get_state_for_group(g) for g in sorted(set(groups.values()))
         ]
         for prev in unknown:
-            if not self._spend(origin, "state_ids", event.room_id):
-                raise MissingEventsError(frozenset(unknown), "the origin's budget for fetching missing events is spent")
+            self._spend(origin, "state_ids", event.room_id)
             state_sets.append(await self._state_after(origin, room_version, event.room_id, prev))
         self._metrics.gaps_filled.labels(method="state_ids").inc()
         if len(state_sets) == 1:

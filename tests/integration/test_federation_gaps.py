@@ -311,7 +311,8 @@ async def test_the_walk_and_the_origins_budget_are_bounded(postgres_template: st
     """With ``missing_events_max: 20`` and a budget of three requests, a 60-event gap takes two
     get_missing_events calls (20 events) and one /state_ids at the oldest fetched event's prev
     event: the PDU and the 20 events before it are placed, the older 39 are left to backfill.
-    The next gap finds the budget spent: its PDU gets an error and nothing is fetched or stored."""
+    The next gap finds the budget spent: the transaction is answered 429 and nothing is fetched
+    or stored."""
     limits = {"missing_events_max": 20, "rc_missing_events": {"per_second": 0.001, "burst_count": 3}}
     with running_tributary(postgres_template, tmp_path_factory.mktemp("bounded"), log_level="INFO",
                            federation_limits=limits) as tributary:
@@ -339,8 +340,11 @@ async def _bounded(tributary: Tributary, make_peer: list[FederationPeer]) -> Non
 
     more, _, _ = await _chain(peer, server, tributary, room_id, ids[-1], 3, remote)
     peer.serve_history(server, more, state_ids={i: at_on for i in _ids(peer, more)})
-    answer = await peer.send_transaction(server, tributary.server_name, "over-budget", [more[-1]])
-    assert "budget" in answer["pdus"][_ids(peer, more)[-1]]["error"]
+    with pytest.raises(HttpResponseError) as refused:
+        await peer.send_transaction(server, tributary.server_name, "over-budget", [more[-1]])
+    # The whole transaction is put off (429), so its sender sends it again later: slowed, not lost.
+    assert (refused.value.code, refused.value.json["errcode"]) == (429, "M_LIMIT_EXCEEDED"), refused.value.json
+    assert refused.value.json["retry_after_ms"] > 0
     counts = peer.request_counts(server)
     assert (counts["get_missing_events"], counts["state_ids"]) == (2, 1)
     assert await _client_event(tributary, token, room_id, _ids(peer, more)[-1]) == 404
