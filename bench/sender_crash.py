@@ -7,7 +7,7 @@ sender worker is SIGKILLed ``--kill-at`` (1.5) seconds into the fan-out and star
 ``--down`` (1) seconds later. Prints, per run: how many of the messages Bob's /sync on the
 destination shows (and whether in order, each once), the same for /messages back-paginated, how
 long after the restart /sync had them all, the PDUs the destination refused (as the sender stored
-them) and the get_missing_events requests it made to the source.
+them) and the get_missing_events and /state_ids requests it made to the source (0: no gap to fill).
 
 Needs PostgreSQL on 127.0.0.1:5432 and Redis on 6379, as the tests do. Run by hand:
 
@@ -28,23 +28,12 @@ import psycopg2
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.twisted_plugin import run_sync  # noqa: E402  (installs the reactor first)
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
 from tests.conftest import REDIS_URL  # noqa: E402
 from tests.integration.test_sender_crash import (  # noqa: E402
     Kill, Layout, fan_out_with_kills, started_layout,
 )
 
 _ = run_sync  # imported for its side effect
-
-
-def missing_events_served(layout: Layout) -> float:
-    """get_missing_events requests the source's main process has answered."""
-    status, body = layout.main.get("/metrics", port=layout.main.metrics_port)
-    assert status == 200
-    return sum(sample.value for family in text_string_to_metric_families(body.decode()) for sample in family.samples
-               if sample.name == "tributary_http_requests_total"
-               and sample.labels.get("servlet") == "federation_get_missing_events")
 
 
 def refused(layout: Layout) -> int:
@@ -72,7 +61,7 @@ def main() -> None:
             # Empty databases, migrated by the processes as they start.
             print(f"layout and destination ({kind}) up in {time.monotonic() - started:.1f}s", flush=True)
             for run in range(args.runs):
-                refused_before, fetched_before = refused(layout), missing_events_served(layout)
+                refused_before = refused(layout)
                 kill = Kill("sender", args.down, after_seconds=args.kill_at)
                 outcome = fan_out_with_kills(layout, args.messages, [kill], f"bench{run}", args.converge)
                 wanted = set(outcome.sent)
@@ -86,7 +75,7 @@ def main() -> None:
                     f"fan-out {outcome.fan_out_seconds:.1f}s, sender killed after {outcome.killed_after} messages, "
                     f"all in /sync {took} after the restart; "
                     f"refused PDUs {refused(layout) - refused_before}, "
-                    f"get_missing_events served {missing_events_served(layout) - fetched_before:.0f}",
+                    f"get_missing_events and /state_ids served {outcome.gap_fetches:.0f}",
                     flush=True,
                 )
 
