@@ -56,7 +56,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sender-crash-") as tmp:
         started = time.monotonic()
-        with started_layout(Path(tmp), None, REDIS_URL, synapse_python=args.synapse) as layout:
+        synapse = args.synapse.absolute() if args.synapse else None  # a venv python: never resolve its symlink
+        with started_layout(Path(tmp), None, REDIS_URL, synapse_python=synapse) as layout:
             kind = "Synapse" if args.synapse else "Tributary"
             # Empty databases, migrated by the processes as they start.
             print(f"layout and destination ({kind}) up in {time.monotonic() - started:.1f}s", flush=True)

@@ -100,11 +100,6 @@ class Layout:
     def sender(self) -> TributaryProcess:
         return self.workers["fs1"]
 
-    def stop(self) -> None:
-        for process in (self.destination, *reversed(self.workers.values()), self.main):
-            if process.process is not None:
-                process.stop()
-
 
 @contextmanager
 def started_layout(tmp_path: Path, postgres_template: str | None, redis_url: str, *,
@@ -115,18 +110,24 @@ def started_layout(tmp_path: Path, postgres_template: str | None, redis_url: str
         source_dsn = stack.enter_context(scratch_database(postgres_template))
         main, workers, generic_port = configure_workers(
             tmp_path / "source", source_dsn, redis_url, extra={"federation_sender": sender or SENDER})
-        destination: Destination
-        destination_dsn: str | None = None
-        if synapse_python is None:
-            destination_dsn = stack.enter_context(scratch_database(postgres_template))
-            destination = TributaryProcess.configure_federating(tmp_path / "destination", database_url=destination_dsn)
-        else:
-            (tmp_path / "destination").mkdir(parents=True, exist_ok=True)
-            destination = SynapseProcess.configure(synapse_python, tmp_path / "destination")
-        layout = Layout(main, workers, destination, source_dsn, destination_dsn, Http(0), Http(0))
+        started: list[TributaryProcess | Destination] = []
         try:
-            for process in (main, *workers.values(), destination):
+            for process in (main, *workers.values()):
+                started.append(process)
                 process.start()
+            # Configured once the source listens, so that no port it chose is chosen again.
+            destination: Destination
+            destination_dsn: str | None = None
+            if synapse_python is None:
+                destination_dsn = stack.enter_context(scratch_database(postgres_template))
+                destination = TributaryProcess.configure_federating(tmp_path / "destination",
+                                                                    database_url=destination_dsn)
+            else:
+                (tmp_path / "destination").mkdir(parents=True, exist_ok=True)
+                destination = SynapseProcess.configure(synapse_python, tmp_path / "destination")
+            started.append(destination)
+            destination.start()
+            layout = Layout(main, workers, destination, source_dsn, destination_dsn, Http(0), Http(0))
             # Registration is the main process's; everything else Alice does goes to the generic worker.
             layout.alice = Http(generic_port, register(main.client_port, "alice")[1])
             bob = MatrixUser(f"http://127.0.0.1:{destination.client_port}")
@@ -134,7 +135,9 @@ def started_layout(tmp_path: Path, postgres_template: str | None, redis_url: str
             layout.bob = Http(destination.client_port, bob.access_token)
             yield layout
         finally:
-            layout.stop()
+            for process in reversed(started):
+                if process.process is not None:
+                    process.stop()
 
 
 @attrs.frozen
