@@ -53,8 +53,11 @@ def main() -> None:
     parser.add_argument("--converge", type=float, default=120.0, help="seconds to wait for the destination")
     parser.add_argument("--synapse", type=Path, default=None, metavar="PYTHON",
                         help="Synapse as the destination: the python of a venv with matrix-synapse")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="run in DIR and keep every process's log there (default: a temporary directory)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="sender-crash-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sender-crash-") as scratch:
+        tmp = str(args.keep.absolute()) if args.keep else scratch
         started = time.monotonic()
         synapse = args.synapse.absolute() if args.synapse else None  # a venv python: never resolve its symlink
         with started_layout(Path(tmp), None, REDIS_URL, synapse_python=synapse) as layout:
@@ -69,6 +72,7 @@ def main() -> None:
                 took = "never" if outcome.converged_seconds is None else f"{outcome.converged_seconds:.1f}s"
                 print(
                     f"run {run}: {len(wanted & set(outcome.synced))}/{len(outcome.sent)} in /sync "
+                    f"({outcome.live_limited} answers limited) "
                     f"({'in order, once' if outcome.synced == outcome.sent else 'NOT in order once'}), "
                     f"{len(wanted & set(outcome.synced_since))}/{len(outcome.sent)} in one /sync since before, "
                     f"{len(wanted & set(outcome.paginated))}/{len(outcome.sent)} by /messages "

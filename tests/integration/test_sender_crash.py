@@ -181,10 +181,12 @@ class Outcome:
     fan_out_seconds: float
     killed_after: list[int] = attrs.Factory(list)  # messages sent when each kill happened
     gap_fetches: float = 0.0  # get_missing_events and /state_ids requests the source answered meanwhile
+    live_limited: int = 0  # live /sync answers whose timeline for the room was cut
 
     @property
     def complete(self) -> bool:
-        return self.synced == self.synced_since == self.paginated == self.sent and not self.limited
+        return (self.synced == self.synced_since == self.paginated == self.sent and not self.limited
+                and not self.live_limited)
 
 
 class RoomFollower(threading.Thread):
@@ -194,6 +196,7 @@ class RoomFollower(threading.Thread):
         super().__init__(daemon=True)
         self.bob, self.room_id, self.since = bob, room_id, since
         self.seen: list[str] = []
+        self.limited = 0  # syncs whose timeline the server cut (the client would back-paginate)
         self.stop_flag = threading.Event()
 
     def run(self) -> None:
@@ -203,6 +206,7 @@ class RoomFollower(threading.Thread):
                 time.sleep(0.1)
                 continue
             room = answer.get("rooms", {}).get("join", {}).get(self.room_id, {})
+            self.limited += bool(room.get("timeline", {}).get("limited"))
             self.seen.extend(e["event_id"] for e in room.get("timeline", {}).get("events", [])
                              if e.get("type") == "m.room.message")
             self.since = answer["next_batch"]
@@ -299,7 +303,7 @@ def fan_out_with_kills(layout: Layout, messages: int, kills: list[Kill], label: 
     timeline = once.get("rooms", {}).get("join", {}).get(room_id, {}).get("timeline", {})
     synced_since = [e["event_id"] for e in timeline.get("events", []) if e["type"] == "m.room.message"]
     return Outcome(sent, follower.seen, synced_since, paginate(bob, room_id), bool(timeline.get("limited")),
-                   converged, fan_out_seconds, killed_after, gap_fetches(layout) - fetches_before)
+                   converged, fan_out_seconds, killed_after, gap_fetches(layout) - fetches_before, follower.limited)
 
 
 def diagnosis(layout: Layout, outcome: Outcome) -> str:
