@@ -38,7 +38,7 @@ from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.routing.writers import InviteWriter
 from storage.kernel.errors import bad_json, not_found
-from homeserver.http.server import Routes, parse_json_body, parse_json_object
+from homeserver.http.server import FEDERATION_JSON, Routes, parse_json_body, parse_json_object
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
 
@@ -162,7 +162,7 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
 
     async def key_query(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         fed.check_key_query_rate(request)
-        return 200, await fed.notary.query_body(parse_json_object(request))
+        return 200, await fed.notary.query_body(parse_json_object(request, FEDERATION_JSON))
 
     async def key_query_server(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         fed.check_key_query_rate(request)
@@ -177,7 +177,7 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
 
     def authed(method: str, pattern: str, handler: Authed, servlet: str, *, has_body: bool = False) -> None:
         async def wrapped(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-            content = parse_json_body(request) if has_body else None
+            content = parse_json_body(request, FEDERATION_JSON) if has_body else None
             origin = await authenticate_request(
                 request.requestHeaders.getRawHeaders(b"Authorization"),
                 method, request.uri.decode("ascii", "replace"), fed.server_name, content,

@@ -28,6 +28,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from storage.kernel.errors import MatrixError, bad_json, unrecognized
+from storage.kernel.json_input import JsonRules, decode_json
 from homeserver.http.metrics import HttpMetrics, method_label
 from storage.kernel.logcontext import log_context, set_log_context
 
@@ -78,49 +79,28 @@ class TributaryRequest(Request):
             super().handleContentChunk(data)  # type: ignore[no-untyped-call]
 
 
-def parse_json_body(request: Request) -> Any:
-    """The request body as JSON; 413 M_TOO_LARGE, 400 M_NOT_JSON as the spec says."""
+CLIENT_JSON: Final = JsonRules(max_bytes=DEFAULT_MAX_BODY_BYTES, max_depth=MAX_JSON_DEPTH)
+"""Client-server bodies: floats allowed where the spec has them, integers as Python parses them."""
+FEDERATION_JSON: Final = JsonRules(max_bytes=DEFAULT_MAX_BODY_BYTES, max_depth=MAX_JSON_DEPTH, canonical=True)
+"""Server-server bodies: signed as canonical JSON, so unique keys and integers in its range."""
+
+
+def parse_json_body(request: Request, rules: JsonRules = CLIENT_JSON) -> Any:
+    """The request body as JSON by ``rules`` (storage/kernel/json_input.py); 413 M_TOO_LARGE past the
+    listener's body limit, 400 M_NOT_JSON / M_BAD_JSON as the decoder says."""
     if getattr(request, "body_too_large", False):
         raise MatrixError(413, "M_TOO_LARGE", "Request body is too large")
     assert request.content is not None
     raw = request.content.read()
-    if not raw:
-        raise MatrixError(400, "M_NOT_JSON", "Request body is empty; expected JSON")
-    try:
-        text = raw.decode("utf-8")
-        value = json.loads(text, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise MatrixError(400, "M_NOT_JSON", "Request body is not valid UTF-8 JSON") from None
-    if _depth(value) > MAX_JSON_DEPTH:
-        raise MatrixError(400, "M_NOT_JSON", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-    return value
+    # The listener already bounded the body (its own limit, maybe above the default).
+    return decode_json(raw, attrs.evolve(rules, max_bytes=max(rules.max_bytes, len(raw))))
 
 
-def parse_json_object(request: Request) -> JsonDict:
-    value = parse_json_body(request)
+def parse_json_object(request: Request, rules: JsonRules = CLIENT_JSON) -> JsonDict:
+    value = parse_json_body(request, rules)
     if not isinstance(value, dict):
         raise bad_json("Request body must be a JSON object")
     return value
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _depth(value: Any, limit: int = MAX_JSON_DEPTH + 1) -> int:
-    depth = 0
-    stack = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if level > depth:
-            depth = level
-            if depth >= limit:
-                return depth
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
-    return depth
 
 
 def encode_json(value: Any) -> bytes:

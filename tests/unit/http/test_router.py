@@ -105,6 +105,8 @@ async def test_matrix_errors_and_bugs_become_error_json(server: Server) -> None:
         (b"\xff\xfe{}", 400, "M_NOT_JSON"),
         (b"NaN", 400, "M_NOT_JSON"),
         (b"[1, 2]", 400, "M_BAD_JSON"),
+        (b'{"a": 1e400}', 400, "M_BAD_JSON"),
+        (b'{"a": "\\ud800"}', 400, "M_BAD_JSON"),
         (b"[" * 200 + b"]" * 200, 400, "M_NOT_JSON"),
         (b'{"a": "' + b"x" * 2000 + b'"}', 413, "M_TOO_LARGE"),
     ],
