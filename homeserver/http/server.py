@@ -27,8 +27,9 @@ from twisted.internet.defer import Deferred
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from storage.kernel.errors import MatrixError, bad_json, unrecognized
+from storage.kernel.errors import MatrixError, bad_json, invalid_param, unrecognized
 from storage.kernel.json_input import JsonRules, decode_json
+from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_server_name, is_valid_user_id
 from homeserver.http.metrics import HttpMetrics, method_label
 from storage.kernel.logcontext import log_context, set_log_context
 
@@ -101,6 +102,26 @@ def parse_json_object(request: Request, rules: JsonRules = CLIENT_JSON) -> JsonD
     if not isinstance(value, dict):
         raise bad_json("Request body must be a JSON object")
     return value
+
+
+ID_PARAMS: Final[Mapping[str, tuple[Callable[[object], bool], str]]] = {
+    "room_id": (is_valid_room_id, "room ID"),
+    "user_id": (is_valid_user_id, "user ID"),
+    "event_id": (is_valid_event_id, "event ID"),
+    "server": (is_valid_server_name, "server name"),
+}
+"""Path parameters named after an identifier, checked by its grammar (homeserver/events/identifiers.py)."""
+
+
+def check_path_params(params: Mapping[str, str]) -> None:
+    """400 ``M_INVALID_PARAM`` for a path parameter with a NUL, or an identifier parameter that
+    breaks its grammar; run before any handler, so none of them reaches a lookup or a query."""
+    for name, value in params.items():
+        check = ID_PARAMS.get(name)
+        if check is not None and not check[0](value):
+            raise invalid_param(f"{name}: {value[:100]!r} is not a valid {check[1]}")
+        if "\x00" in value:
+            raise invalid_param(f"{name}: path parameters may not contain NUL")
 
 
 def encode_json(value: Any) -> bytes:
@@ -202,6 +223,7 @@ class JsonRouter(Resource):
                 params = {k: unquote(v, errors="strict") for k, v in match.groupdict().items() if v is not None}
             except UnicodeDecodeError:
                 raise MatrixError(400, "M_INVALID_PARAM", "Path parameters must be percent-encoded UTF-8") from None
+            check_path_params(params)
             set_log_context(servlet=route.servlet)
             gauge = self._metrics.in_flight.labels(servlet=route.servlet)
             gauge.inc()
