@@ -59,3 +59,7 @@ MAX_PDU_SIZE: Final = 65536
 MAX_ID_BYTES: Final = 255
 MAX_DEPTH: Final = 2**53 - 1
 MAX_PREV_EVENTS: Final = 10
+# Caps on a received PDU's edges, the same for every room version we know. The spec's PDU
+# format sets no number; these are Synapse's (event_auth's "too many prev_events/auth_events").
+MAX_RECEIVED_PREV_EVENTS: Final = 20
+MAX_RECEIVED_AUTH_EVENTS: Final = 10

@@ -242,6 +242,18 @@ def validate_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> None:
         raise InvalidEvent("PDU key 'redacts' must be a string")
 
 
+def check_edge_caps(pdu: Mapping[str, object]) -> None:
+    """Raise ``InvalidEvent`` when a received PDU cites more prev or auth events than any room
+    version allows (``MAX_RECEIVED_PREV_EVENTS``, ``MAX_RECEIVED_AUTH_EVENTS``).
+
+    Events we load back from our own database skip this (``trusted_event_id``): they passed it,
+    or were made here, when they arrived."""
+    for key, cap in (("prev_events", C.MAX_RECEIVED_PREV_EVENTS), ("auth_events", C.MAX_RECEIVED_AUTH_EVENTS)):
+        edges = pdu.get(key)
+        if isinstance(edges, (list, tuple)) and len(edges) > cap:
+            raise InvalidEvent(f"PDU has {len(edges)} {key}; at most {cap} are allowed")
+
+
 def make_event(
     room_version: RoomVersion,
     pdu: Mapping[str, object],
@@ -257,6 +269,8 @@ def make_event(
     if not isinstance(pdu, Mapping):
         raise InvalidEvent(f"a PDU must be a JSON object, got {type(pdu).__name__}")
     validate_pdu(room_version, pdu)
+    if trusted_event_id is None:
+        check_edge_caps(pdu)
     size = len(encode_canonical(thaw(pdu)))
     if size > C.MAX_PDU_SIZE:
         raise EventTooLarge(f"event is {size} bytes of canonical JSON; the limit is {C.MAX_PDU_SIZE}")
