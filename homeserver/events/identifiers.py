@@ -135,6 +135,14 @@ def is_valid_room_alias(alias: object) -> bool:
     return isinstance(alias, str) and _is_id_text(alias, "#") and ":" in alias and _domain_ok(alias)
 
 
+_KEY_ID: Final = re.compile(r"[A-Za-z0-9_]{1,64}:[A-Za-z0-9_]{1,128}")
+
+
+def is_valid_key_id(key_id: object) -> bool:
+    """True for a signing key ID, ``algorithm:identifier`` with identifiers of ``[a-zA-Z0-9_]``."""
+    return isinstance(key_id, str) and _KEY_ID.fullmatch(key_id) is not None
+
+
 def is_safe_text(value: str) -> bool:
     """No NUL, control character or lone surrogate: text PostgreSQL and logs can take as it is."""
     return _FORBIDDEN.search(value) is None

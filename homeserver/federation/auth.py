@@ -21,7 +21,7 @@ from signedjson.types import SigningKey, VerifyKey
 from unpaddedbase64 import decode_base64, encode_base64
 
 from homeserver.events.canonical import encode_canonical
-from homeserver.events.identifiers import is_valid_server_name
+from homeserver.events.identifiers import is_valid_key_id, is_valid_server_name
 from storage.kernel.errors import MatrixError
 
 logger = logging.getLogger(__name__)
@@ -30,9 +30,6 @@ MAX_HEADER_BYTES = 4096
 
 # Values are quoted strings or bare tokens; commas separate parameters.
 _PARAM_RE = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*("(?:[^"\\]|\\.)*"|[^,\s]*)\s*(?:,|$)')
-
-
-_KEY_ID_RE = re.compile(r"[A-Za-z0-9_]{1,64}:[A-Za-z0-9_]{1,128}")
 
 
 class XMatrixError(Exception):
@@ -92,7 +89,7 @@ def parse_x_matrix(header: str) -> XMatrixAuth:
     for name in ("origin", "destination"):
         if name in params and not is_valid_server_name(params[name]):
             raise XMatrixError(f"X-Matrix {name} {params[name][:100]!r} is not a valid server name")
-    if _KEY_ID_RE.fullmatch(params["key"]) is None:
+    if not is_valid_key_id(params["key"]):
         raise XMatrixError(f"X-Matrix key {params['key'][:100]!r} is not a key ID (algorithm:identifier)")
     return XMatrixAuth(params["origin"], params.get("destination"), params["key"], params["sig"])
 

@@ -27,6 +27,7 @@ from twisted.internet.defer import Deferred, FirstError, gatherResults
 
 from homeserver.events import FrozenEvent, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
+from homeserver.events.identifiers import is_valid_room_id
 from homeserver.federation.acl import ServerAcls
 from homeserver.federation.client import FederationClient, FederationClientError
 from homeserver.federation.edus import EduRejected
@@ -164,8 +165,8 @@ class TransactionHandler:
         return {"pdus": results}
 
     async def _handle_pdu(self, origin: str, pdu: object) -> tuple[str | None, str | None]:
-        if not isinstance(pdu, dict) or not isinstance(pdu.get("room_id"), str):
-            return None, None  # unidentifiable: nothing to report it under
+        if not isinstance(pdu, dict) or not is_valid_room_id(pdu.get("room_id")):
+            return None, None  # unidentifiable (or a room ID no lookup should see): nothing to report it under
         room_id = pdu["room_id"]
         identifier = await self._store.get_room_version(room_id)
         if identifier is None:
