@@ -127,24 +127,6 @@ def missing_events_body(body: Any, check_event_id: Check) -> dict[str, Any]:
     }
 
 
-def transaction_body(body: Any) -> dict[str, Any]:
-    """``PUT /send/{txnId}``: ``pdus`` and ``edus`` lists (absent means empty), each entry an object,
-    ``origin`` a string and ``origin_server_ts`` an integer when present."""
-    obj = body_object(body, "a transaction")
-    for key in ("pdus", "edus"):
-        entries = obj.get(key, [])
-        if not isinstance(entries, list):
-            raise bad_json(f"'{key}' must be a list, got {type(entries).__name__}")
-        for entry in entries:
-            if not isinstance(entry, dict):
-                raise bad_json(f"'{key}' must hold objects, got {type(entry).__name__}")
-    if "origin" in obj and not isinstance(obj["origin"], str):
-        raise bad_json("'origin' must be a string")
-    if "origin_server_ts" in obj:
-        body_int(obj, "origin_server_ts", default=0)
-    return obj
-
-
 def invite_body(body: Any) -> dict[str, Any]:
     """``PUT /v2/invite``: an ``event`` object, a ``room_version`` string, ``invite_room_state``
     (when present) a list of objects."""

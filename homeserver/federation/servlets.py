@@ -48,7 +48,6 @@ from homeserver.federation.requests import (
     query_one,
     query_required,
     query_values,
-    transaction_body,
 )
 from storage.kernel.errors import invalid_param, missing_param, not_found
 from homeserver.http.server import FEDERATION_JSON, Routes, parse_json_body, parse_json_object
@@ -209,7 +208,8 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
         return query_values(request.args or {}, "ver", max_length=MAX_VERSION_LENGTH)
 
     async def send(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.transactions.on_send(origin, p["txn_id"], transaction_body(body))
+        # The transaction handler checks 'pdus' and 'edus' (and counts what it refuses).
+        return 200, await fed.transactions.on_send(origin, p["txn_id"], body_object(body, "a transaction"))
 
     async def make_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
