@@ -16,7 +16,7 @@ import http.client
 import json
 import ssl
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote as _quote
 
@@ -30,14 +30,11 @@ from homeserver.events import EventTemplate, build_pdu, select_auth_event_ids
 from homeserver.events.hashing import compute_event_id
 from homeserver.events.signing import add_hashes_and_signature
 from homeserver.federation.auth import sign_request
-from tests.conftest import scratch_database
 from tests.federation_peer import FederationPeer
-from tests.harness import TributaryProcess, free_port
-from tests.integration.test_client_support import Client
-from tests.integration.test_federation_peer import FED, Tributary, make_peer, started_peer
+from tests.integration.test_federation_peer import Tributary, make_peer, started_peer, tributary
 from tests.twisted_plugin import reactor
 
-__all__ = ["make_peer"]
+__all__ = ["make_peer", "tributary"]
 
 FED_V1 = "/_matrix/federation/v1"
 # Tables whose row counts must not change when a request is refused.
@@ -153,22 +150,12 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(postgres_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One real ``tributary run`` with a TLS federation listener (loopback whitelisted), and its DSN."""
-    tmp_path = tmp_path_factory.mktemp("tributary")
-    fed_port = free_port()
-    server_name = f"127.0.0.1:{fed_port}"
-    with scratch_database(postgres_template) as dsn:
-        proc = TributaryProcess.configure(tmp_path, database_url=dsn, server_name=server_name,
-                                          extra={"federation": FED, "log_level": "WARNING"})
-        config = yaml.safe_load(proc.config_path.read_text())
-        config["listeners"].append({"type": "http", "port": fed_port, "tls": True, "resources": ["federation", "keys"]})
-        proc.config_path.write_text(yaml.safe_dump(config))
-        proc.start()
-        try:
-            yield Server(Tributary(proc, server_name, Client(proc.base_url)), dsn, RawFederation(fed_port, server_name))
-        finally:
-            assert proc.stop() == 0, proc.output[-5000:]
+def server(tributary: Tributary) -> Server:
+    """test_federation_peer's real ``tributary run`` (a TLS federation listener, loopback
+    whitelisted), with its database DSN and a raw client for its federation port."""
+    config = yaml.safe_load(tributary.process.config_path.read_text())
+    port = int(tributary.server_name.rsplit(":", 1)[1])
+    return Server(tributary, str(config["database"]["url"]), RawFederation(port, tributary.server_name))
 
 
 async def joined_room(server: Server, peer: FederationPeer, peer_server: str, user: str) -> tuple[str, str]:

@@ -18,7 +18,6 @@ import os
 import re
 from collections.abc import Iterator
 from typing import Any, Final, cast
-from urllib.parse import quote as _quote
 
 import attrs
 import pytest
@@ -31,13 +30,15 @@ from tests.integration.test_federation_input import (
     RawAnswer,
     Server,
     joined_room,
+    quote,
     row_counts,
     server,
+    tributary,
     x_matrix,
 )
 from tests.twisted_plugin import reactor, run_sync
 
-__all__ = ["server"]
+__all__ = ["server", "tributary"]
 
 EXAMPLES: Final = int(os.environ.get("TRIBUTARY_SWEEP_EXAMPLES", "20"))
 F1 = "/_matrix/federation/v1"
@@ -99,10 +100,6 @@ RAW_FRAGMENTS: Final = {"__INF__": "1e400", "__NAN__": "NaN", "__SURROGATE__": '
 BROKEN_BODIES: Final = [b"", b"not json", b"\xff\xfe", b"[]", b"null", b"123", b'"s"', b'{"a":', b"{" * 3000,
                         b"[" * 150 + b"]" * 150, b'{"a": 1, "a": 2}', b'{"a": ' + b"1" * 5000 + b"}",
                         b" " * 200_000]
-
-
-def quote(value: str) -> str:
-    return _quote(value, safe="")
 
 
 @attrs.frozen
