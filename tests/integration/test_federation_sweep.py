@@ -242,3 +242,11 @@ def test_endpoints_cover_every_federation_route() -> None:
     filled = [(m, re.sub(r"\{(\w+)\}", "x", t)) for m, t in ENDPOINTS]
     for method, pattern in patterns:
         assert any(m == method and pattern.fullmatch(path) for m, path in filled), (method, pattern.pattern)
+
+
+def test_the_server_logged_no_error(sweep: Fixture) -> None:
+    """Runs after the sweep (file order): no request made the server log an ERROR or a traceback,
+    which is how a bug caught broadly (an EDU handler's, a background task's) would show."""
+    log = sweep.server.tributary.process.log_path.read_text(encoding="utf-8", errors="replace")
+    bad = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
+    assert not bad, "\n".join(bad[:20])
