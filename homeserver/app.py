@@ -46,6 +46,7 @@ from federation_sender.sender import FederationSender
 from homeserver import __version__
 from homeserver.config import MAIN_INSTANCE, ConfigError, HomeserverConfig, ListenerConfig
 from homeserver.events import FrozenEvent
+from homeserver.federation.acl import ServerAcls
 from homeserver.federation.devices import FederationDeviceHandler
 from homeserver.federation.edus import register_edu_handlers
 from homeserver.federation.metrics import FederationMetrics
@@ -423,7 +424,7 @@ class HomeServer:
             persister = EventPersister(**persister_options)
             room_events = RoomEventCreator(persister=persister, **creator_options)
 
-        outbound = self._build_outbound(db, generators, events_store, internal_client, client)
+        outbound = self._build_outbound(db, generators, events_store, loader, internal_client, client)
         remote_invites = RemoteInvites(store=RemoteInviteStore(db), stream=generators[StreamName.EVENTS])
         # Federation records invites before the other writers exist: chosen the same way.
         invite_writer = choose_invite_writer(remote_invites, layout, internal_client)
@@ -475,13 +476,20 @@ class HomeServer:
                         sync_tracker=SyncTracker(reactor, report_user_sync))
 
     def _build_outbound(self, db: Database, generators: Mapping[StreamName, StreamIdGenerator],
-                        store: EventsStore, internal_client: InternalApiClient | None,
+                        store: EventsStore, loader: EventLoader, internal_client: InternalApiClient | None,
                         client: Any) -> Outbound:
         """Outbound federation: a sender here (the main process with ``send_federation``, or a
         federation sender worker, each for the destinations it owns), or a sink that hands EDUs
         to the processes that send (routing/federation.py)."""
         config, layout = self.config, self.layout
         sends = config.send_federation if layout.is_main else self.role.sends_federation
+        acls = ServerAcls(store=store, loader=loader)
+
+        async def room_servers(room_id: str) -> set[str]:
+            """Where a room's EDUs and forwarded events go: the servers joined to it that its
+            server ACL allows (a local event's destinations are chosen the same way at persist)."""
+            return await acls.allowed_servers(room_id, await store.get_joined_servers(room_id))
+
         sender: FederationSender | None = None
         sink: EduSink | None = None
         forward: Callable[[FrozenEvent, str], None] | None = None
@@ -495,7 +503,7 @@ class HomeServer:
                 clock=self.reactor,
                 current_position=events.get_current_token,
                 metrics=FederationSenderMetrics.create(self.registry),
-                joined_servers=store.get_joined_servers,
+                joined_servers=room_servers,
                 should_handle=layout.sends_to,
             )
             running = sender
@@ -506,7 +514,7 @@ class HomeServer:
                 sink = sender
         elif layout.writes(StreamName.FEDERATION):
             stream_sink = FederationStreamSink(db, generators[StreamName.FEDERATION], server_name=config.server_name,
-                                               joined_servers=store.get_joined_servers)
+                                               joined_servers=room_servers)
             sink, forward = stream_sink, stream_sink.forward
         elif internal_client is not None:
             if any(layout.writes(s) for s in (StreamName.TYPING, StreamName.RECEIPTS, StreamName.PRESENCE)):
@@ -516,7 +524,7 @@ class HomeServer:
         if sink is not None:
             sender_store = FederationSenderStore(db)
             edus = OutboundEdus(
-                server_name=config.server_name, sink=sink, joined_servers=store.get_joined_servers,
+                server_name=config.server_name, sink=sink, joined_servers=room_servers,
                 sharing_servers=store.get_servers_sharing_rooms, add_to_outbox=sender_store.add_to_outbox,
                 clock_ms=lambda: int(self.reactor.seconds() * 1000),
             )

@@ -458,7 +458,7 @@ def _grouped_rate_limits(cls: type[T]) -> Callable[[str, object], T]:
 @attrs.frozen
 class FederationLimitsConfig:
     """``federation_limits``: how long each step of an outbound request may take, and the bounds
-    on inbound key queries and remote profile/alias lookups (docs/configuration.md)."""
+    on inbound key queries, remote profile/alias lookups and gap filling (docs/configuration.md)."""
 
     dns_timeout: timedelta = timedelta(seconds=10)
     well_known_timeout: timedelta = timedelta(seconds=10)
@@ -473,6 +473,8 @@ class FederationLimitsConfig:
     rc_key_query: RateLimit = RateLimit(1.0, 20)
     query_cache_ttl: timedelta = timedelta(minutes=5)
     query_cache_size: int = 10_000
+    missing_events_max: int = 100
+    rc_missing_events: RateLimit = RateLimit(1.0, 50)
 
 
 def _federation_limits(path: str, raw: object) -> FederationLimitsConfig:

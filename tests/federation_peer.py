@@ -10,9 +10,11 @@ makes it fail the ways a real remote fails (5xx, 401, 429, hang, close, refuse
 connections). As a client it can join a room through ``make_join``/``send_join`` and
 send signed transactions.
 
-It deliberately does not keep room state, check PDU signatures or auth, or answer
-``get_missing_events``/``backfill``/``state_ids`` (those are counted and answered 404):
-it records what a sender delivered, nothing more. It reuses the homeserver's signing,
+It deliberately does not keep room state or check PDU signatures or auth: it records
+what a sender delivered, nothing more. ``get_missing_events``, ``/event``,
+``/state_ids`` and ``/state`` are answered only from a history a test hands a virtual
+server (``serve_history``: events by ID, and the state IDs at some of them); otherwise
+they, like ``backfill``, are counted and answered 404. It reuses the homeserver's signing,
 event building, key response and ``X-Matrix`` code rather than its own.
 """
 
@@ -189,6 +191,11 @@ class VirtualServer:
     profiles: dict[str, dict[str, Any]] = attrs.Factory(dict)
     aliases: dict[str, dict[str, Any]] = attrs.Factory(dict)
     transition: Deferred[None] = attrs.Factory(lambda: succeed(None))
+    # History a test hands the server (``FederationPeer.serve_history``): event ID -> PDU for
+    # /event and get_missing_events, event ID -> {"pdu_ids", "auth_chain_ids"} for /state_ids.
+    history: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    state_ids: dict[str, dict[str, list[str]]] = attrs.Factory(dict)
+    serves_missing_events: bool = False
 
 
 async def _stop_listening(listening: IListeningPort) -> None:
@@ -420,6 +427,18 @@ class FederationPeer:
         """What ``server_name`` answers to ``GET /query/directory?room_alias=alias``."""
         self._server(server_name).aliases[alias] = answer
 
+    def serve_history(self, server_name: str, pdus: Iterable[Mapping[str, Any]], *,
+                      state_ids: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+                      missing_events: bool = True) -> None:
+        """Let ``server_name`` serve ``pdus`` on ``/event`` and (with ``missing_events``) on
+        ``get_missing_events``, and ``state_ids`` (event ID -> its ``/state_ids`` answer)."""
+        server = self._server(server_name)
+        for pdu in pdus:
+            server.history[self._event_id(pdu)] = thaw(pdu)
+        for event_id, answer in (state_ids or {}).items():
+            server.state_ids[event_id] = {k: list(v) for k, v in answer.items()}
+        server.serves_missing_events = missing_events
+
     def held_requests(self, server_name: str) -> int:
         """Requests held open under ``HANG`` whose clients are still connected."""
         return sum(1 for item in self._server(server_name).held if not item.disconnected)
@@ -557,7 +576,44 @@ class FederationPeer:
             content = self._json_body(request)
             origin = await self._authenticate(server, request, content)
             return 200, self._on_invite(server, origin, segments[5], segments[6], content)
+        if kind == "get_missing_events" and method == "POST" and server.serves_missing_events:
+            content = self._json_body(request)
+            await self._authenticate(server, request, content)
+            return 200, self._missing_events(server, content)
+        if kind == "event" and method == "GET" and len(segments) == 6 and segments[5] in server.history:
+            await self._authenticate(server, request, None)
+            return 200, {"origin": server.name, "origin_server_ts": self._now_ms(),
+                         "pdus": [server.history[segments[5]]]}
+        if kind in ("state_ids", "state") and method == "GET":
+            await self._authenticate(server, request, None)
+            event_id = (request.args or {}).get(b"event_id", [b""])[0].decode()
+            answer = server.state_ids.get(event_id)
+            if answer is None:
+                return 404, {"errcode": "M_NOT_FOUND", "error": f"federation peer: no state at {event_id}"}
+            if kind == "state_ids":
+                return 200, answer
+            # /state: the PDUs of its history among them (the rest the asker has, in these tests).
+            return 200, {"pdus": [server.history[i] for i in answer["pdu_ids"] if i in server.history],
+                         "auth_chain": [server.history[i] for i in answer["auth_chain_ids"] if i in server.history]}
         return 404, {"errcode": "M_UNRECOGNIZED", "error": f"the federation peer does not serve {method} {kind}"}
+
+    @staticmethod
+    def _missing_events(server: VirtualServer, content: Any) -> dict[str, Any]:
+        """The spec's walk: back from ``latest_events`` through prev events, not past
+        ``earliest_events``, the ``limit`` nearest events, answered oldest first."""
+        body = content if isinstance(content, dict) else {}
+        latest = [e for e in body.get("latest_events", []) if isinstance(e, str)]
+        seen = {e for e in body.get("earliest_events", []) if isinstance(e, str)} | set(latest)
+        limit = body.get("limit", 10) if isinstance(body.get("limit"), int) else 10
+        frontier = [server.history[e] for e in latest if e in server.history]
+        found: list[dict[str, Any]] = []
+        while frontier and len(found) < limit:
+            prevs = [p for pdu in frontier for p in pdu.get("prev_events", []) if p not in seen]
+            seen.update(prevs)
+            frontier = sorted((server.history[p] for p in set(prevs) if p in server.history),
+                              key=lambda pdu: -int(pdu.get("depth", 0)))
+            found.extend(frontier[:limit - len(found)])
+        return {"events": sorted(found, key=lambda pdu: int(pdu.get("depth", 0)))}
 
     async def _authenticate(self, server: VirtualServer, request: Request, content: Any) -> str:
         return await authenticate_request(

@@ -140,6 +140,14 @@ class ServerAcls:
             return kept or None
         return None
 
+    async def allowed_servers(self, room_id: str, servers: Iterable[str]) -> set[str]:
+        """Those of ``servers`` the room's current ACL lets take part (receive its events and EDUs)."""
+        servers = set(servers)
+        if not servers:
+            return servers
+        content = await self.acl_content(room_id)
+        return servers if content is None else set(self.filter(servers, content))
+
     def filter(self, servers: Iterable[str], content: Mapping[str, Any] | None) -> frozenset[str]:
         """The ``servers`` an ACL with ``content`` lets receive the room's events."""
         return frozenset(s for s in servers if server_allowed(s, content))

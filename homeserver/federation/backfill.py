@@ -25,7 +25,13 @@ from homeserver.events import constants as C
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.federation.client import FederationClient, FederationClientError
 from homeserver.federation.keys import Keyring
-from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.federation.pdus import (
+    by_depth,
+    check_against_auth_events,
+    check_against_state,
+    parse_and_verify,
+    verified_in_room,
+)
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from storage.kernel.concurrency import map_concurrently
@@ -117,15 +123,8 @@ class BackfillHandler:
         raw = response.get("pdus") if isinstance(response, dict) else None
         if not isinstance(raw, list):
             raise BackfillError(f"{server} sent a backfill response without a 'pdus' list")
-        events: dict[str, FrozenEvent] = {}
-        for pdu in raw[:limit]:
-            try:
-                event = await parse_and_verify(self._keyring, room_version, pdu)
-            except EventsError as e:
-                logger.warning("[%s] dropping a backfilled event from %s: %s", room_id, server, e)
-                continue
-            if event.room_id == room_id:
-                events[event.event_id] = event
+        events = await verified_in_room(self._keyring, room_version, room_id, raw[:limit],
+                                        source=f"{server}'s backfill", logger=logger)
         stored = await self._store.get_events(list(events))
         return [e for i, e in events.items() if i not in stored or stored[i].outlier]
 

@@ -1,7 +1,12 @@
 """Serving room history to other servers: /event, /state, /state_ids, backfill, get_missing_events.
 
 A server may read a room's events only while it has a member joined (checked
-against current state); finer history visibility is not applied yet.
+against current state); finer history visibility is not applied yet. Rejected
+events are never served (404 ``M_NOT_FOUND`` on ``/event``, left out of walks),
+as Synapse does; an outlier is served by ``/event`` (the state a join or a gap
+fill brought in is outliers here, and other servers fetch it from us), but
+``/state`` and ``/state_ids`` at an outlier or a rejected event answer 404: we
+hold no state at it.
 """
 
 # tests: tests/integration/test_federation.py
@@ -39,7 +44,8 @@ class HistoryHandler:
                 "pdus": [e.get_pdu_json() for e in pdus]}
 
     async def get_event(self, origin: str, event_id: str) -> dict[str, Any]:
-        event = await self._loader.get_event(event_id)
+        row = (await self._store.get_events([event_id])).get(event_id)
+        event = await self._loader.get_event(event_id) if row is not None and row.rejection_reason is None else None
         if event is None:
             raise not_found(f"Event {event_id} is not known to this server")
         await self._check_in_room(origin, event.room_id)
@@ -47,11 +53,15 @@ class HistoryHandler:
 
     async def _state_at(self, origin: str, room_id: str, event_id: str) -> tuple[set[str], set[str]]:
         await self._check_in_room(origin, room_id)
-        event = await self._loader.get_event(event_id)
-        if event is None or event.room_id != room_id:
+        row = (await self._store.get_events([event_id])).get(event_id)
+        if row is None or row.room_id != room_id:
             raise not_found(f"Event {event_id} is not known in room {room_id}")
-        version = get_room_version(await self._store.get_room_version(room_id) or "10")
-        state = set((await self._loader.state_before_event(version, event)).values())
+        if row.outlier or row.rejection_reason is not None:
+            raise not_found(f"No state is known at {event_id} (an outlier or a rejected event)")
+        group = (await self._store.get_state_groups_before([event_id])).get(event_id)
+        if group is None:
+            raise not_found(f"No state is known at {event_id}")
+        state = set((await self._store.get_state_for_group(group)).values())
         chain = await self._store.get_auth_chain_ids(state)
         return state, chain
 
@@ -80,14 +90,21 @@ class HistoryHandler:
             seen.update(next_ids)
             loaded = await self._loader.load_events(next_ids)
             queue = sorted((e for e in loaded.values() if e.depth >= min_depth), key=lambda e: -e.depth)
-            found.extend(queue[: limit - len(found)])
+            # Walked through, but never served: rejected events.
+            rejected = await self._rejected([e.event_id for e in queue])
+            found.extend([e for e in queue if e.event_id not in rejected][: limit - len(found)])
         return found
+
+    async def _rejected(self, event_ids: list[str]) -> set[str]:
+        rows = await self._store.get_events(event_ids) if event_ids else {}
+        return {i for i, row in rows.items() if row.rejection_reason is not None}
 
     async def backfill(self, origin: str, room_id: str, from_ids: list[str], limit: int) -> dict[str, Any]:
         await self._check_in_room(origin, room_id)
         limit = max(1, min(limit, MAX_BACKFILL))
         starts = await self._loader.load_events(from_ids)
-        events = [e for e in starts.values() if e.room_id == room_id][:limit]
+        rejected = await self._rejected(list(starts))
+        events = [e for e in starts.values() if e.room_id == room_id and e.event_id not in rejected][:limit]
         events += await self._walk_back([e.event_id for e in events], set(), limit - len(events))
         return self._envelope(events)
 

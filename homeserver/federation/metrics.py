@@ -1,4 +1,4 @@
-"""Federation metrics: inbound transactions and PDUs by outcome, outbound requests by outcome."""
+"""Federation metrics: inbound transactions and PDUs by outcome, outbound requests by outcome, gaps filled."""
 
 # tests: tests/unit/federation/test_metrics.py
 
@@ -13,6 +13,7 @@ TRANSACTION_OUTCOMES: Final = ("processed", "repeat", "refused")
 PDU_OUTCOMES: Final = ("accepted", "rejected", "soft_failed", "invalid", "missing_events")
 REQUEST_OUTCOMES: Final = ("ok", "http_error", "network_error", "timeout")
 METHODS: Final = ("GET", "PUT", "POST")
+GAP_METHODS: Final = ("get_missing_events", "state_ids")
 
 
 @attrs.frozen
@@ -20,6 +21,7 @@ class FederationMetrics:
     transactions: Counter
     pdus: Counter
     requests: Counter
+    gaps_filled: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> FederationMetrics:
@@ -39,6 +41,12 @@ class FederationMetrics:
                 "Outbound federation requests, by HTTP method and outcome.",
                 ["method", "outcome"], registry=registry,
             ),
+            gaps_filled=Counter(
+                "tributary_federation_gaps_filled_total",
+                "Gaps in front of received PDUs that were filled, by method: a get_missing_events walk that "
+                "reached our timeline, or the state before an event taken from /state_ids.",
+                ["method"], registry=registry,
+            ),
         )
         for outcome in TRANSACTION_OUTCOMES:
             metrics.transactions.labels(outcome=outcome)
@@ -47,4 +55,6 @@ class FederationMetrics:
         for method in METHODS:
             for outcome in REQUEST_OUTCOMES:
                 metrics.requests.labels(method=method, outcome=outcome)
+        for method in GAP_METHODS:
+            metrics.gaps_filled.labels(method=method)
         return metrics

@@ -11,6 +11,7 @@ state. Keys come from the ``Keyring``; events from the ``EventLoader``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 from homeserver.events import (
@@ -25,7 +26,7 @@ from homeserver.events import (
 )
 from homeserver.events import constants as C
 from homeserver.events.auth import auth_state_from_auth_events, check_auth_events_list
-from homeserver.events.errors import AuthError, InvalidEvent, MissingEventsError
+from homeserver.events.errors import AuthError, EventsError, InvalidEvent, MissingEventsError
 from homeserver.events.hashing import create_event_id_from_room_id
 from homeserver.federation.keys import Keyring
 from homeserver.handlers.event_loader import EventLoader
@@ -97,6 +98,25 @@ async def check_against_state(
     if (C.CREATE, "") not in auth_state:
         raise AuthError("no create event in the state the event is checked against")
     check_auth_rules(room_version, event, auth_state)
+
+
+async def verified_in_room(keyring: Keyring, room_version: RoomVersion, room_id: str, pdus: Iterable[object],
+                           *, source: str, logger: logging.Logger) -> dict[str, FrozenEvent]:
+    """The PDUs a server sent (``source``, for the log) that verify and belong to ``room_id``, by
+    event ID; each one that does not is dropped with a warning on ``logger``."""
+    found: dict[str, FrozenEvent] = {}
+    for pdu in pdus:
+        try:
+            event = await parse_and_verify(keyring, room_version, pdu)
+        except EventsError as e:
+            logger.warning("[%s] dropping an event from %s: %s", room_id, source, e)
+            continue
+        if event.room_id == room_id:
+            found[event.event_id] = event
+        else:
+            logger.warning("[%s] dropping %s from %s: it is of room %s", room_id, event.event_id, source,
+                           event.room_id)
+    return found
 
 
 def by_depth(events: Iterable[FrozenEvent]) -> list[FrozenEvent]:

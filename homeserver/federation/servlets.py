@@ -25,6 +25,7 @@ from homeserver.federation.backfill import BackfillHandler
 from homeserver.events import FrozenEvent
 from homeserver.federation.client import FederationClient, OutboundTimeouts
 from homeserver.federation.devices import FederationDeviceHandler
+from homeserver.federation.gaps import GapFiller, GapLimits
 from homeserver.federation.history import HistoryHandler
 from homeserver.federation.keys import Keyring, Notary, NotaryLimits, server_key_response
 from homeserver.federation.membership import InviteLimits, MembershipHandler
@@ -121,12 +122,17 @@ class FederationServices:
                         reactor=reactor, limits=NotaryLimits(max_servers=limits.key_query_max_servers,
                                                              concurrency=limits.max_concurrent_fetches,
                                                              timeout=limits.key_query_timeout.total_seconds()))
+        gaps = GapFiller(store=store, loader=loader, persister=persister, keyring=keyring, client=client,
+                         metrics=metrics, limiter=Ratelimiter.from_config(limits.rc_missing_events),
+                         clock=lambda: float(reactor.seconds()),
+                         limits=GapLimits(max_events=limits.missing_events_max,
+                                          concurrency=limits.max_concurrent_fetches))
         return cls(
             server_name=server_name, signing_key=signing_key, clock_ms=clock_ms, client=client, keyring=keyring,
             notary=notary, key_query_limiter=Ratelimiter.from_config(limits.rc_key_query),
             transactions=TransactionHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                             keyring=keyring, client=client, txn_store=federation_store,
-                                            clock_ms=clock_ms, metrics=metrics, acl=acl),
+                                            clock_ms=clock_ms, metrics=metrics, gaps=gaps, acl=acl),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
                                          persister=persister, loader=loader, keyring=keyring, client=client,
                                          clock_ms=clock_ms, invites=invites, invite_writer=invite_writer,

@@ -8,9 +8,10 @@ content hash, auth against its auth events (fail: stored as rejected), against
 the state before it (fail: stored as rejected) and against the room's current
 state (fail: soft-failed: stored in the room's graph but not as a forward
 extremity, not in current state, never shown to clients; the PDU's result is
-success, see docs/federation.md). Missing ``prev_events`` are fetched once with
-``get_missing_events`` (at most ``MISSING_EVENTS_LIMIT``). EDUs go to hooks
-registered by type; types nobody handles are dropped.
+success, see docs/federation.md). A room's PDUs are taken parents first; a gap in
+front of them is filled by ``gaps.GapFiller`` (a bounded ``get_missing_events``
+walk, then ``/state_ids`` for what the walk could not reach), one fill per room at
+a time. EDUs go to hooks registered by type; types nobody handles are dropped.
 """
 
 # tests: tests/integration/test_federation.py
@@ -21,7 +22,6 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol
-from urllib.parse import quote
 
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 
@@ -29,21 +29,21 @@ from homeserver.events import FrozenEvent, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.events.identifiers import is_valid_room_id
 from homeserver.federation.acl import ServerAcls
-from homeserver.federation.client import FederationClient, FederationClientError
+from homeserver.federation.client import FederationClient
 from homeserver.federation.edus import EduRejected
+from homeserver.federation.gaps import GapFiller, topological_order
 from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
-from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from storage.kernel.errors import MatrixError, bad_json
-from storage.stores.events import EventsStore
+from storage.stores.events import EventsStore, StateKey
 
 logger = logging.getLogger(__name__)
 
 MAX_PDUS: Final = 50
 MAX_EDUS: Final = 100
-MISSING_EVENTS_LIMIT: Final = 10
 REMEMBERED_TRANSACTIONS: Final = 10_000
 
 class TransactionStore(Protocol):
@@ -72,8 +72,10 @@ class TransactionHandler:
         txn_store: TransactionStore,
         clock_ms: Callable[[], int],
         metrics: FederationMetrics,
+        gaps: GapFiller,
         acl: ServerAcls | None = None,
     ) -> None:
+        self._gaps = gaps
         self._metrics = metrics
         # Server ACLs: PDUs and EDUs of rooms whose ACL denies the origin are dropped.
         self._acl = acl
@@ -145,15 +147,23 @@ class TransactionHandler:
             raise MatrixError(400, "M_FORBIDDEN", "transaction 'origin' differs from the authenticated origin")
         logger.info("TX [%s] %s: %d PDUs, %d EDUs", origin, txn_id, len(pdus), len(edus))
         results: dict[str, dict[str, str]] = {}
-        # Rooms are independent: each room's PDUs are handled in order, the rooms side by side.
+        # Rooms are independent: each room's PDUs are handled together, the rooms side by side.
         by_room: dict[object, list[object]] = {}
         for pdu in pdus:
             by_room.setdefault(pdu.get("room_id") if isinstance(pdu, dict) else None, []).append(pdu)
 
         async def handle_room(room_pdus: list[object]) -> None:
+            verified: list[FrozenEvent] = []
+            room_version: RoomVersion | None = None
             for pdu in room_pdus:
-                event_id, error = await self._handle_pdu(origin, pdu)
-                if event_id is not None:
+                event_id, error, checked = await self._verify_pdu(origin, pdu)
+                if checked is not None:
+                    room_version, event = checked
+                    verified.append(event)
+                elif event_id is not None:
+                    results[event_id] = {"error": error} if error else {}
+            if room_version is not None and verified:
+                for event_id, error in (await self._handle_room_events(origin, room_version, verified)).items():
                     results[event_id] = {"error": error} if error else {}
 
         try:
@@ -164,50 +174,93 @@ class TransactionHandler:
             await self._handle_edu(origin, edu)
         return {"pdus": results}
 
-    async def _handle_pdu(self, origin: str, pdu: object) -> tuple[str | None, str | None]:
+    async def _verify_pdu(
+        self, origin: str, pdu: object
+    ) -> tuple[str | None, str | None, tuple[RoomVersion, FrozenEvent] | None]:
+        """(event ID, error, None) for a PDU refused here, or (ID, None, (room version, event))
+        for one that is well-formed, correctly signed and from a server the room lets in."""
         if not isinstance(pdu, dict) or not is_valid_room_id(pdu.get("room_id")):
-            return None, None  # unidentifiable (or a room ID no lookup should see): nothing to report it under
+            # Unidentifiable (or a room ID no lookup should see): nothing to report it under.
+            return None, None, None
         room_id = pdu["room_id"]
         identifier = await self._store.get_room_version(room_id)
         if identifier is None:
             logger.warning("TX [%s] PDU for unknown room %s dropped", origin, room_id)
-            return None, None
+            return None, None, None
         room_version = get_room_version(identifier)
         if self._acl is not None and not await self._acl.allows(origin, room_id):
             logger.warning("TX [%s] PDU for %s dropped: the room's server ACL denies the origin", origin, room_id)
-            return _event_id_guess(room_version, pdu), "M_FORBIDDEN: the room's server ACL denies this server"
+            return _event_id_guess(room_version, pdu), "M_FORBIDDEN: the room's server ACL denies this server", None
         try:
             event = await parse_and_verify(self._keyring, room_version, pdu)
         except EventsError as e:
             logger.warning("TX [%s] PDU in %s failed verification: %s", origin, room_id, e)
             self._metrics.pdus.labels(outcome="invalid").inc()
-            return _event_id_guess(room_version, pdu), f"verification failed: {e}"
-        try:
-            await self._process_event(origin, room_version, event, fetch_missing=True)
-        except SoftFailed:
-            # Accepted and stored (spec: "handled as normal" apart from clients and extremities).
-            self._metrics.pdus.labels(outcome="soft_failed").inc()
-            return event.event_id, None
-        except EventsError as e:
-            self._metrics.pdus.labels(outcome=_outcome(e)).inc()
-            return event.event_id, str(e)
-        self._metrics.pdus.labels(outcome="accepted").inc()
-        return event.event_id, None
+            return _event_id_guess(room_version, pdu), f"verification failed: {e}", None
+        return event.event_id, None, (room_version, event)
 
-    async def _process_event(self, origin: str, room_version: RoomVersion, event: FrozenEvent, *,
-                             fetch_missing: bool) -> None:
-        known = await self._loader.load_events(event.prev_event_ids)
-        missing = [e for e in event.prev_event_ids if e not in known]
-        if missing and fetch_missing:
-            await self._fetch_missing(origin, room_version, event)
-            known = await self._loader.load_events(event.prev_event_ids)
-            missing = [e for e in event.prev_event_ids if e not in known]
-        if missing:
-            raise MissingEventsError(frozenset(missing), f"prev_events of {event.event_id} are unknown")
+    async def _handle_room_events(self, origin: str, room_version: RoomVersion,
+                                  events: list[FrozenEvent]) -> dict[str, str | None]:
+        """Check and persist one transaction's verified PDUs of one room; event ID -> error.
+
+        The PDUs are taken parents first whatever order they came in, so a transaction that
+        carries a child before its parent is accepted whole. PDUs whose prev events are
+        neither in our timeline nor in the transaction are the gap's edge: one
+        ``get_missing_events`` walk covers all of them, and what it brings is persisted
+        oldest first. A PDU (or fetched event) whose prev events are still unknown after
+        that gets the state it was sent on from ``/state_ids`` (``GapFiller.state_before``).
+        """
+        room_id = events[0].room_id
+        ordered = topological_order(events)
+        outcomes: dict[str, str | None] = {}
+        async with self._gaps.room_lock(room_id):
+            fetched = await self._gaps.walk(origin, room_version, room_id, ordered)
+            ours = {e.event_id for e in ordered}
+            # The fetched events and the transaction's interleave (a fetched event may follow one
+            # of the transaction's): all of them are taken parents first, together.
+            for event in topological_order([*fetched, *ordered]) if fetched else ordered:
+                if event.event_id not in ours:
+                    try:
+                        await self._check_and_persist(origin, room_version, event)
+                    except SoftFailed:
+                        pass
+                    except EventsError as e:
+                        logger.warning("[%s] missing event %s not stored: %s", room_id, event.event_id, e)
+                    continue
+                try:
+                    await self._check_and_persist(origin, room_version, event)
+                except SoftFailed:
+                    # Accepted and stored (spec: "handled as normal" apart from clients and extremities).
+                    self._metrics.pdus.labels(outcome="soft_failed").inc()
+                    outcomes[event.event_id] = None
+                except EventsError as e:
+                    self._metrics.pdus.labels(outcome=_outcome(e)).inc()
+                    outcomes[event.event_id] = str(e)
+                else:
+                    self._metrics.pdus.labels(outcome="accepted").inc()
+                    outcomes[event.event_id] = None
+        return outcomes
+
+    async def _check_and_persist(self, origin: str, room_version: RoomVersion, event: FrozenEvent) -> None:
+        """The spec's checks on receipt of a PDU, then persist it (rejected or soft-failed as they say).
+
+        When a prev event is not in our timeline, the state before the event comes from
+        the origin's ``/state_ids``; otherwise from our state groups. Raises ``Rejected``
+        or ``SoftFailed`` after storing the event, ``MissingEventsError``/``GapFillError``
+        (nothing stored) when its state cannot be known.
+        """
+        given_state: dict[StateKey, str] | None = None
+        if event.prev_event_ids and len(await self._gaps.timeline_ids(event.prev_event_ids)) < len(
+            set(event.prev_event_ids)
+        ):
+            given_state = await self._gaps.state_before(origin, room_version, event)
         rejection: str | None = None
         try:
             await check_against_auth_events(self._loader, room_version, event)
-            state_before = await self._loader.state_before_event(room_version, event)
+            if given_state is None:
+                state_before = await self._loader.state_before_event(room_version, event)
+            else:
+                state_before = given_state
             await check_against_state(self._loader, room_version, event, state_before)
         except AuthError as e:
             rejection = str(e)
@@ -221,45 +274,13 @@ class TransactionHandler:
                 logger.warning("[%s] soft-failing %s from %s: %s", event.room_id, event.event_id, origin, e)
                 soft_failed = True
         await self._persister.persist(
-            room_version, event, is_local=False, rejection_reason=rejection, soft_failed=soft_failed
+            room_version, event, is_local=False, rejection_reason=rejection, soft_failed=soft_failed,
+            state_before=given_state,
         )
         if rejection is not None:
             raise Rejected(f"rejected: {rejection}")
         if soft_failed:
             raise SoftFailed("soft-failed against the current state (stored, not shown to clients)")
-
-    async def _fetch_missing(self, origin: str, room_version: RoomVersion, event: FrozenEvent) -> None:
-        extremities = await self._store.get_forward_extremities(event.room_id)
-        try:
-            response = await self._client.post_json(
-                origin,
-                f"/_matrix/federation/v1/get_missing_events/{quote(event.room_id, safe='')}",
-                {
-                    "earliest_events": sorted(extremities),
-                    "latest_events": [event.event_id],
-                    "limit": MISSING_EVENTS_LIMIT,
-                    "min_depth": min(extremities.values(), default=0),
-                },
-            )
-        except FederationClientError as e:
-            logger.warning("[%s] get_missing_events from %s failed: %s", event.room_id, origin, e)
-            return
-        raw = response.get("events") if isinstance(response, dict) else None
-        if not isinstance(raw, list):
-            return
-        fetched = []
-        for pdu in raw[:MISSING_EVENTS_LIMIT]:
-            try:
-                fetched.append(await parse_and_verify(self._keyring, room_version, pdu))
-            except EventsError as e:
-                logger.warning("[%s] missing event from %s failed verification: %s", event.room_id, origin, e)
-        for missing in by_depth(fetched):
-            if missing.room_id != event.room_id:
-                continue
-            try:
-                await self._process_event(origin, room_version, missing, fetch_missing=False)
-            except EventsError as e:
-                logger.warning("[%s] missing event %s not stored: %s", event.room_id, missing.event_id, e)
 
     async def _handle_edu(self, origin: str, edu: object) -> None:
         if not isinstance(edu, dict) or not isinstance(edu.get("edu_type"), str):

@@ -294,8 +294,11 @@ class EventPersister:
         # this turns out to be a local send on the room's only line of history.
         snapshot = self._snapshots.pop(event.room_id, None)
         ctx = context or await self._store.get_persist_context(event.room_id, event.event_id, event.prev_event_ids)
-        if ctx.existing_stream_ordering is not None:
+        if ctx.existing_stream_ordering is not None and (outlier or not ctx.existing_outlier):
             return PersistResult(ctx.existing_stream_ordering, None, already_persisted=True)
+        # Held as an outlier (state fetched for a gap or a join) and now arriving in the room's
+        # graph: the stored row is promoted into the timeline.
+        promote = ctx.existing_stream_ordering is not None
 
         state_before_group: int | None = None
         linear = False
@@ -308,7 +311,9 @@ class EventPersister:
                 delta = {key: event.event_id}
             extremities = set(ctx.forward_extremities)
             prevs = set(event.prev_event_ids)
-            if soft_failed:
+            if soft_failed and given_state_before is not None:
+                state_before_group = await self._store.new_state_group(event.room_id, None, given_state_before)
+            elif soft_failed:
                 # In the graph (its state groups), but the room's current state is untouched.
                 state_before_group, _ = await self._state_before(room_version, event, ctx)
             elif given_state_before is not None:
@@ -334,8 +339,10 @@ class EventPersister:
             remote_servers = destinations - {self._server_name}
         elif is_local and not outlier:
             servers = set(ctx.joined_servers)
-            if event.type == "m.room.member" and event.state_key:
-                # The target of a kick, ban or invite hears of it though not joined.
+            if event.type == "m.room.member" and event.state_key and event.membership in ("leave", "ban"):
+                # The target of a kick or ban hears of it though no longer joined. Nothing else
+                # goes to a server without a joined member: an invite reaches the invitee's
+                # server by /invite, not in its transactions.
                 servers.add(server_name_of(event.state_key))
             servers.discard(self._server_name)
             remote_servers = frozenset(servers)
@@ -354,6 +361,7 @@ class EventPersister:
             current_state_delta=current_delta,
             remote_servers=remote_servers,
             soft_failed=soft_failed,
+            promote_outlier=promote,
             expected_extremity_count=len(ctx.forward_extremities) if ctx.for_local_send else None,
             send_txn=send_txn,
         )

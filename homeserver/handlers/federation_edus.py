@@ -1,6 +1,7 @@
 """Which servers hear of a local user's ephemeral changes, and handing them to the federation sender.
 
-Typing and receipts go to the remote servers joined to the room; presence and
+Typing and receipts go to the remote servers joined to the room that its server
+ACL allows (``joined_servers`` filters them); presence and
 device-list changes to the remote servers sharing any room with the user;
 to-device messages to the recipients' servers, through the outbox table so
 they survive until accepted. The handlers call this after their own write has
@@ -8,7 +9,7 @@ succeeded; a failure here is logged and never fails the client's request
 (the change is already visible locally).
 """
 
-# tests: tests/integration/test_federation_sender.py
+# tests: tests/integration/test_federation_sender.py tests/integration/test_federation_rules.py
 
 from __future__ import annotations
 

@@ -132,6 +132,9 @@ class PersistRequest:
     # ordering (``allocate`` returns it), before the timeline; forward extremities, current
     # state and destination rows are left alone. An outlier copy of the event is promoted.
     backfilled: bool = False
+    # The event is stored as an outlier and now joins the room's graph (not by backfill): its
+    # row is updated in place (new stream ordering, no longer an outlier), the rest as for a new event.
+    promote_outlier: bool = False
     # The state group after the event, when the caller made it (backfill plans a batch's state).
     state_after: int | None = None
     # Passed auth at its own state but not at the current state: stored in the graph, but no
@@ -156,6 +159,8 @@ class PersistContext:
     joined_servers: set[str]
     # Read for a local send under the room lock: the persist checks the extremities are unchanged.
     for_local_send: bool = False
+    # The event is stored already, as an outlier (``existing_stream_ordering`` is set).
+    existing_outlier: bool = False
 
 
 @attrs.frozen
@@ -404,12 +409,14 @@ def get_servers_sharing_rooms_txn(txn: Transaction, user_id: str) -> set[str]:
 
 
 def get_persist_context_txn(txn: Transaction, room_id: str, event_id: str, prev_event_ids: list[str]) -> PersistContext:
-    txn.execute("SELECT stream_ordering FROM events WHERE event_id = %s", (event_id,))
+    txn.execute("SELECT stream_ordering, outlier FROM events WHERE event_id = %s", (event_id,))
     row = txn.fetchone()
-    if row is not None:
+    if row is not None and not row[1]:
         return PersistContext(int(row[0]), {}, {}, set())
+    existing = None if row is None else int(row[0])
     groups = get_state_groups_txn(txn, prev_event_ids) if prev_event_ids else {}
-    return PersistContext(None, get_forward_extremities_txn(txn, room_id), groups, get_joined_servers_txn(txn, room_id))
+    return PersistContext(existing, get_forward_extremities_txn(txn, room_id), groups,
+                          get_joined_servers_txn(txn, room_id), existing_outlier=existing is not None)
 
 
 def get_events_txn(txn: Transaction, event_ids: list[str]) -> dict[str, StoredEvent]:
@@ -499,7 +506,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     ``DuplicateTxnId`` if ``r.send_txn`` is already recorded and ``StaleRoomContext``
     if ``r.expected_extremity_count`` no longer describes the room; each rolls back.
     """
-    promote = False
+    promote = r.promote_outlier
     if r.backfilled:
         txn.execute("SELECT stream_ordering, outlier FROM events WHERE event_id = %s", (r.event_id,))
         existing = txn.fetchone()
@@ -522,9 +529,9 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     if promote:
         # Known as an outlier (e.g. state from send_join): now placed in the timeline, by backfill.
         batch.append((
-            "UPDATE events SET stream_ordering = %s, instance_name = %s, outlier = FALSE, rejection_reason = %s "
-            "WHERE event_id = %s",
-            (stream_ordering, r.instance_name, r.rejection_reason, r.event_id),
+            "UPDATE events SET stream_ordering = %s, instance_name = %s, outlier = FALSE, rejection_reason = %s, "
+            "soft_failed = %s WHERE event_id = %s AND outlier",
+            (stream_ordering, r.instance_name, r.rejection_reason, r.soft_failed, r.event_id),
         ))
     else:
         # No ON CONFLICT: an event stored meanwhile fails the batch (EventAlreadyPersisted).

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -41,16 +43,16 @@ class Tributary:
     client: Client
 
 
-@pytest.fixture(scope="module")
-def tributary(postgres_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tributary]:
-    """One real ``tributary run`` process for the module: server name ``127.0.0.1:<fed port>``,
-    a TLS federation listener there, loopback whitelisted, certificates not verified."""
-    tmp_path = tmp_path_factory.mktemp("tributary")
+@contextmanager
+def running_tributary(postgres_template: str, tmp_path: Path, **extra: Any) -> Iterator[Tributary]:
+    """A real ``tributary run`` process on a scratch database: server name ``127.0.0.1:<fed port>``,
+    a TLS federation listener there, loopback whitelisted, certificates not verified; ``extra``
+    config on top (``log_level`` WARNING unless given)."""
     fed_port = free_port()
     server_name = f"127.0.0.1:{fed_port}"
     with scratch_database(postgres_template) as dsn:
         proc = TributaryProcess.configure(tmp_path, database_url=dsn, server_name=server_name,
-                                          extra={"federation": FED, "log_level": "WARNING"})
+                                          extra={"federation": FED, "log_level": "WARNING", **extra})
         config = yaml.safe_load(proc.config_path.read_text())
         config["listeners"].append({"type": "http", "port": fed_port, "tls": True, "resources": ["federation", "keys"]})
         proc.config_path.write_text(yaml.safe_dump(config))
@@ -59,6 +61,13 @@ def tributary(postgres_template: str, tmp_path_factory: pytest.TempPathFactory) 
             yield Tributary(proc, server_name, Client(proc.base_url))
         finally:
             assert proc.stop() == 0, proc.output[-5000:]
+
+
+@pytest.fixture(scope="module")
+def tributary(postgres_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tributary]:
+    """One real ``tributary run`` process for the module (``running_tributary``)."""
+    with running_tributary(postgres_template, tmp_path_factory.mktemp("tributary")) as running:
+        yield running
 
 
 @pytest.fixture

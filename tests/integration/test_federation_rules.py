@@ -22,7 +22,7 @@ from tests.federation_peer import FederationPeer
 from tests.harness import TributaryProcess, free_port
 from tests.integration.test_client_support import Client
 from tests.integration.test_federation_peer import FED, Tributary, make_peer, started_peer
-from tests.twisted_plugin import reactor
+from tests.twisted_plugin import eventually, reactor
 
 __all__ = ["make_peer"]
 
@@ -222,14 +222,25 @@ async def test_server_acls_refuse_a_denied_server_everywhere(tributary: Tributar
     typing = [e for e in synced.body["rooms"]["join"][room_id]["ephemeral"]["events"] if e["type"] == "m.typing"]
     assert all(remote not in e["content"]["user_ids"] for e in typing), typing
 
-    # Outbound: the room's events no longer go to the denied server.
+    # Outbound: the room's events and typing no longer go to the denied server.
     after = await _send(tributary, token, room_id, "m.room.message", {"msgtype": "m.text", "body": "after"})
+    alice = f"@acl_alice:{tributary.server_name}"
+    typed = await tributary.client.request("PUT", f"rooms/{room}/typing/{quote(alice)}",
+                                           {"typing": True, "timeout": 30000}, token=token)
+    assert typed.status == 200, typed
     marker = await _room(tributary, "acl_marker")
     await peer.join(server, remote, marker[1], via=tributary.server_name)
+    marker_user = f"@acl_marker:{tributary.server_name}"
+    await tributary.client.request("PUT", f"rooms/{quote(marker[1])}/typing/{quote(marker_user)}",
+                                   {"typing": True, "timeout": 30000}, token=marker[0])
     flushed = await _send(tributary, marker[0], marker[1], "m.room.message", {"msgtype": "m.text", "body": "m"})
     await peer.wait_for_pdus(server, [flushed])
+    await eventually(lambda: any(e["content"].get("room_id") == marker[1]
+                                 for e in peer.received_edus(server, "m.typing")), what="the marker room's typing")
     received = set(peer.received_pdu_ids(server, room_id))
     assert after not in received and acl not in received, received
+    typing_rooms = {e["content"].get("room_id") for e in peer.received_edus(server, "m.typing")}
+    assert room_id not in typing_rooms, typing_rooms
 
     # Lifting the ACL lets the server back in.
     await _send(tributary, token, room_id, C.SERVER_ACL, {"allow": ["*"]}, state_key="")

@@ -268,10 +268,17 @@ def test_federation_limits_defaults_and_overrides() -> None:
     }}).federation_limits
     assert limits.dns_timeout == timedelta(milliseconds=500) and limits.key_query_max_servers == 5
     assert limits.rc_key_query == RateLimit(0.5, 2) and limits.connect_timeout == timedelta(seconds=10)
+    gaps = parse_config({"server_name": "h", "federation_limits": {
+        "missing_events_max": 30, "rc_missing_events": {"per_second": 0.1, "burst_count": 4}}}).federation_limits
+    assert (gaps.missing_events_max, gaps.rc_missing_events) == (30, RateLimit(0.1, 4))
+    assert (FederationLimitsConfig().missing_events_max, FederationLimitsConfig().rc_missing_events) == (
+        100, RateLimit(1.0, 50))
     for raw, message in (
         ({"dns_timeout": "0s"}, "federation_limits.dns_timeout: expected a positive duration"),
         ({"tls_timeout": 3}, "federation_limits.tls_timeout: expected a duration"),
         ({"key_query_max_servers": 0}, "federation_limits.key_query_max_servers: expected an integer"),
+        ({"missing_events_max": -1}, "federation_limits.missing_events_max: expected an integer"),
+        ({"rc_missing_events": {"per_second": 0}}, "federation_limits.rc_missing_events"),
         ({"bogus": 1}, "federation_limits.bogus: unknown key"),
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
