@@ -5,7 +5,8 @@ has one, else the main process. Every ``interval`` seconds (and once at start) i
 deletes, in batches of ``batch`` rows until none are left (``storage/stores/pruning.py``):
 superseded typing rows, ``federation_stream`` EDUs that every configured federation
 sender has acknowledged (``FEDERATION_ACK``; nothing while one of them has not
-acknowledged since this process started), and cache invalidations older than a day.
+acknowledged since this process started), cache invalidations older than a day,
+and the stored answers to inbound federation transactions older than a day.
 """
 
 # tests: tests/integration/test_pruning.py
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 PRUNE_INTERVAL_S: Final = 600.0
 PRUNE_BATCH: Final = 10_000
 CACHE_INVALIDATIONS_KEPT_MS: Final = 24 * 3600 * 1000
+RECEIVED_TRANSACTIONS_KEPT_MS: Final = 24 * 3600 * 1000  # as Synapse keeps them
 
 
 class StreamPruner:
@@ -75,9 +77,11 @@ class StreamPruner:
         if acknowledged is not None:
             deleted["federation_stream"] = await self._drain(
                 lambda batch: self._store.prune_federation(acknowledged, batch))
-        before = int(self._clock.seconds() * 1000) - CACHE_INVALIDATIONS_KEPT_MS
+        now_ms = int(self._clock.seconds() * 1000)
         deleted["cache_invalidation_stream"] = await self._drain(
-            lambda batch: self._store.prune_cache_invalidations(before, batch))
+            lambda batch: self._store.prune_cache_invalidations(now_ms - CACHE_INVALIDATIONS_KEPT_MS, batch))
+        deleted["received_transactions"] = await self._drain(
+            lambda batch: self._store.prune_received_transactions(now_ms - RECEIVED_TRANSACTIONS_KEPT_MS, batch))
         if any(deleted.values()):
             logger.info("pruned stream tables: %s", ", ".join(f"{k} {v}" for k, v in deleted.items() if v))
         return deleted

@@ -10,7 +10,6 @@ stack); ``freeze``/``thaw`` convert between wire dicts and the immutable form ev
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeGuard, Union
@@ -19,6 +18,7 @@ from canonicaljson import encode_canonical_json as _encode
 
 from homeserver.events.constants import CANONICAL_INT_MAX, CANONICAL_INT_MIN
 from homeserver.events.errors import InvalidEvent
+from storage.kernel.json_input import JsonInputError, JsonRules, decode_json
 
 JsonValue = Union[None, bool, int, str, Sequence["JsonValue"], Mapping[str, "JsonValue"]]
 """A JSON value as events hold it: mappings are read-only, arrays are tuples."""
@@ -105,27 +105,18 @@ def encode_canonical(value: object) -> bytes:
     return _encode(thaw(value))
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not allowed in JSON")
-
-
-def _reject_float(text: str) -> None:
-    raise ValueError(f"non-integer number {text[:40]} is not allowed in canonical JSON")
-
-
 def parse_json_object(raw: bytes | str, *, max_bytes: int, what: str = "event") -> JsonDict:
-    """Parse untrusted JSON text into a dict, refusing floats, NaN/Infinity and deep nesting.
+    """Parse untrusted JSON text into a dict by the strict decoder's event rules (no floats,
+    canonical integers, unique keys, no lone surrogates, bounded nesting and size).
 
-    The size bound is checked before parsing. Raises ``InvalidEvent`` (never a
-    ``ValueError`` or ``RecursionError``) for anything that is not a canonical-encodable
-    JSON object.
+    Raises ``InvalidEvent`` (never a ``ValueError`` or ``RecursionError``) for anything that is
+    not a canonical-encodable JSON object.
     """
-    if len(raw) > max_bytes:
-        raise InvalidEvent(f"{what}: {len(raw)} bytes of JSON exceeds the {max_bytes}-byte bound")
+    rules = JsonRules(max_bytes=max_bytes, max_depth=MAX_NESTING + 1, canonical=True, allow_floats=False)
     try:
-        value = json.loads(raw, parse_float=_reject_float, parse_constant=_reject_constant)
-    except (ValueError, RecursionError, UnicodeDecodeError) as e:
-        raise InvalidEvent(f"{what}: not valid JSON: {str(e)[:200]}") from None
+        value = decode_json(raw, rules)
+    except JsonInputError as e:
+        raise InvalidEvent(f"{what}: {e.error}") from None
     if not isinstance(value, dict):
         raise InvalidEvent(f"{what}: expected a JSON object, got {type(value).__name__}")
     check_canonical(value, what=what)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Final
 
+# Canonical JSON's integer range lives with the strict decoder in the kernel.
+from storage.kernel.json_input import CANONICAL_INT_MAX as CANONICAL_INT_MAX
+from storage.kernel.json_input import CANONICAL_INT_MIN as CANONICAL_INT_MIN
+
 # Event types that the authorization rules and room creation care about.
 CREATE: Final = "m.room.create"
 MEMBER: Final = "m.room.member"
@@ -54,6 +58,8 @@ ADDITIONAL_CREATORS: Final = "additional_creators"
 MAX_PDU_SIZE: Final = 65536
 MAX_ID_BYTES: Final = 255
 MAX_DEPTH: Final = 2**53 - 1
-CANONICAL_INT_MIN: Final = -(2**53) + 1
-CANONICAL_INT_MAX: Final = 2**53 - 1
 MAX_PREV_EVENTS: Final = 10
+# Caps on a received PDU's edges, the same for every room version we know. The spec's PDU
+# format sets no number; these are Synapse's (event_auth's "too many prev_events/auth_events").
+MAX_RECEIVED_PREV_EVENTS: Final = 20
+MAX_RECEIVED_AUTH_EVENTS: Final = 10

@@ -30,7 +30,7 @@ from homeserver.events.canonical import (
 )
 from homeserver.events.errors import EventTooLarge, InvalidEvent
 from homeserver.events.hashing import compute_event_id, room_id_from_create_event_id
-from homeserver.events.identifiers import is_valid_user_id
+from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_user_id
 from homeserver.events.room_versions import RoomVersion
 
 StateKey = tuple[str, str]
@@ -189,6 +189,8 @@ def _require(
 def _check_id_size(key: str, value: str) -> None:
     if len(value.encode("utf-8")) > C.MAX_ID_BYTES:
         raise EventTooLarge(f"PDU key '{key}' exceeds {C.MAX_ID_BYTES} bytes")
+    if "\x00" in value:  # PostgreSQL cannot store it in a TEXT column
+        raise InvalidEvent(f"PDU key '{key}' holds a NUL character")
 
 
 def _check_event_id_list(pdu: Mapping[str, object], key: str) -> None:
@@ -197,6 +199,8 @@ def _check_event_id_list(pdu: Mapping[str, object], key: str) -> None:
         if not isinstance(item, str) or not item.startswith("$"):
             raise InvalidEvent(f"PDU key '{key}' must hold event IDs, got {str(item)[:80]!r}")
         _check_id_size(key, item)
+        if not is_valid_event_id(item):
+            raise InvalidEvent(f"PDU key '{key}' holds {item[:80]!r}, not a valid event ID")
 
 
 def validate_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> None:
@@ -209,7 +213,7 @@ def validate_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> None:
     if not is_valid_user_id(sender):
         raise InvalidEvent(f"PDU sender {sender[:80]!r} is not a valid user ID")
     _require(pdu, "origin_server_ts", int, "an integer")
-    _require(pdu, "content", Mapping, "an object")
+    content = _require(pdu, "content", Mapping, "an object")
     depth = _require(pdu, "depth", int, "an integer")
     if not 0 <= depth <= C.MAX_DEPTH:
         raise InvalidEvent(f"PDU depth {depth} is outside [0, {C.MAX_DEPTH}]")
@@ -237,9 +241,27 @@ def validate_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> None:
         if not room_id.startswith("!"):
             raise InvalidEvent(f"PDU room_id {room_id[:80]!r} does not start with '!'")
         _check_id_size("room_id", room_id)
+        if not is_valid_room_id(room_id):
+            raise InvalidEvent(f"PDU room_id {room_id[:80]!r} is not a valid room ID")
 
     if "redacts" in pdu and not isinstance(pdu["redacts"], str):
         raise InvalidEvent("PDU key 'redacts' must be a string")
+    content_redacts = content.get("redacts") if event_type == C.REDACTION else None
+    for redacts in (pdu.get("redacts"), content_redacts):
+        if isinstance(redacts, str):
+            _check_id_size("redacts", redacts)
+
+
+def check_edge_caps(pdu: Mapping[str, object]) -> None:
+    """Raise ``InvalidEvent`` when a received PDU cites more prev or auth events than any room
+    version allows (``MAX_RECEIVED_PREV_EVENTS``, ``MAX_RECEIVED_AUTH_EVENTS``).
+
+    Events we load back from our own database skip this (``trusted_event_id``): they passed it,
+    or were made here, when they arrived."""
+    for key, cap in (("prev_events", C.MAX_RECEIVED_PREV_EVENTS), ("auth_events", C.MAX_RECEIVED_AUTH_EVENTS)):
+        edges = pdu.get(key)
+        if isinstance(edges, (list, tuple)) and len(edges) > cap:
+            raise InvalidEvent(f"PDU has {len(edges)} {key}; at most {cap} are allowed")
 
 
 def make_event(
@@ -257,6 +279,8 @@ def make_event(
     if not isinstance(pdu, Mapping):
         raise InvalidEvent(f"a PDU must be a JSON object, got {type(pdu).__name__}")
     validate_pdu(room_version, pdu)
+    if trusted_event_id is None:
+        check_edge_caps(pdu)
     size = len(encode_canonical(thaw(pdu)))
     if size > C.MAX_PDU_SIZE:
         raise EventTooLarge(f"event is {size} bytes of canonical JSON; the limit is {C.MAX_PDU_SIZE}")

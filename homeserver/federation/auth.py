@@ -21,6 +21,7 @@ from signedjson.types import SigningKey, VerifyKey
 from unpaddedbase64 import decode_base64, encode_base64
 
 from homeserver.events.canonical import encode_canonical
+from homeserver.events.identifiers import is_valid_key_id, is_valid_server_name
 from storage.kernel.errors import MatrixError
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,14 @@ def parse_x_matrix(header: str) -> XMatrixAuth:
     for name in ("origin", "key", "sig"):
         if not params.get(name):
             raise XMatrixError(f"X-Matrix header has no {name}")
+    # The origin and destination are checked by the server-name grammar here, before any key
+    # lookup can try to reach them (a 64-character DNS label is refused at once, not after a
+    # lookup times out); key IDs by the spec's "algorithm:identifier" of [a-zA-Z0-9_].
+    for name in ("origin", "destination"):
+        if name in params and not is_valid_server_name(params[name]):
+            raise XMatrixError(f"X-Matrix {name} {params[name][:100]!r} is not a valid server name")
+    if not is_valid_key_id(params["key"]):
+        raise XMatrixError(f"X-Matrix key {params['key'][:100]!r} is not a key ID (algorithm:identifier)")
     return XMatrixAuth(params["origin"], params.get("destination"), params["key"], params["sig"])
 
 

@@ -44,6 +44,9 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
+from homeserver.events.identifiers import ServerName as ServerName
+from homeserver.events.identifiers import check_hostname as check_hostname
+from homeserver.events.identifiers import parse_server_name as parse_server_name
 from homeserver.federation.auth import sign_request
 from homeserver.federation.metrics import METHODS, FederationMetrics
 from homeserver.federation.ttl_cache import TtlCache
@@ -90,63 +93,6 @@ class HttpResponseError(FederationClientError):
         self.json: Any = parsed
         errcode = parsed.get("errcode") if isinstance(parsed, dict) else None
         super().__init__(f"{destination} answered {code} {errcode or body[:200]!r}")
-
-
-@attrs.frozen(slots=True)
-class ServerName:
-    host: str
-    port: int | None
-
-    @property
-    def is_ip_literal(self) -> bool:
-        try:
-            ipaddress.ip_address(self.host)
-            return True
-        except ValueError:
-            return False
-
-
-_DNS_LABEL = re.compile(r"[A-Za-z0-9-]{1,63}")
-MAX_DNS_NAME_LENGTH: Final = 255
-
-
-def check_hostname(host: str) -> None:
-    """Raise ValueError unless ``host`` is an IPv4 literal or a DNS name of the spec's grammar with
-    labels of 1-63 letters, digits and hyphens (DNS's limit), at most 255 characters in all."""
-    if len(host) > MAX_DNS_NAME_LENGTH:
-        raise ValueError(f"host name of {len(host)} characters, over {MAX_DNS_NAME_LENGTH}")
-    for label in host.split("."):
-        if not _DNS_LABEL.fullmatch(label) or not label.isascii():
-            shown = label if len(label) <= 70 else label[:70] + "..."
-            raise ValueError(f"host name label {shown!r} ({len(label)} characters) is not 1-63 letters, "
-                             "digits and hyphens")
-
-
-def parse_server_name(name: str) -> ServerName:
-    """Split ``host[:port]`` (IPv6 literals in brackets); raises ValueError unless it is a server
-    name by the spec's grammar, with DNS labels of at most 63 characters."""
-    if name.startswith("["):
-        end = name.find("]")
-        if end < 0:
-            raise ValueError(f"server name {name!r}: unterminated IPv6 literal")
-        host, rest = name[1:end], name[end + 1:]
-        ipaddress.IPv6Address(host)
-    else:
-        host, sep, port_text = name.rpartition(":")
-        if not sep:
-            host, rest = name, ""
-        else:
-            rest = ":" + port_text
-    if not host:
-        raise ValueError(f"server name {name!r} has no host")
-    if rest:
-        port = rest[1:]
-        if not rest.startswith(":") or not port.isascii() or not port.isdigit() or len(port) > 5 \
-                or not 0 < int(port) < 65536:
-            raise ValueError(f"server name {name[:300]!r}: bad port {port[:10]!r}")
-    if not name.startswith("["):
-        check_hostname(host)
-    return ServerName(host, int(rest[1:]) if rest else None)
 
 
 class IpFilter:

@@ -38,8 +38,20 @@ from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.routing.writers import InviteWriter
-from storage.kernel.errors import bad_json, not_found
-from homeserver.http.server import Routes, parse_json_body, parse_json_object
+from homeserver.events.identifiers import is_valid_event_id, is_valid_key_id, is_valid_room_alias, is_valid_user_id
+from homeserver.federation.history import MAX_BACKFILL
+from homeserver.federation.requests import (
+    body_object,
+    invite_body,
+    missing_events_body,
+    query_int,
+    query_list,
+    query_one,
+    query_required,
+    query_values,
+)
+from storage.kernel.errors import invalid_param, missing_param, not_found
+from homeserver.http.server import FEDERATION_JSON, Routes, parse_json_body, parse_json_object
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
 
@@ -47,6 +59,8 @@ FED_V1 = "/_matrix/federation/v1"
 FED_V2 = "/_matrix/federation/v2"
 KEY_V2 = "/_matrix/key/v2"
 _SEG = "[^/]+"
+# Room version identifiers in make_join's ``ver`` are short ("12", "org.matrix.msc...").
+MAX_VERSION_LENGTH = 64
 
 
 @attrs.define
@@ -168,11 +182,13 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
 
     async def key_query(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         fed.check_key_query_rate(request)
-        return 200, await fed.notary.query_body(parse_json_object(request))
+        return 200, await fed.notary.query_body(parse_json_object(request, FEDERATION_JSON))
 
     async def key_query_server(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         fed.check_key_query_rate(request)
-        minimum = [v.decode("utf-8", "replace") for v in (request.args or {}).get(b"minimum_valid_until_ts", [])]
+        minimum = query_values(request.args or {}, "minimum_valid_until_ts")
+        if "key_id" in params and not is_valid_key_id(params["key_id"]):
+            raise invalid_param(f"{params['key_id'][:100]!r} is not a key ID (algorithm:identifier)")
         return 200, await fed.notary.query_server(params["server"], params.get("key_id"), minimum)
 
     router.register(["GET"], f"{FED_V1}/version", version, "federation_version")
@@ -183,7 +199,7 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
 
     def authed(method: str, pattern: str, handler: Authed, servlet: str, *, has_body: bool = False) -> None:
         async def wrapped(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-            content = parse_json_body(request) if has_body else None
+            content = parse_json_body(request, FEDERATION_JSON) if has_body else None
             origin = await authenticate_request(
                 request.requestHeaders.getRawHeaders(b"Authorization"),
                 method, request.uri.decode("ascii", "replace"), fed.server_name, content,
@@ -194,31 +210,27 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
 
         router.register([method], pattern, wrapped, servlet)
 
-    def args(request: Request, name: str) -> list[str]:
-        return [v.decode("utf-8", "replace") for v in (request.args or {}).get(name.encode(), [])]
+    def versions(request: Request) -> list[str]:
+        return query_values(request.args or {}, "ver", max_length=MAX_VERSION_LENGTH)
 
     async def send(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        if not isinstance(body, dict):
-            raise bad_json("a transaction must be a JSON object")
-        return 200, await fed.transactions.on_send(origin, p["txn_id"], body)
+        # The transaction handler checks 'pdus' and 'edus' (and counts what it refuses).
+        return 200, await fed.transactions.on_send(origin, p["txn_id"], body_object(body, "a transaction"))
 
     async def make_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
-        return 200, await fed.membership.make_join(origin, p["room_id"], p["user_id"], args(request, "ver"))
+        return 200, await fed.membership.make_join(origin, p["room_id"], p["user_id"], versions(request))
 
     async def send_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
-        return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body)
+        return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body_object(body))
 
     async def get_event(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check_event(origin, p["event_id"])
         return 200, await fed.history.get_event(origin, p["event_id"])
 
     def event_id_arg(request: Request) -> str:
-        ids = args(request, "event_id")
-        if not ids:
-            raise bad_json("missing the event_id query parameter")
-        return ids[0]
+        return query_required(request.args or {}, "event_id", is_valid_event_id, "event ID")
 
     async def state_ids(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
@@ -230,15 +242,17 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
 
     async def backfill(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
-        limits = args(request, "limit")
-        limit = int(limits[0]) if limits and limits[0].isdigit() and len(limits[0]) < 6 else 10
-        return 200, await fed.history.backfill(origin, p["room_id"], args(request, "v"), limit)
+        query = request.args or {}
+        limit = query_int(query, "limit", default=10, minimum=1, maximum=MAX_BACKFILL)
+        starts = query_list(query, "v", is_valid_event_id, "event ID")
+        if not starts:
+            raise missing_param("missing the 'v' query parameter (event IDs to backfill from)")
+        return 200, await fed.history.backfill(origin, p["room_id"], starts, limit)
 
     async def missing(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+        request_body = missing_events_body(body, is_valid_event_id)
         await fed.acl.check(origin, p["room_id"])
-        if not isinstance(body, dict):
-            raise bad_json("body must be a JSON object")
-        return 200, await fed.history.get_missing_events(origin, p["room_id"], body)
+        return 200, await fed.history.get_missing_events(origin, p["room_id"], request_body)
 
     async def make_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
@@ -246,31 +260,30 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
 
     async def send_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
-        return 200, await fed.membership.send_leave(origin, p["room_id"], p["event_id"], body)
+        return 200, await fed.membership.send_leave(origin, p["room_id"], p["event_id"], body_object(body))
 
     async def invite(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
-        return 200, await fed.membership.on_invite(origin, p["room_id"], p["event_id"], body)
+        return 200, await fed.membership.on_invite(origin, p["room_id"], p["event_id"], invite_body(body))
 
     async def make_knock(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
-        return 200, await fed.membership.make_knock(origin, p["room_id"], p["user_id"], args(request, "ver"))
+        return 200, await fed.membership.make_knock(origin, p["room_id"], p["user_id"], versions(request))
 
     async def send_knock(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check(origin, p["room_id"])
-        return 200, await fed.membership.send_knock(origin, p["room_id"], p["event_id"], body)
+        return 200, await fed.membership.send_knock(origin, p["room_id"], p["event_id"], body_object(body))
 
     async def profile(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        user_ids = args(request, "user_id")
-        if not user_ids:
-            raise bad_json("missing the user_id query parameter")
+        query = request.args or {}
+        user_id = query_required(query, "user_id", is_valid_user_id, "user ID")
+        field = query_one(query, "field")
         if profile_lookup is None:
             raise not_found("profiles are not served by this process")
-        row = await profile_lookup(user_ids[0])
+        row = await profile_lookup(user_id)
         result = {k: v for k, v in (("displayname", row.displayname), ("avatar_url", row.avatar_url)) if v is not None}
-        fields = args(request, "field")
-        if fields:
-            result = {k: v for k, v in result.items() if k == fields[0]}
+        if field is not None:
+            result = {k: v for k, v in result.items() if k == field}
         return 200, result
 
     authed("GET", f"{FED_V1}/make_leave/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", make_leave, "federation_make_leave")
@@ -282,12 +295,10 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
     authed("PUT", f"{FED_V2}/invite/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", invite, "federation_invite",
            has_body=True)
     async def directory(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        aliases = args(request, "room_alias")
-        if not aliases:
-            raise bad_json("missing the room_alias query parameter")
-        entry = await alias_lookup(aliases[0]) if alias_lookup is not None else None
+        alias = query_required(request.args or {}, "room_alias", is_valid_room_alias, "room alias")
+        entry = await alias_lookup(alias) if alias_lookup is not None else None
         if entry is None:
-            raise not_found(f"Room alias {aliases[0][:255]} not found")
+            raise not_found(f"Room alias {alias} not found")
         servers = sorted(await fed.membership.servers_in_room(entry[0]) | {fed.server_name})
         return 200, {"room_id": entry[0], "servers": [fed.server_name, *(s for s in servers if s != fed.server_name)]}
 
@@ -299,16 +310,12 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
     async def user_keys_query(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         if devices is None:
             raise not_found("keys are not served by this process")
-        if not isinstance(body, dict):
-            raise bad_json("body must be a JSON object")
-        return 200, await devices.query_keys(body)
+        return 200, await devices.query_keys(body_object(body))
 
     async def user_keys_claim(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         if devices is None:
             raise not_found("keys are not served by this process")
-        if not isinstance(body, dict):
-            raise bad_json("body must be a JSON object")
-        return 200, await devices.claim_keys(body)
+        return 200, await devices.claim_keys(body_object(body))
 
     authed("GET", f"{FED_V1}/user/devices/(?P<user_id>{_SEG})", user_devices, "federation_user_devices")
     authed("POST", f"{FED_V1}/user/keys/query", user_keys_query, "federation_user_keys_query", has_body=True)

@@ -27,6 +27,7 @@ from twisted.internet.defer import Deferred, FirstError, gatherResults
 
 from homeserver.events import FrozenEvent, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
+from homeserver.events.identifiers import is_valid_room_id
 from homeserver.federation.acl import ServerAcls
 from homeserver.federation.client import FederationClient
 from homeserver.federation.edus import EduRejected
@@ -178,8 +179,9 @@ class TransactionHandler:
     ) -> tuple[str | None, str | None, tuple[RoomVersion, FrozenEvent] | None]:
         """(event ID, error, None) for a PDU refused here, or (ID, None, (room version, event))
         for one that is well-formed, correctly signed and from a server the room lets in."""
-        if not isinstance(pdu, dict) or not isinstance(pdu.get("room_id"), str):
-            return None, None, None  # unidentifiable: nothing to report it under
+        if not isinstance(pdu, dict) or not is_valid_room_id(pdu.get("room_id")):
+            # Unidentifiable (or a room ID no lookup should see): nothing to report it under.
+            return None, None, None
         room_id = pdu["room_id"]
         identifier = await self._store.get_room_version(room_id)
         if identifier is None:

@@ -15,7 +15,7 @@ import re
 from typing import Any, Final
 
 from homeserver.events.constants import MAX_ID_BYTES
-from homeserver.events.identifiers import is_valid_user_id
+from homeserver.events.identifiers import is_valid_room_id, is_valid_user_id
 from storage.kernel.errors import MatrixError, bad_json, invalid_param
 
 # The localpart grammar for new user IDs (spec appendix, "User Identifiers").
@@ -76,12 +76,7 @@ def is_local_user_id(user_id: str, server_name: str) -> bool:
 
 def check_room_id(room_id: str) -> str:
     """A room ID (``!opaque:server``, or ``!hash`` from room version 12), or 400 ``M_INVALID_PARAM``."""
-    if (
-        not room_id.startswith("!")
-        or len(room_id) < 2
-        or len(room_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES
-        or not is_storable_text(room_id)
-    ):
+    if not is_valid_room_id(room_id):
         raise invalid_param(f"{room_id[:100]!r} is not a valid room ID")
     return room_id
 

@@ -27,7 +27,9 @@ from twisted.internet.defer import Deferred
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from storage.kernel.errors import MatrixError, bad_json, unrecognized
+from storage.kernel.errors import MatrixError, bad_json, invalid_param, unrecognized
+from storage.kernel.json_input import JsonRules, decode_json
+from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_server_name, is_valid_user_id
 from homeserver.http.metrics import HttpMetrics, method_label
 from storage.kernel.logcontext import log_context, set_log_context
 
@@ -78,49 +80,48 @@ class TributaryRequest(Request):
             super().handleContentChunk(data)  # type: ignore[no-untyped-call]
 
 
-def parse_json_body(request: Request) -> Any:
-    """The request body as JSON; 413 M_TOO_LARGE, 400 M_NOT_JSON as the spec says."""
+CLIENT_JSON: Final = JsonRules(max_bytes=DEFAULT_MAX_BODY_BYTES, max_depth=MAX_JSON_DEPTH)
+"""Client-server bodies: floats allowed where the spec has them, integers as Python parses them."""
+FEDERATION_JSON: Final = JsonRules(max_bytes=DEFAULT_MAX_BODY_BYTES, max_depth=MAX_JSON_DEPTH, canonical=True)
+"""Server-server bodies: signed as canonical JSON, so unique keys and integers in its range."""
+
+
+def parse_json_body(request: Request, rules: JsonRules = CLIENT_JSON) -> Any:
+    """The request body as JSON by ``rules`` (storage/kernel/json_input.py); 413 M_TOO_LARGE past the
+    listener's body limit, 400 M_NOT_JSON / M_BAD_JSON as the decoder says."""
     if getattr(request, "body_too_large", False):
         raise MatrixError(413, "M_TOO_LARGE", "Request body is too large")
     assert request.content is not None
     raw = request.content.read()
-    if not raw:
-        raise MatrixError(400, "M_NOT_JSON", "Request body is empty; expected JSON")
-    try:
-        text = raw.decode("utf-8")
-        value = json.loads(text, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise MatrixError(400, "M_NOT_JSON", "Request body is not valid UTF-8 JSON") from None
-    if _depth(value) > MAX_JSON_DEPTH:
-        raise MatrixError(400, "M_NOT_JSON", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-    return value
+    # The listener already bounded the body (its own limit, maybe above the default).
+    return decode_json(raw, attrs.evolve(rules, max_bytes=max(rules.max_bytes, len(raw))))
 
 
-def parse_json_object(request: Request) -> JsonDict:
-    value = parse_json_body(request)
+def parse_json_object(request: Request, rules: JsonRules = CLIENT_JSON) -> JsonDict:
+    value = parse_json_body(request, rules)
     if not isinstance(value, dict):
         raise bad_json("Request body must be a JSON object")
     return value
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
+ID_PARAMS: Final[Mapping[str, tuple[Callable[[object], bool], str]]] = {
+    "room_id": (is_valid_room_id, "room ID"),
+    "user_id": (is_valid_user_id, "user ID"),
+    "event_id": (is_valid_event_id, "event ID"),
+    "server": (is_valid_server_name, "server name"),
+}
+"""Path parameters named after an identifier, checked by its grammar (homeserver/events/identifiers.py)."""
 
 
-def _depth(value: Any, limit: int = MAX_JSON_DEPTH + 1) -> int:
-    depth = 0
-    stack = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if level > depth:
-            depth = level
-            if depth >= limit:
-                return depth
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
-    return depth
+def check_path_params(params: Mapping[str, str]) -> None:
+    """400 ``M_INVALID_PARAM`` for a path parameter with a NUL, or an identifier parameter that
+    breaks its grammar; run before any handler, so none of them reaches a lookup or a query."""
+    for name, value in params.items():
+        check = ID_PARAMS.get(name)
+        if check is not None and not check[0](value):
+            raise invalid_param(f"{name}: {value[:100]!r} is not a valid {check[1]}")
+        if "\x00" in value:
+            raise invalid_param(f"{name}: path parameters may not contain NUL")
 
 
 def encode_json(value: Any) -> bytes:
@@ -222,6 +223,7 @@ class JsonRouter(Resource):
                 params = {k: unquote(v, errors="strict") for k, v in match.groupdict().items() if v is not None}
             except UnicodeDecodeError:
                 raise MatrixError(400, "M_INVALID_PARAM", "Path parameters must be percent-encoded UTF-8") from None
+            check_path_params(params)
             set_log_context(servlet=route.servlet)
             gauge = self._metrics.in_flight.labels(servlet=route.servlet)
             gauge.inc()

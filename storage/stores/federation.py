@@ -51,12 +51,6 @@ class FederationStore:
 
         await self._db.run_interaction("store_transaction_response", write)
 
-    async def delete_transactions_before(self, before_ms: int) -> None:
-        def delete(txn: Transaction) -> None:
-            txn.execute("DELETE FROM received_transactions WHERE received_ts < %s", (before_ms,))
-
-        await self._db.run_interaction("delete_old_transactions", delete)
-
     async def get_key_response(self, server_name: str) -> StoredKeyResponse | None:
         def query(txn: Transaction) -> StoredKeyResponse | None:
             txn.execute(

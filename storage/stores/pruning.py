@@ -5,6 +5,8 @@
 - ``federation_stream``: EDUs every federation sender has acknowledged.
 - ``cache_invalidation_stream``: rows older than a day (a process that was away
   longer starts again with empty caches).
+- ``received_transactions``: answers to inbound ``/send`` transactions older than a
+  day; a sender repeats a transaction within seconds or minutes, not days.
 """
 
 # tests: tests/integration/test_pruning.py
@@ -46,6 +48,15 @@ def _prune_cache_invalidations_txn(txn: Transaction, before_ts: int, batch: int)
     return int(txn.rowcount)
 
 
+def _prune_received_transactions_txn(txn: Transaction, before_ts: int, batch: int) -> int:
+    txn.execute(
+        "DELETE FROM received_transactions WHERE ctid IN "
+        "(SELECT ctid FROM received_transactions WHERE received_ts < %s LIMIT %s)",
+        (before_ts, batch),
+    )
+    return int(txn.rowcount)
+
+
 class PruningStore:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -59,4 +70,9 @@ class PruningStore:
     async def prune_cache_invalidations(self, before_ts: int, batch: int) -> int:
         return await self._db.run_interaction(
             "prune_cache_invalidations", _prune_cache_invalidations_txn, before_ts, batch
+        )
+
+    async def prune_received_transactions(self, before_ts: int, batch: int) -> int:
+        return await self._db.run_interaction(
+            "prune_received_transactions", _prune_received_transactions_txn, before_ts, batch
         )

@@ -6,7 +6,7 @@ from twisted.internet.task import Clock
 
 from storage.database import Database, Transaction
 from storage.stores.pruning import PruningStore
-from workers.pruning import CACHE_INVALIDATIONS_KEPT_MS, StreamPruner
+from workers.pruning import CACHE_INVALIDATIONS_KEPT_MS, RECEIVED_TRANSACTIONS_KEPT_MS, StreamPruner
 
 NOW_MS = 10 * CACHE_INVALIDATIONS_KEPT_MS
 
@@ -19,6 +19,8 @@ def _fill_txn(txn: Transaction) -> None:
     for stream_id, ts in ((1, NOW_MS - CACHE_INVALIDATIONS_KEPT_MS - 1), (2, NOW_MS - 1000)):
         txn.execute("INSERT INTO cache_invalidation_stream (stream_id, instance_name, cache_name, keys, "
                     "invalidation_ts) VALUES (%s, 'master', 'c', NULL, %s)", (stream_id, ts))
+    for txn_id, ts in (("old", NOW_MS - RECEIVED_TRANSACTIONS_KEPT_MS - 1), ("recent", NOW_MS - 60_000)):
+        txn.execute("INSERT INTO received_transactions VALUES ('b.org', %s, '{}', %s)", (txn_id, ts))
 
 
 def _left_txn(txn: Transaction) -> tuple[list[tuple[int, str]], list[int], list[int]]:
@@ -30,6 +32,11 @@ def _left_txn(txn: Transaction) -> tuple[list[tuple[int, str]], list[int], list[
     return typing, federation, [int(r[0]) for r in txn.fetchall()]
 
 
+def _answers_txn(txn: Transaction) -> list[str]:
+    txn.execute("SELECT transaction_id FROM received_transactions ORDER BY transaction_id")
+    return [str(r[0]) for r in txn.fetchall()]
+
+
 async def test_pruning_keeps_what_readers_need(database: Database) -> None:
     await database.run_interaction("fill", _fill_txn)
     clock = Clock()
@@ -37,10 +44,11 @@ async def test_pruning_keeps_what_readers_need(database: Database) -> None:
     pruner = StreamPruner(PruningStore(database), clock, federation_senders=["fs1", "fs2"], batch=1)
 
     pruner.on_federation_ack("fs1", 4)  # fs2 has not acknowledged anything yet: keep every EDU
-    assert await pruner.run_once() == {"typing_stream": 2, "cache_invalidation_stream": 1}
+    assert await pruner.run_once() == {"typing_stream": 2, "cache_invalidation_stream": 1, "received_transactions": 1}
     typing, federation, caches = await database.run_interaction("left", _left_txn)
     assert typing == [(2, "!b"), (4, "!a")]  # each room's newest typing set
     assert federation == [1, 2, 3, 4, 5] and caches == [2]
+    assert await database.run_interaction("answers", _answers_txn) == ["recent"]
 
     pruner.on_federation_ack("fs2", 3)
     pruner.on_federation_ack("fs2", 2)  # older news changes nothing

@@ -9,18 +9,18 @@ Each servlet authenticates, parses path, query and body into typed values
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 from twisted.web.server import Request
 
 from homeserver.events import constants as C
+from homeserver.events.identifiers import is_valid_event_id, is_valid_server_name
 from homeserver.handlers.auth import Auth
 from homeserver.handlers.messages import MessagesHandler, parse_event_filter
 from homeserver.handlers.rooms import MEMBERSHIP_ACTIONS, RoomHandler
 from homeserver.routing.writers import Writers
-from homeserver.handlers.validation import check_text, check_user_id
+from homeserver.handlers.validation import check_room_id, check_text, check_user_id
 from homeserver.http.client_api._base import (
     client_path,
     empty,
@@ -31,7 +31,8 @@ from homeserver.http.client_api._base import (
     required_string,
 )
 from storage.kernel.errors import bad_json, invalid_param
-from homeserver.http.server import Routes, parse_json_object
+from homeserver.http.server import CLIENT_JSON, Routes, parse_json_object
+from storage.kernel.json_input import JsonInputError, decode_json
 
 MAX_ID_LENGTH: Final = 255
 MAX_REASON_LENGTH: Final = 2048
@@ -39,15 +40,11 @@ ROOM: Final = r"/rooms/(?P<room_id>[^/]+)"
 
 
 def _room_id(params: Mapping[str, str]) -> str:
-    room_id = check_text(params["room_id"], "roomId", max_length=MAX_ID_LENGTH)
-    if not room_id.startswith("!") or len(room_id) > MAX_ID_LENGTH:
-        raise invalid_param(f"Invalid room ID {room_id[:100]!r}")
-    return room_id
+    return check_room_id(params["room_id"])
 
 
 def _event_id(value: str) -> str:
-    check_text(value, "eventId", max_length=MAX_ID_LENGTH)
-    if not value.startswith("$") or len(value) > MAX_ID_LENGTH:
+    if not is_valid_event_id(value):
         raise invalid_param(f"Invalid event ID {value[:100]!r}")
     return value
 
@@ -77,7 +74,7 @@ def _query_servers(request: Request) -> list[str]:
             server = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise invalid_param("Query parameters 'via'/'server_name' must be valid UTF-8") from None
-        if not server or len(server) > MAX_ID_LENGTH or not server.isprintable() or "/" in server:
+        if not is_valid_server_name(server):
             raise invalid_param(f"Invalid server name {server[:100]!r} in 'via'/'server_name'")
         servers.append(server)
     return servers
@@ -90,9 +87,9 @@ def _query_json(request: Request, name: str) -> Any:
     if len(text) > 8192:
         raise invalid_param(f"Query parameter '{name}' is too long")
     try:
-        return json.loads(text)
-    except ValueError:
-        raise invalid_param(f"Query parameter '{name}' must be JSON") from None
+        return decode_json(text, CLIENT_JSON)
+    except JsonInputError as e:
+        raise invalid_param(f"Query parameter '{name}' must be JSON: {e.error}") from None
 
 
 def register_room_servlets(

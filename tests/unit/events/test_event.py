@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -134,3 +135,19 @@ def test_parse_pdu_round_trip_and_garbage() -> None:
 )
 def test_user_id_grammar(user_id: object, valid: bool) -> None:
     assert is_valid_user_id(user_id) is valid
+
+
+@pytest.mark.parametrize(("key", "cap"), [("prev_events", 20), ("auth_events", 10)])
+def test_received_pdus_are_capped_on_edges(key: str, cap: int) -> None:
+    pdu = _message_pdu()
+    pdu[key] = [f"$e{i}" for i in range(cap)]
+    make_event(V11, pdu)  # at the cap: fine
+    pdu[key] = [f"$e{i}" for i in range(cap + 1)]
+    with pytest.raises(InvalidEvent, match=f"{cap + 1} {key}; at most {cap}"):
+        make_event(V11, pdu)
+    # An event loaded back from our own database is not re-judged.
+    assert len(getattr(make_event(V11, pdu, trusted_event_id="$stored"), key.replace("events", "event_ids"))) == cap + 1
+    # 1,300 of them (issue 18's finding) are refused before any hashing.
+    pdu[key] = [f"$e{i}" for i in range(1300)]
+    with pytest.raises(InvalidEvent):
+        parse_pdu(V11, json.dumps(pdu))

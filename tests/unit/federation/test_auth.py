@@ -94,3 +94,27 @@ def test_authenticate_failures_are_401(headers: list[bytes] | None, keys: dict[t
     with pytest.raises(MatrixError) as info:
         _authenticate(headers, keys)
     assert (info.value.status, info.value.errcode) == (401, "M_UNAUTHORIZED")
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        'X-Matrix origin="' + "a" * 64 + '.test",key="ed25519:k1",sig="abc"',  # a DNS label over 63
+        'X-Matrix origin="a.test:0",key="ed25519:k1",sig="abc"',
+        'X-Matrix origin="a\x00.test",key="ed25519:k1",sig="abc"',
+        'X-Matrix origin="a.test",destination="b..test",key="ed25519:k1",sig="abc"',
+        'X-Matrix origin="a.test",key="ed25519:k\x001",sig="abc"',
+        'X-Matrix origin="a.test",key="nocolon",sig="abc"',
+    ],
+)
+def test_invalid_origins_and_key_ids_fail_before_any_key_lookup(header: str) -> None:
+    looked_up: list[tuple[str, str]] = []
+
+    async def lookup(server: str, key_id: str) -> object:
+        looked_up.append((server, key_id))
+        return None
+
+    with pytest.raises(MatrixError) as info:
+        run_sync(authenticate_request([header.encode()], "PUT", URI, "dest.test", BODY, lookup))  # type: ignore[arg-type]
+    assert (info.value.status, info.value.errcode) == (401, "M_UNAUTHORIZED")
+    assert looked_up == []

@@ -55,6 +55,9 @@ def server() -> Any:
     async def hello(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         return 200, {"hello": params["name"]}
 
+    async def hello_ids(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, dict(params)
+
     async def forbidden(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         raise MatrixError(403, "M_FORBIDDEN", "not you", extra_field=1)
 
@@ -64,6 +67,8 @@ def server() -> Any:
     s.router.register(["PUT"], r"/echo/(?P<thing>[^/]+)", echo, "echo")
     s.router.register(["GET"], r"/hello/(?P<name>[^/]+)", hello, "hello")
     s.router.register(["GET"], r"/forbidden", forbidden, "forbidden")
+    s.router.register(["GET"], r"/ids/(?P<room_id>[^/]+)/(?P<user_id>[^/]+)/(?P<event_id>[^/]+)/(?P<server>[^/]+)",
+                      hello_ids, "ids")
     s.router.register(["GET"], r"/broken", broken, "broken")
     yield s
     run_sync(s.port.stopListening())
@@ -105,6 +110,8 @@ async def test_matrix_errors_and_bugs_become_error_json(server: Server) -> None:
         (b"\xff\xfe{}", 400, "M_NOT_JSON"),
         (b"NaN", 400, "M_NOT_JSON"),
         (b"[1, 2]", 400, "M_BAD_JSON"),
+        (b'{"a": 1e400}', 400, "M_BAD_JSON"),
+        (b'{"a": "\\ud800"}', 400, "M_BAD_JSON"),
         (b"[" * 200 + b"]" * 200, 400, "M_NOT_JSON"),
         (b'{"a": "' + b"x" * 2000 + b'"}', 413, "M_TOO_LARGE"),
     ],
@@ -112,6 +119,29 @@ async def test_matrix_errors_and_bugs_become_error_json(server: Server) -> None:
 async def test_bad_bodies(server: Server, body: bytes, status: int, errcode: str) -> None:
     got_status, got_body, _ = await server.request("PUT", "/echo/x", body)
     assert (got_status, got_body["errcode"]) == (status, errcode)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/hello/a%00b",
+        "/ids/!r%00:hs/@u:hs/$e/hs",
+        "/ids/r:hs/@u:hs/$e/hs",
+        "/ids/!r:hs/@u:hs:port/$e/hs",
+        "/ids/!r:hs/@u:hs/e/hs",
+        "/ids/!r:hs/@u:hs/$e/" + "x" * 64 + ".org",
+        "/ids/!r:hs/@u:hs/$e%0A/hs",
+        "/ids/!" + "r" * 300 + "/@u:hs/$e/hs",
+    ],
+)
+async def test_identifier_path_parameters_are_checked_before_the_handler(server: Server, path: str) -> None:
+    status, body, _ = await server.request("GET", path)
+    assert (status, body["errcode"]) == (400, "M_INVALID_PARAM")
+
+
+async def test_valid_identifier_path_parameters_reach_the_handler(server: Server) -> None:
+    status, body, _ = await server.request("GET", "/ids/%21r%3Ahs/%40u%3Ahs%3A8448/%24e/%5B%3A%3A1%5D%3A80")
+    assert (status, body) == (200, {"room_id": "!r:hs", "user_id": "@u:hs:8448", "event_id": "$e", "server": "[::1]:80"})
 
 
 async def test_bad_percent_encoding_is_a_400(server: Server) -> None:

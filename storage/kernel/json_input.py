@@ -1,0 +1,139 @@
+"""The one strict JSON decoder for untrusted input: request bodies (client and federation) and PDUs.
+
+It owns what "acceptable JSON" means at the edge: bounded size and nesting, UTF-8 text, no
+``NaN``/``Infinity``, no number that overflows to infinity (``1e400``), no lone surrogate
+(``"\\ud800"``), and, where canonical JSON matters (federation bodies, events), no duplicate
+keys and no integer outside ``[-(2**53)+1, 2**53-1]``. Floats are a separate switch: client
+bodies may hold them where the spec allows, events may not. It does not know about HTTP
+requests, events or room versions; callers pick a ``JsonRules`` and turn ``JsonInputError``
+(a ``MatrixError``) into whatever their layer raises.
+
+Error codes follow the spec's "Common error codes": ``M_NOT_JSON`` when the text is not JSON
+at all (syntax, encoding, ``NaN``, nesting our parser refuses), ``M_BAD_JSON`` when it is JSON
+but a value we cannot accept (overflowing or out-of-range number, lone surrogate, duplicate
+key, float where none is allowed), ``M_TOO_LARGE`` (413) over the size bound.
+"""
+
+# tests: tests/unit/storage/test_json_input.py
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Final
+
+import attrs
+
+from storage.kernel.errors import MatrixError
+
+CANONICAL_INT_MIN: Final = -(2**53) + 1
+CANONICAL_INT_MAX: Final = 2**53 - 1
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+class JsonInputError(MatrixError):
+    """Untrusted JSON we refuse: ``M_NOT_JSON``, ``M_BAD_JSON`` (400) or ``M_TOO_LARGE`` (413)."""
+
+
+@attrs.frozen(slots=True)
+class JsonRules:
+    """How strict one kind of input is.
+
+    ``canonical``: integers must lie in canonical JSON's range and object keys must be unique
+    (federation bodies and events, which are signed and hashed as canonical JSON).
+    ``allow_floats``: non-integer numbers are accepted (finite ones only, always).
+    """
+
+    max_bytes: int
+    max_depth: int = 100
+    canonical: bool = False
+    allow_floats: bool = True
+
+
+class _Refused(Exception):
+    """Raised from inside the parser's hooks; deliberately not a ValueError, which means syntax."""
+
+    def __init__(self, errcode: str, error: str) -> None:
+        super().__init__(error)
+        self.errcode = errcode
+        self.error = error
+
+
+def _reject_constant(name: str) -> None:
+    raise _Refused("M_NOT_JSON", f"{name} is not valid JSON")
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Refused("M_BAD_JSON", f"duplicate object key {key[:100]!r}")
+            seen.add(key)
+    return result
+
+
+def decode_json(raw: bytes | str, rules: JsonRules) -> Any:
+    """``raw`` parsed as JSON under ``rules``; raises ``JsonInputError`` and nothing else."""
+    if len(raw) > rules.max_bytes:
+        raise JsonInputError(413, "M_TOO_LARGE", f"JSON of {len(raw)} bytes exceeds the {rules.max_bytes}-byte bound")
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise JsonInputError(400, "M_NOT_JSON", "JSON must be UTF-8 text") from None
+    else:
+        text = raw
+    if not text.strip():
+        raise JsonInputError(400, "M_NOT_JSON", "empty body; expected JSON")
+
+    def parse_float(number: str) -> float:
+        if not rules.allow_floats:
+            raise _Refused("M_BAD_JSON", f"non-integer number {number[:40]} is not allowed here")
+        value = float(number)
+        if not math.isfinite(value):
+            raise _Refused("M_BAD_JSON", f"number {number[:40]} is out of range")
+        return value
+
+    try:
+        value = json.loads(
+            text,
+            parse_float=parse_float,
+            parse_constant=_reject_constant,
+            object_pairs_hook=_unique_pairs if rules.canonical else None,
+        )
+    except _Refused as e:
+        raise JsonInputError(400, e.errcode, e.error) from None
+    except RecursionError:
+        raise JsonInputError(400, "M_NOT_JSON", f"JSON nested deeper than {rules.max_depth} levels") from None
+    except ValueError as e:  # JSONDecodeError, and int() refusing thousands of digits
+        raise JsonInputError(400, "M_NOT_JSON", f"not valid JSON: {str(e)[:200]}") from None
+    _check_values(value, rules)
+    return value
+
+
+def _check_values(value: Any, rules: JsonRules) -> None:
+    """Nesting depth, lone surrogates in keys and strings, and (canonical) the integer range."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > rules.max_depth:
+            raise JsonInputError(400, "M_NOT_JSON", f"JSON nested deeper than {rules.max_depth} levels")
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise JsonInputError(400, "M_BAD_JSON", "string holds a lone UTF-16 surrogate")
+        elif isinstance(item, bool) or item is None or isinstance(item, float):
+            continue
+        elif isinstance(item, int):
+            if rules.canonical and not CANONICAL_INT_MIN <= item <= CANONICAL_INT_MAX:
+                raise JsonInputError(400, "M_BAD_JSON", f"integer {str(item)[:40]} is outside the canonical "
+                                                        f"JSON range [{CANONICAL_INT_MIN}, {CANONICAL_INT_MAX}]")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if _SURROGATE.search(key):
+                    raise JsonInputError(400, "M_BAD_JSON", "object key holds a lone UTF-16 surrogate")
+                stack.append((child, depth + 1))
+        else:
+            stack.extend((child, depth + 1) for child in item)

@@ -1,0 +1,100 @@
+"""The strict JSON decoder of the kernel: what each rule set refuses, with which error code."""
+
+# tests: storage/kernel/json_input.py
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from storage.kernel.json_input import CANONICAL_INT_MAX, CANONICAL_INT_MIN, JsonInputError, JsonRules, decode_json
+
+CLIENT = JsonRules(max_bytes=10_000)
+CANONICAL = JsonRules(max_bytes=10_000, canonical=True)
+EVENT = JsonRules(max_bytes=10_000, canonical=True, allow_floats=False)
+
+
+def refused(raw: bytes | str, rules: JsonRules) -> tuple[int, str]:
+    with pytest.raises(JsonInputError) as info:
+        decode_json(raw, rules)
+    return info.value.status, info.value.errcode
+
+
+@pytest.mark.parametrize("rules", [CLIENT, CANONICAL, EVENT])
+@pytest.mark.parametrize(
+    ("raw", "errcode"),
+    [
+        (b"", "M_NOT_JSON"),
+        (b"   ", "M_NOT_JSON"),
+        (b"{not json", "M_NOT_JSON"),
+        (b"\xff\xfe{}", "M_NOT_JSON"),
+        (b'{"a": "\xed\xa0\x80"}', "M_NOT_JSON"),  # a surrogate encoded as UTF-8 is not UTF-8
+        (b"NaN", "M_NOT_JSON"),
+        (b'{"a": -Infinity}', "M_NOT_JSON"),
+        (b"[" * 200 + b"]" * 200, "M_NOT_JSON"),
+        (b"[" * 5000 + b"]" * 5000, "M_NOT_JSON"),
+        (b'{"a": 1' + b"0" * 5000 + b"}", "M_NOT_JSON"),
+        (b'{"a": 1e400}', "M_BAD_JSON"),
+        (b'{"a": [-1e400]}', "M_BAD_JSON"),
+        (b'{"a": "\\ud800"}', "M_BAD_JSON"),
+        (b'{"\\udc00": 1}', "M_BAD_JSON"),
+        (b'["x\\ud83d"]', "M_BAD_JSON"),
+    ],
+)
+def test_refused_by_every_rule_set(rules: JsonRules, raw: bytes, errcode: str) -> None:
+    assert refused(raw, rules) == (400, errcode)
+
+
+def test_size_bound_is_413() -> None:
+    assert refused(b'{"a": "' + b"x" * 20_000 + b'"}', CLIENT) == (413, "M_TOO_LARGE")
+
+
+def test_canonical_rules_refuse_duplicate_keys_and_big_integers() -> None:
+    assert decode_json(b'{"a": 1, "a": 2}', CLIENT) == {"a": 2}
+    assert refused(b'{"a": 1, "b": {"a": 1, "a": 2}}', CANONICAL) == (400, "M_BAD_JSON")
+    big = str(CANONICAL_INT_MAX + 1).encode()
+    small = str(CANONICAL_INT_MIN - 1).encode()
+    assert decode_json(b"[" + big + b"]", CLIENT) == [CANONICAL_INT_MAX + 1]
+    for raw in (b"[" + big + b"]", b'{"x": ' + small + b"}"):
+        assert refused(raw, CANONICAL) == (400, "M_BAD_JSON")
+    edges = f"[{CANONICAL_INT_MAX}, {CANONICAL_INT_MIN}]".encode()
+    assert decode_json(edges, CANONICAL) == [CANONICAL_INT_MAX, CANONICAL_INT_MIN]
+
+
+def test_floats_are_a_switch() -> None:
+    assert decode_json(b'{"ts": 1.5, "e": 1e300}', CANONICAL) == {"ts": 1.5, "e": 1e300}
+    assert refused(b'{"ts": 1.5}', EVENT) == (400, "M_BAD_JSON")
+    assert refused(b'{"ts": 1e2}', EVENT) == (400, "M_BAD_JSON")
+
+
+def test_valid_surrogate_pairs_and_depth_edge() -> None:
+    assert decode_json(b'{"s": "\\ud83d\\ude00"}', EVENT) == {"s": "\U0001F600"}
+    rules = JsonRules(max_bytes=10_000, max_depth=4)  # a scalar counts as a level
+    assert decode_json(b'[[["deep"]]]', rules) == [[["deep"]]]
+    assert refused(b'[[[["deeper"]]]]', rules) == (400, "M_NOT_JSON")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(CANONICAL_INT_MIN, CANONICAL_INT_MAX) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(derandomize=True, max_examples=200)
+@given(json_values)
+def test_canonical_values_round_trip(value: object) -> None:
+    assert decode_json(json.dumps(value).encode(), EVENT) == value
+
+
+@settings(derandomize=True, max_examples=300)
+@given(st.binary(max_size=200) | st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")))
+def test_arbitrary_bytes_raise_only_json_input_error(raw: bytes) -> None:
+    for rules in (CLIENT, CANONICAL, EVENT):
+        try:
+            decode_json(raw, rules)
+        except JsonInputError as e:
+            assert e.status in (400, 413) and e.errcode in ("M_NOT_JSON", "M_BAD_JSON", "M_TOO_LARGE")
