@@ -36,9 +36,9 @@ class CatchUpConfig:
     # A destination whose backoff grows past this drops its in-memory queue and catches up.
     threshold: timedelta = timedelta(hours=1)
     rooms_per_batch: int = 50
-    # Besides each room's latest events, send up to this many of the events it
-    # missed there, oldest first, so the destination need not fetch the gap (0: off).
-    # One transaction's worth: an outage of a few dozen messages per room needs no fetch.
+    # Before each room's latest events, send the events it missed there, oldest
+    # first, this many per round (a room with more is sent in rounds), so the
+    # destination need not fetch the gap (0: off, latest events only).
     missed_events_per_room: int = 50
     # Destinations woken to catch up, at most this many per second (start-up and scans).
     wakes_per_second: float = 10.0

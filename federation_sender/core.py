@@ -416,8 +416,12 @@ class Destination:
 
     def on_position(self, position: int, now_ms: int) -> list[Action]:
         """The events stream's position moved to ``position``."""
-        if self._awaiting_position is None or position <= self._awaiting_position:
+        if self._awaiting_position is None:
             return []
+        if position <= self._awaiting_position:
+            # Not past what catch-up saw yet (another writer moved, the linear position did not):
+            # the loop forgets a waiter it has woken, so ask again, or nothing ever wakes it.
+            return [WaitForPosition(self._awaiting_position)]
         self._awaiting_position = None
         return self._next(now_ms)
 
@@ -553,11 +557,8 @@ class Destination:
 
     def on_persisted(self, now_ms: int) -> list[Action]:
         step = self._answer(PersistPosition, PersistRetry)
-        if isinstance(step, PersistPosition):
-            if step.advance_to is not None:
-                self._acked = max(self._acked, step.advance_to)
-            if self._catch_up_from is not None:
-                self._done_rooms.update(step.completed_rooms)
+        if isinstance(step, PersistPosition) and step.advance_to is not None:
+            self._acked = max(self._acked, step.advance_to)
         return self._next(now_ms)
 
     # --- deciding what to do next -----------------------------------------------------------------
@@ -565,6 +566,11 @@ class Destination:
     def _after_answer(
         self, txn: PlannedTransaction, refusals: tuple[Refusal, ...], *, clear_retry: bool, now_ms: int
     ) -> list[Action]:
+        if self._catch_up_from is not None:
+            # How far each room got is kept in memory only: the destination answered for these
+            # events, so the next round of a room sent in rounds starts after them. A restart
+            # starts every room again from catch_up_from (the receiver drops what it has by ID).
+            self._done_rooms.update(txn.completed_rooms)
         persist = PersistPosition(txn.txn_id, txn.advance_to, clear_retry, txn.to_device_upto, refusals,
                                   txn.completed_rooms)
         if persist.advance_to is None and not clear_retry and persist.to_device_upto is None and not refusals:

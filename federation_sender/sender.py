@@ -460,6 +460,7 @@ class FederationSender:
                         room_id, position,
                         tuple(_pending(e, now) for e in data.missed.get(room_id, ())),
                         tuple(_pending(e, now) for e in data.latest.get(room_id, ())),
+                        more=room_id in data.more,
                     )
                     for room_id, position, _ in reads
                 ]

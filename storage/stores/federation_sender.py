@@ -47,11 +47,13 @@ class CatchUpEvent:
 class CatchUpData:
     """What catch-up sends for a batch of rooms (see federation_sender/catch_up.py)."""
 
-    # Per room, the destination's missed events there, newest ``limit`` of them.
+    # Per room, the destination's missed events there, oldest ``limit`` of them.
     missed: Mapping[str, list[CatchUpEvent]]
     # Per room, the events to end on: forward extremities, or our newest event when
     # the destination cannot see the room's current state.
     latest: Mapping[str, list[CatchUpEvent]]
+    # The rooms with more missed events than ``limit``: catch-up sends them in rounds.
+    more: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -253,19 +255,21 @@ class FederationSenderStore:
     async def get_catch_up_data(
         self, destination: str, rooms: Sequence[tuple[str, int, int]], missed_per_room: int
     ) -> CatchUpData:
-        """``rooms``: (room, its destination_rooms position, the position its missed events start after)."""
+        """``rooms``: (room, its destination_rooms position, the position its missed events start after).
+        Per room, the oldest ``missed_per_room`` missed events, and whether more follow them."""
         room_ids = [room_id for room_id, _, _ in rooms]
         positions = [position for _, position, _ in rooms]
         afters = [after for _, _, after in rooms]
 
         def query(txn: Transaction) -> CatchUpData:
             missed: dict[str, list[CatchUpEvent]] = {}
+            more: set[str] = set()
             if missed_per_room > 0:
                 txn.execute(
                     """
                     SELECT room_id, stream_ordering, event_id, json FROM (
                         SELECT e.room_id, e.stream_ordering, e.event_id, e.json,
-                               row_number() OVER (PARTITION BY e.room_id ORDER BY e.stream_ordering DESC) AS n
+                               row_number() OVER (PARTITION BY e.room_id ORDER BY e.stream_ordering) AS n
                         FROM events e
                         JOIN unnest(%s::text[], %s::bigint[], %s::bigint[]) AS r (room_id, upto, after)
                             ON e.room_id = r.room_id
@@ -274,10 +278,14 @@ class FederationSenderStore:
                     ) m
                     WHERE n <= %s ORDER BY stream_ordering
                     """,
-                    (room_ids, positions, afters, destination, missed_per_room),
+                    (room_ids, positions, afters, destination, missed_per_room + 1),
                 )
                 for row in txn.fetchall():
-                    missed.setdefault(row[0], []).append(CatchUpEvent(row[0], int(row[1]), row[2], row[3]))
+                    room_events = missed.setdefault(row[0], [])
+                    if len(room_events) == missed_per_room:  # one past the bound: more follow
+                        more.add(row[0])
+                    else:
+                        room_events.append(CatchUpEvent(row[0], int(row[1]), row[2], row[3]))
             # Rooms where the destination has a member joined now can see the room's latest events.
             txn.execute(
                 """
@@ -307,7 +315,7 @@ class FederationSenderStore:
                 )
                 for row in txn.fetchall():
                     latest.setdefault(row[0], []).append(CatchUpEvent(row[0], int(row[1]), row[2], row[3]))
-            return CatchUpData(missed, latest)
+            return CatchUpData(missed, latest, frozenset(more))
 
         return await self._db.run_interaction("get_catch_up_data", query)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from federation_sender.catch_up import CatchUpRoom, plan_chunks
+from federation_sender.catch_up import CatchUpChunk, CatchUpRoom, plan_chunks
 from federation_sender.queue import PendingPdu
 
 
@@ -74,4 +74,40 @@ def test_every_pdu_once_in_order_no_chunk_too_big_positions_never_pass_an_unsent
                 if r.stream_ordering <= c.advance_to:
                     assert {p.event_id for p in r.pdus()} <= delivered
     assert chunks[-1].advance_to == rooms[-1].stream_ordering
-    assert [room for c in chunks for room, _ in c.completed] == [r.room_id for r in rooms]
+    assert sorted(room for c in chunks for room, _ in c.completed) == sorted(r.room_id for r in rooms)
+    for c in chunks:  # a room is reported reached in the chunk that carries its last PDU
+        for room_id, _ in c.completed:
+            r = next(r for r in rooms if r.room_id == room_id)
+            assert {p.event_id for p in r.pdus()} <= delivered_by(chunks, c)
+
+
+def delivered_by(chunks: list[CatchUpChunk], last: CatchUpChunk) -> set[str]:
+    delivered: set[str] = set()
+    for c in chunks:
+        delivered.update(p.event_id for p in c.pdus)
+        if c is last:
+            return delivered
+    raise AssertionError("not one of the chunks")
+
+
+def test_a_room_with_more_missed_events_sends_only_them_and_holds_the_position() -> None:
+    """Issue 28: a room whose gap is longer than the bound sends its oldest missed events this
+    round, not its latest ones (which the receiver could not attach), and stays behind: the
+    position stops below it, and the chunk says how far it got."""
+    big = CatchUpRoom("a", 90, tuple(pdu("a", n) for n in (10, 11, 12)), (pdu("a", 90),), more=True)
+    assert [p.stream_ordering for p in big.pdus()] == [10, 11, 12]
+    chunks = plan_chunks([room("z", 5, [4], [5]), big, room("b", 95, [93], [95])], max_pdus=3)
+    assert [[(p.room_id, p.stream_ordering) for p in c.pdus] for c in chunks] == [
+        [("z", 4), ("a", 10), ("b", 93)],
+        [("z", 5), ("a", 11), ("b", 95)],
+        [("a", 12)],
+    ]
+    assert [c.advance_to for c in chunks] == [None, 5, None]
+    assert [c.completed for c in chunks] == [(), (("z", 5), ("b", 95)), (("a", 12),)]
+
+
+def test_a_room_sent_in_rounds_is_complete_in_its_last_round() -> None:
+    last = CatchUpRoom("a", 90, tuple(pdu("a", n) for n in (13, 90)), (pdu("a", 90),))
+    chunks = plan_chunks([last], max_pdus=50)
+    assert [[p.stream_ordering for p in c.pdus] for c in chunks] == [[13, 90]]
+    assert [(c.advance_to, c.completed) for c in chunks] == [(90, (("a", 90),))]

@@ -15,9 +15,13 @@ Checked after every step:
   sender killed right now would miss nothing;
 - a position is only ever written for a transaction the destination answered;
 - no transaction carries more than 50 PDUs or 100 EDUs, and each room's PDUs
-  are in stream order within it.
+  are in stream order within it;
+- a catch-up transaction leaves the destination no gap: every older event of a
+  room it carries was answered before, or comes earlier in it (issue 28: a
+  crash-made gap must never need more than the receiver's get_missing_events).
 And at the end, once the destination is healthy and time runs on: every event
-and every to-device message was delivered.
+and every to-device message was delivered, with catch-up's per-room bound
+small (7) so rooms with longer gaps are sent in rounds.
 """
 
 from __future__ import annotations
@@ -33,15 +37,14 @@ from tests.unit.federation_sender.world import CONFIG, World, pdu
 
 ROOMS = ("!a", "!b", "!c")
 STATUSES = (200, 200, 200, 500, None, 429, 400)
-# Every missed event is sent (the default, 50 per room, deliberately leaves older gaps to the
-# receiver's get_missing_events; that bound is a choice, not what is checked here).
-UNBOUNDED = attrs.evolve(CONFIG, catch_up=attrs.evolve(CONFIG.catch_up, missed_events_per_room=1000))
+# A bound far below the gaps the rules make (up to 60 events at once), so rooms are caught up in rounds.
+SMALL_ROUNDS = attrs.evolve(CONFIG, catch_up=attrs.evolve(CONFIG.catch_up, missed_events_per_room=7))
 
 
 class DestinationMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.w = World(UNBOUNDED)
+        self.w = World(SMALL_ROUNDS)
         self.fanned_out = 0  # events up to here were handed to the destination's core
         self.answered_txns: set[str] = set()
         self.last_persisted = 0
@@ -155,6 +158,18 @@ class DestinationMachine(RuleBasedStateMachine):
             for room in ROOMS:
                 orderings = [p.stream_ordering or 0 for p in txn.pdus if p.room_id == room]
                 assert orderings == sorted(orderings), (txn.txn_id, room, orderings)
+
+    @invariant()
+    def catch_up_leaves_no_gap(self) -> None:
+        w = self.w
+        if not isinstance(w.request, SendTransaction) or not w.request.txn.catch_up:
+            return
+        carried: set[int] = set()
+        for p in w.request.txn.pdus:
+            ordering = p.stream_ordering or 0
+            gap = [o for o in w.unanswered() if o < ordering and w.events[o] == p.room_id and o not in carried]
+            assert not gap, f"{w.request.txn.txn_id} sends {p.event_id} while {gap[:5]} of its room are unsent"
+            carried.add(ordering)
 
     def teardown(self) -> None:
         """The destination comes back for good: everything ends up delivered."""

@@ -268,6 +268,25 @@ def test_startup_catches_up_and_waits_for_the_position_without_polling() -> None
     assert h.store.row("b.example").catch_up_from is None, "caught up"
 
 
+def test_a_position_that_has_not_passed_yet_keeps_catch_up_waiting() -> None:
+    """Issue 28, found by tests/integration/test_sender_crash.py: with two event persisters, one
+    writer's announcement can leave the events stream's (linear) position where it was. Catch-up
+    waiting for the position to pass what it saw is woken, finds it has not, and must still be
+    woken by the later move that does; it used to be forgotten, and the destination stayed behind."""
+    h = Harness()
+    h.store.add_event("!r", ("b.example",))
+    h.start()
+    h.clock.advance(1)  # the rate-limited wake-up: catch-up begins and waits for the position
+    h.sender.notify_new_events(0)  # a writer moved; the position did not
+    h.clock.pump([1.0] * 5)
+    assert h.calls == []
+    h.position = 1
+    h.sender.notify_new_events(1)
+    assert [event_ids(c) for c in h.calls] == [["$e1"]]
+    h.calls[0].answer.callback({})
+    assert h.store.row("b.example").last_successful == 1
+
+
 def test_refused_pdus_are_stored_and_counted_by_reason() -> None:
     h = Harness()
     h.start()

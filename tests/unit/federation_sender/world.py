@@ -183,9 +183,10 @@ class World:
                 planned = []
                 for room, position, after in reads:
                     missed = [o for o, r in sorted(self.events.items()) if r == room and after < o <= position]
-                    missed = missed[-limit:] if limit else []
+                    more = bool(limit) and len(missed) > limit
+                    missed = missed[:limit] if limit else []
                     planned.append(CatchUpRoom(room, position, tuple(pdu(o, room) for o in missed),
-                                               (pdu(position, room),)))
+                                               (pdu(position, room),), more=more))
                 self.feed(dest.on_catch_up_events(planned, now))
             case EndCatchUp():
                 self.row.catch_up_from = None
