@@ -7,13 +7,13 @@ Events core errors become ``MatrixError``s here (``AuthError`` -> 403
 parse and serialise. It does not know the timeline (messages.py) or sync.
 """
 
-# tests: tests/integration/test_client_rooms.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_membership.py
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -35,7 +35,7 @@ from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.profile import ProfileHandler
 from homeserver.handlers.ratelimit import Ratelimiters, ratelimit
-from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
+from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound, MembershipPrecondition
 from homeserver.handlers.validation import check_text
 from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, not_found
 from storage.caches import DictCache
@@ -46,6 +46,14 @@ from storage.stores.timeline import TimelineStore
 logger = logging.getLogger(__name__)
 
 MEMBERSHIP_ACTIONS = {"invite": C.INVITE, "kick": C.LEAVE, "ban": C.BAN, "unban": C.LEAVE}
+# Client-API rules stricter than the auth rules, as Synapse: a kick removes a user who is in
+# the room (joined, invited or knocking), and an unban applies only to a banned user. The
+# auth rules alone would let a "kick" of a user who left re-send their leave, and an
+# "unban" of a joined user kick them.
+ACTION_TARGET_MEMBERSHIPS: Final = {
+    "kick": (frozenset({C.JOIN, C.INVITE, C.KNOCK}), "The target user is not in the room"),
+    "unban": (frozenset({C.BAN}), "The target user is not banned"),
+}
 
 
 class RemoteMembershipError(Exception):
@@ -159,9 +167,11 @@ class RoomHandler:
 
     # --- sending --------------------------------------------------------------------------
 
-    async def _send(self, room_id: str, template: EventTemplate, sender: str) -> FrozenEvent:
+    async def _send(
+        self, room_id: str, template: EventTemplate, sender: str, *, precheck: MembershipPrecondition | None = None
+    ) -> FrozenEvent:
         try:
-            return await self._room_events.send(room_id, template, sender)
+            return await self._room_events.send(room_id, template, sender, precheck=precheck)
         except (RoomNotFound, EventsError, TypeError, ValueError) as e:
             raise send_error(e, room_id) from None
 
@@ -349,7 +359,13 @@ class RoomHandler:
         reason: str | None = None,
         extra: Mapping[str, Any] | None = None,
         ratelimited: bool = True,
+        action: str | None = None,
     ) -> str:
+        """Send ``target``'s new membership, authorised against the room's current state.
+
+        ``action`` is the endpoint (``kick``, ``unban``, ...) when its rule is stricter
+        than the auth rules (``ACTION_TARGET_MEMBERSHIPS``).
+        """
         remote = self._remote
         if remote is not None and membership == C.INVITE and server_name_of(target) != self._server_name:
             return await self._invite_remote(remote, requester, room_id, target, reason, extra, ratelimited)
@@ -379,8 +395,10 @@ class RoomHandler:
             content.update(await self._profile_content(target))
         if reason is not None:
             content["reason"] = reason
+        rule = ACTION_TARGET_MEMBERSHIPS.get(action or "")
+        precheck = None if rule is None else MembershipPrecondition(target, *rule)
         event = await self._send(
-            room_id, make_template(C.MEMBER, content, target), requester.user_id
+            room_id, make_template(C.MEMBER, content, target), requester.user_id, precheck=precheck
         )
         if membership == C.JOIN:
             await self._timeline.unforget_room(target, room_id)

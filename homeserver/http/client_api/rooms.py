@@ -152,7 +152,7 @@ def register_room_servlets(
         if action == "invite" and optional_bool(body, "is_direct", False):
             extra["is_direct"] = True
         await rooms.update_membership(
-            requester, room_id, target, MEMBERSHIP_ACTIONS[action], reason=reason, extra=extra
+            requester, room_id, target, MEMBERSHIP_ACTIONS[action], reason=reason, extra=extra, action=action
         )
         return empty()
 
