@@ -9,7 +9,7 @@ transaction ID in the event's own database transaction.
 concerns (parsing, error JSON) stay in the servlets.
 """
 
-# tests: tests/integration/test_room_events.py, tests/integration/test_client_membership.py
+# tests: tests/integration/test_room_events.py, tests/integration/test_client_membership.py, tests/unit/handlers/test_membership_precondition.py
 
 from __future__ import annotations
 
