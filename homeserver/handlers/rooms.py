@@ -392,7 +392,9 @@ class RoomHandler:
         content: dict[str, Any] = dict(extra or {})
         content["membership"] = membership
         if membership in (C.JOIN, C.INVITE):
-            content.update(await self._profile_content(target))
+            # A displayname / avatar_url given in ``extra`` is a per-room profile (as Synapse).
+            for key, value in (await self._profile_content(target)).items():
+                content.setdefault(key, value)
         if reason is not None:
             content["reason"] = reason
         rule = ACTION_TARGET_MEMBERSHIPS.get(action or "")
@@ -409,9 +411,17 @@ class RoomHandler:
         return self._server_name in await self._events_store.get_joined_servers(room_id)
 
     async def join(
-        self, requester: Requester, room_id_or_alias: str, *, servers: Sequence[str] = (), reason: str | None = None
+        self,
+        requester: Requester,
+        room_id_or_alias: str,
+        *,
+        servers: Sequence[str] = (),
+        content: Mapping[str, Any] | None = None,
     ) -> str:
         """``POST /join/{roomIdOrAlias}`` and ``/rooms/{roomId}/join``: the room ID joined.
+
+        ``content`` (the request body, checked by the servlet) goes into the join event;
+        the user's profile fills ``displayname`` / ``avatar_url`` where it gives none.
 
         A room this server is in is joined locally. Otherwise (an alias of another
         server, a room we only know by an invite, or ``servers`` given) the join goes
@@ -443,18 +453,17 @@ class RoomHandler:
             candidates = [s for s in dict.fromkeys(candidates) if s and s != self._server_name]
             if candidates:
                 ratelimit(self._limits.joins_remote, user_id, self._now())
-                content = await self._profile_content(user_id)
-                if reason is not None:
-                    content["reason"] = reason
+                join_content = {**await self._profile_content(user_id), **(content or {})}
+                join_content.pop("membership", None)
                 try:
-                    await remote.join_remote(room_id, user_id, candidates, content)
+                    await remote.join_remote(room_id, user_id, candidates, join_content)
                 except RemoteMembershipError as e:
                     raise remote_error(e) from None
                 except EventsError as e:
                     raise events_error(e) from None
                 await self._timeline.unforget_room(user_id, room_id)
                 return room_id
-        await self.update_membership(requester, room_id, user_id, C.JOIN, reason=reason)
+        await self.update_membership(requester, room_id, user_id, C.JOIN, extra=content)
         return room_id
 
     async def _invite_remote(

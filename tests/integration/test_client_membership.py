@@ -132,3 +132,36 @@ async def test_repeating_a_state_change_or_a_join_creates_no_event(database_dsn:
         # A join with a reason is other content: a new event.
         await _ok(client, "POST", f"rooms/{room_id}/join", {"reason": "back"}, token=bob)
         assert len(await _event_ids(client, room_id, alice)) == len(joined) + 1
+
+
+async def test_join_keeps_custom_content_fields(database_dsn: str, tmp_path: Path) -> None:
+    """``POST /join`` and ``/rooms/{roomId}/join``: the body's fields go into the member event.
+
+    The spec names ``reason`` (and ``third_party_signed``, which is not content); as
+    Synapse, other keys of the body are kept in the join's content, a ``displayname``
+    or ``avatar_url`` given there is a per-room profile, and the server sets
+    ``membership`` (and never takes ``join_authorised_via_users_server`` from a client).
+    """
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        await _ok(client, "PUT", f"profile/{BOB}/displayname", {"displayname": "Bob"}, token=bob)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        body = {"reason": "hello", "foo": "bar", "nested": {"n": [1, 2]}, "membership": "leave",
+                "join_authorised_via_users_server": ALICE}
+        assert (await _ok(client, "POST", f"join/{room_id}", body, token=bob))["room_id"] == room_id
+        member = await _ok(client, "GET", f"rooms/{room_id}/state/m.room.member/{BOB}", token=alice)
+        assert member == {"membership": "join", "displayname": "Bob", "reason": "hello", "foo": "bar",
+                          "nested": {"n": [1, 2]}}
+
+        await _ok(client, "POST", f"rooms/{room_id}/join", {"displayname": "Bobby here", "x": True}, token=bob)
+        member = await _ok(client, "GET", f"rooms/{room_id}/state/m.room.member/{BOB}", token=alice)
+        assert member == {"membership": "join", "displayname": "Bobby here", "x": True}
+
+        # Hostile content is refused, and sends nothing.
+        before = await _event_ids(client, room_id, alice)
+        for bad in ({"reason": 5}, {"displayname": ["x"]}, {"avatar_url": 1}, {"f": 1.5}):
+            response = await client.request("POST", f"join/{room_id}", bad, token=bob)
+            assert response.status == 400 and response.errcode in ("M_BAD_JSON", "M_INVALID_PARAM"), (bad, response)
+        too_big = await client.request("POST", f"rooms/{room_id}/join", {"pad": "x" * 70_000}, token=bob)
+        assert too_big.status in (400, 413), too_big
+        assert await _event_ids(client, room_id, alice) == before
