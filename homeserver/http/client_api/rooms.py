@@ -5,7 +5,7 @@ Each servlet authenticates, parses path, query and body into typed values
 ``MessagesHandler``, ``TypingHandler`` or ``ReceiptsHandler``.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_fuzz.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_fuzz.py, tests/integration/test_client_legacy.py
 
 from __future__ import annotations
 
@@ -178,7 +178,8 @@ def register_room_servlets(
         requester = await auth.get_user_by_req(request)
         room_id = _room_id(params)
         event_type = _short(params["event_type"], "eventType")
-        txn_id = _short(params["txn_id"], "txnId")
+        # The older POST form (r0's v1-style send) has no transaction ID: every call is a new event.
+        txn_id = _short(params["txn_id"], "txnId") if params.get("txn_id") is not None else None
         body = parse_json_object(request)
         event_id = await rooms.send_event(requester, room_id, event_type, body, txn_id)
         return 200, {"event_id": event_id}
@@ -302,6 +303,7 @@ def register_room_servlets(
     router.register(
         ["PUT"], client_path(ROOM + r"/send/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"), send, "client_room_send"
     )
+    router.register(["POST"], client_path(ROOM + r"/send/(?P<event_type>[^/]+)"), send, "client_room_send_no_txn")
     state_path = client_path(ROOM + r"/state/(?P<event_type>[^/]+)(?:/(?P<state_key>[^/]*))?")
     router.register(["PUT"], state_path, put_state, "client_room_state_put")
     router.register(["GET"], state_path, get_state_event, "client_room_state_event")
