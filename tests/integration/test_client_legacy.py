@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from tests.integration.test_client_rooms import ALICE, ROOM_LIMITS
+from tests.integration.test_client_rooms import ALICE, BOB, ROOM_LIMITS
 from tests.integration.test_client_support import Client, running_server
 
 
@@ -52,3 +53,78 @@ async def test_post_send_without_a_transaction_id_makes_a_new_event_each_time(
         assert unknown.status in (403, 404) and unknown.errcode in ("M_FORBIDDEN", "M_NOT_FOUND")
         after = await _ok(client, "GET", f"rooms/{room_id}/messages?dir=b&limit=1", token=bob)
         assert after["chunk"][0]["event_id"] == second["event_id"]
+
+
+async def test_room_initial_sync_has_state_messages_presence_and_receipts(database_dsn: str, tmp_path: Path) -> None:
+    """``GET /rooms/{roomId}/initialSync``: current state, the newest messages oldest first with
+    ``start``/``end`` tokens that page on with /messages, the membership, members' presence and receipts."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob, room_id = await _room(client)
+        ids = [(await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/i{i}", {"body": f"m{i}"}, token=alice))["event_id"]
+               for i in range(5)]
+        await _ok(client, "PUT", f"presence/{ALICE}/status", {"presence": "online"}, token=alice)
+        await _ok(client, "POST", f"rooms/{room_id}/receipt/m.read/{quote(ids[-1])}", {}, token=alice)
+
+        snapshot = await _ok(client, "GET", f"/_matrix/client/r0/rooms/{room_id}/initialSync?limit=3", token=bob)
+        assert snapshot["room_id"] == room_id and snapshot["membership"] == "join"
+        assert [e["event_id"] for e in snapshot["messages"]["chunk"]] == ids[-3:]
+        assert all(e["room_id"] == room_id for e in snapshot["messages"]["chunk"])
+        state = {(e["type"], e["state_key"]): e["content"] for e in snapshot["state"]}
+        assert state[("m.room.name", "")] == {"name": "Old"}
+        assert state[("m.room.member", BOB)]["membership"] == "join"
+        assert ALICE in {e["sender"] for e in snapshot["presence"] if e["type"] == "m.presence"}
+        assert ALICE in snapshot["receipts"][0]["content"][ids[-1]]["m.read"]
+        older = await _ok(client, "GET", f"rooms/{room_id}/messages?dir=b&limit=2&from={snapshot['messages']['start']}", token=bob)
+        assert [e["event_id"] for e in older["chunk"]] == [ids[1], ids[0]]
+        newer = await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/i9", {"body": "new"}, token=alice)
+        forward = await _ok(client, "GET", f"rooms/{room_id}/messages?dir=f&from={snapshot['messages']['end']}", token=bob)
+        assert [e["event_id"] for e in forward["chunk"]] == [newer["event_id"]]
+
+        stranger = (await client.register_ok("carol"))["access_token"]
+        private = (await _ok(client, "POST", "createRoom", {"preset": "private_chat"}, token=alice))["room_id"]
+        outsider = await client.request("GET", f"rooms/{private}/initialSync", token=stranger)
+        assert outsider.status == 403 and outsider.errcode == "M_FORBIDDEN"
+        unknown = await client.request("GET", "rooms/!nope:localhost/initialSync", token=alice)
+        assert unknown.status == 404 and unknown.errcode == "M_NOT_FOUND"
+        bad = await client.request("GET", "rooms/not-a-room/initialSync", token=alice)
+        assert bad.status == 400
+
+
+async def test_global_initial_sync_lists_rooms_invites_and_archived_rooms(database_dsn: str, tmp_path: Path) -> None:
+    """``GET /initialSync``: joined rooms with current state and ``limit`` messages, invites with
+    their invite event, left rooms only with ``archived=true``; ``end`` is a /sync token."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob, room_id = await _room(client)
+        sent = [(await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/g{i}", {"body": f"g{i}"}, token=alice))["event_id"]
+                for i in range(4)]
+        await _ok(client, "PUT", f"rooms/{room_id}/state/m.room.topic", {"topic": "late"}, token=alice)
+        invited = (await _ok(client, "POST", "createRoom", {"invite": [BOB]}, token=alice))["room_id"]
+        left = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"rooms/{left}/join", {}, token=bob)
+        await _ok(client, "POST", f"rooms/{left}/leave", {}, token=bob)
+
+        snapshot = await _ok(client, "GET", "initialSync?limit=2", token=bob)
+        rooms = {r["room_id"]: r for r in snapshot["rooms"]}
+        assert set(rooms) == {room_id, invited}
+        joined = rooms[room_id]
+        assert joined["membership"] == "join"
+        assert [e["type"] for e in joined["messages"]["chunk"]] == ["m.room.message", "m.room.topic"]
+        assert joined["messages"]["chunk"][0]["event_id"] == sent[-1]
+        state = {(e["type"], e["state_key"]): e["content"] for e in joined["state"]}
+        assert state[("m.room.topic", "")] == {"topic": "late"} and state[("m.room.name", "")] == {"name": "Old"}
+        assert state[("m.room.member", ALICE)]["membership"] == "join"
+        assert rooms[invited]["membership"] == "invite" and rooms[invited]["invite"]["state_key"] == BOB
+        assert rooms[invited]["inviter"] == ALICE
+        # end is a /sync token: an incremental sync from it sees only what came after.
+        after = await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/g9", {"body": "after"}, token=alice)
+        incremental = await _ok(client, "GET", f"sync?since={snapshot['end']}&timeout=0", token=bob)
+        assert [e["event_id"] for e in incremental["rooms"]["join"][room_id]["timeline"]["events"]] == [after["event_id"]]
+
+        archived = await _ok(client, "GET", "/_matrix/client/r0/initialSync?archived=true&limit=5", token=bob)
+        gone = {r["room_id"]: r for r in archived["rooms"]}[left]
+        assert gone["membership"] == "leave"
+        assert gone["messages"]["chunk"][-1]["content"]["membership"] == "leave"
+        bad = await client.request("GET", "initialSync?archived=maybe", token=bob)
+        assert bad.status == 400 and bad.errcode == "M_INVALID_PARAM"
+        bad_limit = await client.request("GET", "initialSync?limit=x", token=bob)
+        assert bad_limit.status == 400 and bad_limit.errcode == "M_INVALID_PARAM"

@@ -53,7 +53,7 @@ def _short(value: str, name: str) -> str:
     return check_text(value, name, max_length=MAX_ID_LENGTH, allow_empty=False)
 
 
-def _query_int(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:
+def query_int(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:
     text = query_string(request, name)
     if text is None:
         return default
@@ -212,7 +212,7 @@ def register_room_servlets(
         if direction not in ("b", "f"):
             raise invalid_param("'dir' must be 'b' or 'f'")
         event_filter = parse_event_filter(_query_json(request, "filter"))
-        limit = _query_int(request, "limit", event_filter.limit if event_filter.limit is not None else 10)
+        limit = query_int(request, "limit", event_filter.limit if event_filter.limit is not None else 10)
         return 200, await messages.get_messages(
             requester,
             _room_id(params),
@@ -230,7 +230,7 @@ def register_room_servlets(
             requester,
             _room_id(params),
             _event_id(params["event_id"]),
-            limit=_query_int(request, "limit", 10),
+            limit=query_int(request, "limit", 10),
             event_filter=event_filter,
         )
 
