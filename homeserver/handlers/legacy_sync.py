@@ -153,9 +153,9 @@ class LegacySyncHandler:
         chunk = _stream_chunk(result)
         # A room joined since ``from`` comes with the history before the join (an initial
         # timeline): /events carries only what is newer than ``from``.
-        since_at = (await self._room_tokens.position(since.events)).minimum
-        orderings = await self._timeline.get_stream_orderings([e["event_id"] for e in chunk if "event_id" in e])
-        chunk = [e for e in chunk if "event_id" not in e or orderings.get(e["event_id"], since_at + 1) > since_at]
+        since_at = await self._room_tokens.position(since.events)
+        positions = await self._timeline.get_event_positions([e["event_id"] for e in chunk if "event_id" in e])
+        chunk = [e for e in chunk if not (e.get("event_id") in positions and since_at.covers(*positions[e["event_id"]]))]
         end = StreamToken.parse(result["next_batch"])
         for key in NOT_IN_EVENTS:
             end = end.replace(key, since.get(key))

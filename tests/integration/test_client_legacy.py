@@ -128,3 +128,52 @@ async def test_global_initial_sync_lists_rooms_invites_and_archived_rooms(databa
         assert bad.status == 400 and bad.errcode == "M_INVALID_PARAM"
         bad_limit = await client.request("GET", "initialSync?limit=x", token=bob)
         assert bad_limit.status == 400 and bad_limit.errcode == "M_INVALID_PARAM"
+
+
+async def test_events_stream_long_polls_from_a_sync_token(database_dsn: str, tmp_path: Path) -> None:
+    """``GET /events?from=<next_batch>&timeout=``: woken by a message in one of the user's rooms long
+    before the timeout, ``chunk`` carries it with its ``room_id``, ``start`` is ``from`` and ``end``
+    continues the stream (and /sync) without repeating it; with nothing new it answers an empty
+    chunk at the timeout."""
+    import time
+
+    from twisted.internet.defer import Deferred
+
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (hs, client):
+        alice, bob, room_id = await _room(client)
+        since = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+        started = time.monotonic()
+        waiting = Deferred.fromCoroutine(client.request("GET", f"events?from={since}&timeout=20000", token=bob))
+        sent = await _ok(client, "POST", f"rooms/{room_id}/send/m.room.message", {"body": "wake"}, token=alice)
+        response = await waiting
+        assert response.status == 200 and time.monotonic() - started < 10
+        body = response.body
+        assert body["start"] == since
+        messages = [e for e in body["chunk"] if e["type"] == "m.room.message"]
+        assert [(e["event_id"], e["room_id"]) for e in messages] == [(sent["event_id"], room_id)]
+        assert hs.process.notifier.waiter_count() == 0
+
+        started = time.monotonic()
+        quiet = await _ok(client, "GET", f"/_matrix/client/r0/events?from={body['end']}&timeout=300", token=bob)
+        assert quiet["chunk"] == [] and time.monotonic() - started >= 0.25
+        incremental = await _ok(client, "GET", f"sync?since={body['end']}&timeout=0", token=bob)
+        assert room_id not in incremental["rooms"]["join"]
+
+        # A room joined after ``from`` brings its join, not the history before it.
+        other = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "PUT", f"rooms/{other}/send/m.room.message/old", {"body": "before bob"}, token=alice)
+        mark = (await _ok(client, "GET", f"events?from={quiet['end']}&timeout=0", token=bob))["end"]
+        await _ok(client, "POST", f"rooms/{other}/join", {}, token=bob)
+        joined = await _ok(client, "GET", f"events?from={mark}&timeout=0", token=bob)
+        in_other = [e for e in joined["chunk"] if e.get("room_id") == other]
+        assert [(e["type"], e.get("state_key")) for e in in_other] == [("m.room.member", BOB)]
+
+        # Without ``from`` the stream starts now.
+        fresh = await _ok(client, "GET", "events?timeout=0", token=bob)
+        assert fresh["chunk"] == []
+        bad = await client.request("GET", "events?from=garbage&timeout=0", token=bob)
+        assert bad.status == 400 and bad.errcode == "M_INVALID_PARAM"
+        bad_timeout = await client.request("GET", "events?timeout=-5", token=bob)
+        assert bad_timeout.status == 400 and bad_timeout.errcode == "M_INVALID_PARAM"
+        anonymous = await client.request("GET", "events?timeout=0")
+        assert anonymous.status == 401 and anonymous.errcode == "M_MISSING_TOKEN"
