@@ -153,6 +153,13 @@ async def test_events_stream_long_polls_from_a_sync_token(database_dsn: str, tmp
         assert [(e["event_id"], e["room_id"]) for e in messages] == [(sent["event_id"], room_id)]
         assert hs.process.notifier.waiter_count() == 0
 
+        # /messages takes the stream's (a /sync-style) token as ``from``, v1-style.
+        page = await _ok(client, "GET", f"rooms/{room_id}/messages?dir=b&limit=1&from={body['end']}", token=bob)
+        assert [e["event_id"] for e in page["chunk"]] == [sent["event_id"]]
+        synced = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+        page = await _ok(client, "GET", f"/_matrix/client/r0/rooms/{room_id}/messages?dir=b&limit=1&from={synced}",
+                         token=bob)
+        assert [e["event_id"] for e in page["chunk"]] == [sent["event_id"]]
         started = time.monotonic()
         quiet = await _ok(client, "GET", f"/_matrix/client/r0/events?from={body['end']}&timeout=300", token=bob)
         assert quiet["chunk"] == [] and time.monotonic() - started >= 0.25
