@@ -27,6 +27,7 @@ from homeserver.http.client_api._base import (
     optional_bool,
     optional_string,
     parse_optional_json_object,
+    query_int,
     query_string,
     required_string,
 )
@@ -51,15 +52,6 @@ def _event_id(value: str) -> str:
 
 def _short(value: str, name: str) -> str:
     return check_text(value, name, max_length=MAX_ID_LENGTH, allow_empty=False)
-
-
-def query_int(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:
-    text = query_string(request, name)
-    if text is None:
-        return default
-    if not text.isascii() or not text.lstrip("-").isdigit() or len(text) > 12:
-        raise invalid_param(f"Query parameter '{name}' must be an integer, got {text[:50]!r}")
-    return max(minimum, min(int(text), maximum))
 
 
 MAX_VIA_SERVERS: Final = 20

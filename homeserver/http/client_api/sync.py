@@ -20,8 +20,8 @@ from homeserver.handlers.legacy_sync import LegacySyncHandler
 from homeserver.handlers.sync import DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncHandler
 from homeserver.handlers.validation import check_room_id
 from homeserver.http.client_api.e2e import register_e2e_servlets
-from homeserver.http.client_api.rooms import ROOM, query_int, register_room_servlets
-from homeserver.http.client_api._base import client_path, query_string
+from homeserver.http.client_api.rooms import ROOM, register_room_servlets
+from homeserver.http.client_api._base import client_path, query_int, query_string
 from storage.kernel.errors import invalid_param
 from homeserver.http.server import Routes
 from homeserver.routing.writers import Writers
