@@ -2,12 +2,15 @@
 
 ``GET /initialSync``, ``GET /rooms/{roomId}/initialSync`` and the ``GET /events``
 long-poll are answers reshaped from the handlers that serve ``/sync`` and
-``/messages``; nothing here reads a table of its own:
+``/messages`` (the one read of its own: the stream positions of the events
+``/events`` answers, to leave out those at or before ``from``):
 
 - ``initial_sync``: an initial ``/sync`` (timeline limit ``limit``), each joined
   room's ``state`` being the state before its timeline with the timeline's state
   events applied (the current state, as the old spec asks); invites carry their
-  invite event; ``archived=true`` adds left and banned rooms as
+  invite event (the stripped one, for an invite from another server to a room
+  this server is not in); ``receipts``: the joined rooms' ``m.receipt`` events
+  (as Synapse); ``archived=true`` adds left and banned rooms as
   ``room_initial_sync`` shows them (history and state up to the leave).
 - ``room_initial_sync``: a backwards ``/messages`` page (oldest first in
   ``messages.chunk``, ``start`` the token to page back from, ``end`` now), the
@@ -133,11 +136,24 @@ class LegacySyncHandler:
                               "inviter": invite[0]["sender"] if invite else None})
             elif archived and membership in (C.LEAVE, C.BAN):
                 rooms.append(await self.room_initial_sync(requester, room_id, limit=limit))
+        for room_id, section in sorted(result["rooms"]["invite"].items()):
+            if room_id not in memberships:
+                # An invite from another server to a room this server is not in: the stripped
+                # invite event its server sent is all there is.
+                stripped = section["invite_state"]["events"][-1]
+                rooms.append({"room_id": room_id, "membership": C.INVITE, "invite": {**stripped, "room_id": room_id},
+                              "inviter": stripped.get("sender")})
         return {
             "end": end,
             "rooms": rooms,
             "presence": result["presence"]["events"],
             "account_data": result["account_data"]["events"],
+            # Synapse answers the joined rooms' read receipts too.
+            "receipts": [
+                {**e, "room_id": room_id}
+                for room_id, section in result["rooms"]["join"].items()
+                for e in section["ephemeral"]["events"] if e["type"] == "m.receipt"
+            ],
         }
 
     async def events(self, requester: Requester, from_token: StreamToken | None, *, timeout_ms: int) -> dict[str, Any]:

@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import pytest
+
 from tests.integration.test_client_rooms import ALICE, BOB, ROOM_LIMITS
 from tests.integration.test_client_support import Client, running_server
+from tests.integration.test_federation import two_servers
 
 
 async def _ok(client: Client, method: str, path: str, body: Any = None, *, token: str) -> Any:
@@ -97,6 +100,8 @@ async def test_global_initial_sync_lists_rooms_invites_and_archived_rooms(databa
         alice, bob, room_id = await _room(client)
         sent = [(await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/g{i}", {"body": f"g{i}"}, token=alice))["event_id"]
                 for i in range(4)]
+        await _ok(client, "POST", f"rooms/{room_id}/receipt/m.read/{quote(sent[1])}", {}, token=bob)
+        bob_read = sent[1]
         await _ok(client, "PUT", f"rooms/{room_id}/state/m.room.topic", {"topic": "late"}, token=alice)
         invited = (await _ok(client, "POST", "createRoom", {"invite": [BOB]}, token=alice))["room_id"]
         left = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
@@ -115,6 +120,8 @@ async def test_global_initial_sync_lists_rooms_invites_and_archived_rooms(databa
         assert state[("m.room.member", ALICE)]["membership"] == "join"
         assert rooms[invited]["membership"] == "invite" and rooms[invited]["invite"]["state_key"] == BOB
         assert rooms[invited]["inviter"] == ALICE
+        receipts = [r for r in snapshot["receipts"] if r["room_id"] == room_id]
+        assert BOB in receipts[0]["content"][bob_read]["m.read"]
         # end is a /sync token: an incremental sync from it sees only what came after.
         after = await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/g9", {"body": "after"}, token=alice)
         incremental = await _ok(client, "GET", f"sync?since={snapshot['end']}&timeout=0", token=bob)
@@ -184,3 +191,23 @@ async def test_events_stream_long_polls_from_a_sync_token(database_dsn: str, tmp
         assert bad_timeout.status == 400 and bad_timeout.errcode == "M_INVALID_PARAM"
         anonymous = await client.request("GET", "events?timeout=0")
         assert anonymous.status == 401 and anonymous.errcode == "M_MISSING_TOKEN"
+
+
+@pytest.mark.timeout(90)
+async def test_global_initial_sync_lists_an_invite_from_another_server(
+    database_dsn: str, second_database_dsn: str, tmp_path: Path
+) -> None:
+    """Bob on B is invited by Alice on A to a room B is not in: B's ``/initialSync`` lists the room
+    as an invite, with the stripped invite event A sent and Alice as the inviter."""
+    async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
+        ca = Client(f"http://127.0.0.1:{a.config.listeners[0].port}")
+        cb = Client(f"http://127.0.0.1:{b.config.listeners[0].port}")
+        alice = await ca.register_ok("alice")
+        bob = await cb.register_ok("bob")
+        room_id = (await _ok(ca, "POST", "createRoom", {}, token=alice["access_token"]))["room_id"]
+        await _ok(ca, "POST", f"rooms/{quote(room_id)}/invite", {"user_id": bob["user_id"]}, token=alice["access_token"])
+        snapshot = await _ok(cb, "GET", "initialSync", token=bob["access_token"])
+        rooms = {r["room_id"]: r for r in snapshot["rooms"]}
+        assert rooms[room_id]["membership"] == "invite" and rooms[room_id]["inviter"] == alice["user_id"]
+        assert rooms[room_id]["invite"]["state_key"] == bob["user_id"]
+        assert rooms[room_id]["invite"]["content"]["membership"] == "invite"
