@@ -47,7 +47,8 @@ from storage.stores.events import EventsStore, StateKey
 from storage.stores.timeline import MembershipRow, TimelineStore, UnreadRoom
 from storage.streams import StreamName
 from storage.room_tokens import RoomPosition, RoomTokens
-from storage.tokens import MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
+from storage.kernel.errors import invalid_param
+from storage.tokens import InvalidTokenError, MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
 
 T = TypeVar("T")
 
@@ -157,6 +158,12 @@ class SyncHandler:
         (by default any change: the older ``/events`` wants timeline events only). Every wake-up
         syncs from ``since`` again, so what arrived meanwhile is kept."""
         has_changes = wanted if wanted is not None else _has_changes
+        if since is not None:
+            # A well-formed token naming an events writer no process ever had is the client's error.
+            try:
+                await self._room_tokens.position(since.events)
+            except InvalidTokenError as e:
+                raise invalid_param(str(e)) from None
         if since is None or full_state or timeout_ms <= 0:
             return await self.sync(requester, since, full_state=full_state, sync_filter=sync_filter)
         deadline = self._clock.seconds() + min(timeout_ms / 1000.0, MAX_TIMEOUT_S)
