@@ -103,7 +103,9 @@ class PresenceHandler:
     async def presence_for_sync(self, user_id: str, after: int, upto: int) -> list[dict[str, Any]]:
         """``m.presence`` events for ``/sync``: changes in (after, upto] of the user and those
         sharing a room with them."""
-        return [_presence_event(row, self._clock_ms()) for row in await self._store.get_presence_changes(user_id, after, upto)]
+        rows = await self._store.get_presence_changes(user_id, after, upto)
+        now = self._clock_ms()
+        return [_presence_event(row, now) for row in rows]
 
     async def presence_events(self, user_ids: Iterable[str]) -> list[dict[str, Any]]:
         """The current ``m.presence`` event of each of ``user_ids`` whose presence is known

@@ -44,7 +44,7 @@ def _query_token(request: Request, name: str) -> StreamToken | None:
 
 def _query_timeout(request: Request, *, default_ms: int) -> int:
     text = query_string(request, "timeout")
-    if text is None:
+    if not text:  # absent, or empty as some clients send it
         return default_ms
     if not text.isascii() or not text.isdigit() or len(text) > 10:
         raise invalid_param("'timeout' must be a non-negative integer")
