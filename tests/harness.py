@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -21,6 +22,19 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Federation settings for servers on one machine: reach loopback, accept self-signed certificates.
 LOOPBACK_FEDERATION: dict[str, Any] = {"verify_certificates": False, "ip_range_whitelist": ["127.0.0.0/8"]}
+
+
+# Every child process started here, so none outlives the test run: a test that fails (or times
+# out) before its own clean-up would otherwise leave a server running and holding its ports.
+_CHILDREN: set[subprocess.Popen[str]] = set()
+
+
+@atexit.register
+def _kill_children() -> None:
+    for child in list(_CHILDREN):
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def free_port() -> int:
@@ -123,6 +137,7 @@ class TributaryProcess:
                 text=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
+        _CHILDREN.add(self.process)
         deadline = started + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -148,6 +163,7 @@ class TributaryProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        _CHILDREN.discard(self.process)
         self.output = self.log_path.read_text(encoding="utf-8", errors="replace")
         return int(self.process.returncode)
 
@@ -250,6 +266,7 @@ class Nginx:
              "-e", str(self.directory / "error.log"), "-g", "daemon off;"],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, text=True,
         )
+        _CHILDREN.add(self.process)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -264,6 +281,8 @@ class Nginx:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
+        if self.process is not None:
+            _CHILDREN.discard(self.process)
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:

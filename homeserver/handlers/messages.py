@@ -9,7 +9,7 @@ writer (``m{min}~{id}.{pos}``), each event compared with its own writer's.
 Only events the history-visibility rules let the user see are returned.
 """
 
-# tests: tests/integration/test_client_rooms.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_messages.py
 
 from __future__ import annotations
 
@@ -189,26 +189,35 @@ class MessagesHandler:
                 else:
                     end = end.capped(left_at) if end is not None else RoomPosition.at(left_at)
         limit = min(max(limit, 0), MAX_LIMIT)
-        rows = await self._timeline.get_room_events(room_id, start=start, end=end, limit=limit, backwards=backwards)
+        # One row more than asked for tells whether there is more to read (the spec's `end`).
+        rows = await self._timeline.get_room_events(
+            room_id, start=start, end=end, limit=limit + 1, backwards=backwards
+        )
         backfilled = 0
         if backwards and self._backfill is not None:
             for _ in range(BACKFILL_ROUNDS):
-                if len(rows) >= limit or (end is not None and rows and rows[-1][1] <= end.minimum + 1):
+                if len(rows) > limit or (end is not None and rows and rows[-1][1] <= end.minimum + 1):
                     break
-                fetched = await self._backfill(room_id, limit - len(rows))
+                fetched = await self._backfill(room_id, limit + 1 - len(rows))
                 if not fetched:
                     break
                 backfilled += fetched
                 rows = await self._timeline.get_room_events(
-                    room_id, start=start, end=end, limit=limit, backwards=True
+                    room_id, start=start, end=end, limit=limit + 1, backwards=True
                 )
+        more = len(rows) > limit
+        rows = rows[:limit]
         events = await self._client_events.load([event_id for event_id, _ in rows])
         events = [e for e in await self._visible(requester, membership, events) if event_filter.matches(e)]
         chunk = await self._client_events.serialize(events, access_token_id=requester.access_token_id)
         out: dict[str, Any] = {"chunk": chunk, "start": self._token(start)}
-        if (len(rows) == limit or backfilled) and rows:
+        # `end` only while there is more to read; omitted at the start (backwards) or the
+        # newest event (forwards). A round of backfill may have left more on the remote side.
+        if (more or backfilled) and rows:
             last = rows[-1][1]
             out["end"] = room_token(last - 1 if backwards else last)
+        elif more:
+            out["end"] = out["start"]  # limit=0: nothing read, all still to read
         if event_filter.lazy_load_members:
             out["state"] = await self._lazy_members(room_id, events, None)
         return out

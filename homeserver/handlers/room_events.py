@@ -9,7 +9,7 @@ transaction ID in the event's own database transaction.
 concerns (parsing, error JSON) stay in the servlets.
 """
 
-# tests: tests/integration/test_room_events.py
+# tests: tests/integration/test_room_events.py, tests/integration/test_client_membership.py, tests/unit/handlers/test_membership_precondition.py
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import secrets
 import string
 from collections.abc import Callable, Mapping
 from typing import Final
+
+import attrs
 
 from signedjson.types import SigningKey
 
@@ -30,6 +32,7 @@ from homeserver.events import (
     auth_types_for,
     check_auth_rules,
     create_local_event,
+    encode_canonical,
     get_room_version,
     initial_room_events,
 )
@@ -43,6 +46,40 @@ logger = logging.getLogger(__name__)
 # A send whose room changed under it (another writer: StaleRoomContext) is built again
 # on a fresh read, at most this many times in all.
 MAX_SEND_ATTEMPTS: Final = 3
+
+
+
+@attrs.frozen
+class MembershipPrecondition:
+    """A client-API rule stricter than the auth rules: ``user_id``'s current membership
+    must be one of ``allowed``, or the send is refused with ``AuthError(message)``.
+
+    Checked against the room's current state before the event is built, by the
+    process that owns the room (it travels over the internal API as JSON).
+    """
+
+    user_id: str
+    allowed: frozenset[str]
+    message: str
+
+    def check(self, state: Mapping[StateKey, FrozenEvent]) -> None:
+        member = state.get((C.MEMBER, self.user_id))
+        if member is None or member.membership not in self.allowed:
+            raise AuthError(self.message)
+
+    def to_json(self) -> dict[str, object]:
+        return {"user_id": self.user_id, "allowed": sorted(self.allowed), "message": self.message}
+
+    @classmethod
+    def from_json(cls, raw: object) -> MembershipPrecondition:
+        """The inverse of ``to_json``; anything else is a ValueError."""
+        if not isinstance(raw, Mapping):
+            raise ValueError("precheck must be an object")
+        user_id, allowed, message = raw.get("user_id"), raw.get("allowed"), raw.get("message")
+        if not isinstance(user_id, str) or not isinstance(message, str) or not isinstance(allowed, list) \
+                or not all(isinstance(m, str) for m in allowed):
+            raise ValueError("precheck needs user_id, allowed (strings) and message")
+        return cls(user_id, frozenset(allowed), message)
 
 
 class RoomNotFound(Exception):
@@ -79,9 +116,17 @@ class RoomEventCreator:
             raise RoomNotFound(room_id)
         return get_room_version(identifier)
 
-    async def send(self, room_id: str, template: EventTemplate, sender: str) -> FrozenEvent:
-        """Create, authorise, sign and persist one event; raises AuthError or RoomNotFound."""
-        return await self._send(room_id, template, sender, None)
+    async def send(
+        self, room_id: str, template: EventTemplate, sender: str, *, precheck: MembershipPrecondition | None = None
+    ) -> FrozenEvent:
+        """Create, authorise, sign and persist one event; raises AuthError or RoomNotFound.
+
+        ``precheck``, when given, is checked against the room's current state before
+        anything is built (a client-API rule stricter than the auth rules).
+        A state event equal to the current one (same type, state key, sender and
+        content) is not sent again: the current event is returned, as Synapse does.
+        """
+        return await self._send(room_id, template, sender, None, precheck)
 
     async def send_idempotent(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn) -> str:
         """``send``, recording the client's transaction ID in the event's own transaction.
@@ -90,22 +135,33 @@ class RoomEventCreator:
         request), the ID of the event it was used for; then nothing is sent.
         """
         try:
-            return (await self._send(room_id, template, sender, txn)).event_id
+            return (await self._send(room_id, template, sender, txn, None)).event_id
         except DuplicateTxnId:
             existing = await self._store.get_txn_event(txn.access_token_id, txn.txn_id)
             if existing is None:
                 raise
             return existing
 
-    async def _send(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn | None) -> FrozenEvent:
+    async def _send(
+        self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn | None, precheck: MembershipPrecondition | None
+    ) -> FrozenEvent:
         room_version = await self.room_version(room_id)
         keys = set(auth_types_for(room_version, template.type, template.state_key, sender, template.content))
         keys.add((C.CREATE, ""))
+        own_key = None if template.state_key is None else (template.type, template.state_key)
         attempt = 1
         while True:
             async with self._persister.room_lock(room_id):
-                context = await self._persister.send_context(room_id, keys)
+                context = await self._persister.send_context(room_id, keys if own_key is None else keys | {own_key})
                 current = context.auth_state
+                state = await self._load_state(current)
+                if (C.CREATE, "") not in state:
+                    raise AuthError("the room has no create event")
+                if precheck is not None:
+                    precheck.check(state)
+                existing = None if own_key is None else state.get(own_key)
+                if existing is not None and _same_state(existing, template, sender):
+                    return existing
                 event = create_local_event(
                     room_version,
                     template,
@@ -117,7 +173,7 @@ class RoomEventCreator:
                     server_name=self._server_name,
                     signing_key=self._signing_key,
                 )
-                await self._check_auth(room_version, event, current)
+                check_auth_rules(room_version, event, {key: state[key] for key in keys if key in state})
                 try:
                     await self._persister.persist_local_send(
                         room_version, event, context=context.persist_context(event.prev_event_ids), send_txn=txn
@@ -159,12 +215,16 @@ class RoomEventCreator:
         alphabet = string.ascii_letters
         return "!" + "".join(secrets.choice(alphabet) for _ in range(18)) + ":" + self._server_name
 
-    async def _check_auth(self, room_version: RoomVersion, event: FrozenEvent, current: Mapping[StateKey, str]) -> None:
-        keys = set(auth_types_for(room_version, event.type, event.state_key, event.sender, event.content))
-        keys.add((C.CREATE, ""))
-        ids = {key: current[key] for key in keys if key in current}
-        events = await self._loader.load_events(set(ids.values()))
-        auth_state = {key: events[event_id] for key, event_id in ids.items() if event_id in events}
-        if (C.CREATE, "") not in auth_state:
-            raise AuthError("the room has no create event")
-        check_auth_rules(room_version, event, auth_state)
+    async def _load_state(self, current: Mapping[StateKey, str]) -> dict[StateKey, FrozenEvent]:
+        events = await self._loader.load_events(set(current.values()))
+        return {key: events[event_id] for key, event_id in current.items() if event_id in events}
+
+
+def _same_state(existing: FrozenEvent, template: EventTemplate, sender: str) -> bool:
+    """Whether sending ``template`` would repeat ``existing`` (same sender and content)."""
+    return (
+        existing.sender == sender
+        and template.redacts is None
+        and encode_canonical(existing.content) == encode_canonical(template.content)
+    )
+

@@ -7,13 +7,13 @@ Events core errors become ``MatrixError``s here (``AuthError`` -> 403
 parse and serialise. It does not know the timeline (messages.py) or sync.
 """
 
-# tests: tests/integration/test_client_rooms.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_membership.py
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 
@@ -35,7 +35,7 @@ from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.profile import ProfileHandler
 from homeserver.handlers.ratelimit import Ratelimiters, ratelimit
-from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
+from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound, MembershipPrecondition
 from homeserver.handlers.validation import check_text
 from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, not_found
 from storage.caches import DictCache
@@ -46,6 +46,14 @@ from storage.stores.timeline import TimelineStore
 logger = logging.getLogger(__name__)
 
 MEMBERSHIP_ACTIONS = {"invite": C.INVITE, "kick": C.LEAVE, "ban": C.BAN, "unban": C.LEAVE}
+# Client-API rules stricter than the auth rules, as Synapse: a kick removes a user who is in
+# the room (joined, invited or knocking), and an unban applies only to a banned user. The
+# auth rules alone would let a "kick" of a user who left re-send their leave, and an
+# "unban" of a joined user kick them.
+ACTION_TARGET_MEMBERSHIPS: Final = {
+    "kick": (frozenset({C.JOIN, C.INVITE, C.KNOCK}), "The target user is not in the room"),
+    "unban": (frozenset({C.BAN}), "The target user is not banned"),
+}
 
 
 class RemoteMembershipError(Exception):
@@ -159,9 +167,11 @@ class RoomHandler:
 
     # --- sending --------------------------------------------------------------------------
 
-    async def _send(self, room_id: str, template: EventTemplate, sender: str) -> FrozenEvent:
+    async def _send(
+        self, room_id: str, template: EventTemplate, sender: str, *, precheck: MembershipPrecondition | None = None
+    ) -> FrozenEvent:
         try:
-            return await self._room_events.send(room_id, template, sender)
+            return await self._room_events.send(room_id, template, sender, precheck=precheck)
         except (RoomNotFound, EventsError, TypeError, ValueError) as e:
             raise send_error(e, room_id) from None
 
@@ -349,7 +359,13 @@ class RoomHandler:
         reason: str | None = None,
         extra: Mapping[str, Any] | None = None,
         ratelimited: bool = True,
+        action: str | None = None,
     ) -> str:
+        """Send ``target``'s new membership, authorised against the room's current state.
+
+        ``action`` is the endpoint (``kick``, ``unban``, ...) when its rule is stricter
+        than the auth rules (``ACTION_TARGET_MEMBERSHIPS``).
+        """
         remote = self._remote
         if remote is not None and membership == C.INVITE and server_name_of(target) != self._server_name:
             return await self._invite_remote(remote, requester, room_id, target, reason, extra, ratelimited)
@@ -376,11 +392,15 @@ class RoomHandler:
         content: dict[str, Any] = dict(extra or {})
         content["membership"] = membership
         if membership in (C.JOIN, C.INVITE):
-            content.update(await self._profile_content(target))
+            # A displayname / avatar_url given in ``extra`` is a per-room profile (as Synapse).
+            for key, value in (await self._profile_content(target)).items():
+                content.setdefault(key, value)
         if reason is not None:
             content["reason"] = reason
+        rule = ACTION_TARGET_MEMBERSHIPS.get(action or "")
+        precheck = None if rule is None else MembershipPrecondition(target, *rule)
         event = await self._send(
-            room_id, make_template(C.MEMBER, content, target), requester.user_id
+            room_id, make_template(C.MEMBER, content, target), requester.user_id, precheck=precheck
         )
         if membership == C.JOIN:
             await self._timeline.unforget_room(target, room_id)
@@ -391,9 +411,17 @@ class RoomHandler:
         return self._server_name in await self._events_store.get_joined_servers(room_id)
 
     async def join(
-        self, requester: Requester, room_id_or_alias: str, *, servers: Sequence[str] = (), reason: str | None = None
+        self,
+        requester: Requester,
+        room_id_or_alias: str,
+        *,
+        servers: Sequence[str] = (),
+        content: Mapping[str, Any] | None = None,
     ) -> str:
         """``POST /join/{roomIdOrAlias}`` and ``/rooms/{roomId}/join``: the room ID joined.
+
+        ``content`` (the request body, checked by the servlet) goes into the join event;
+        the user's profile fills ``displayname`` / ``avatar_url`` where it gives none.
 
         A room this server is in is joined locally. Otherwise (an alias of another
         server, a room we only know by an invite, or ``servers`` given) the join goes
@@ -425,18 +453,17 @@ class RoomHandler:
             candidates = [s for s in dict.fromkeys(candidates) if s and s != self._server_name]
             if candidates:
                 ratelimit(self._limits.joins_remote, user_id, self._now())
-                content = await self._profile_content(user_id)
-                if reason is not None:
-                    content["reason"] = reason
+                join_content = {**await self._profile_content(user_id), **(content or {})}
+                join_content.pop("membership", None)
                 try:
-                    await remote.join_remote(room_id, user_id, candidates, content)
+                    await remote.join_remote(room_id, user_id, candidates, join_content)
                 except RemoteMembershipError as e:
                     raise remote_error(e) from None
                 except EventsError as e:
                     raise events_error(e) from None
                 await self._timeline.unforget_room(user_id, room_id)
                 return room_id
-        await self.update_membership(requester, room_id, user_id, C.JOIN, reason=reason)
+        await self.update_membership(requester, room_id, user_id, C.JOIN, extra=content)
         return room_id
 
     async def _invite_remote(

@@ -33,7 +33,7 @@ import attrs
 from homeserver.events import EventTemplate, FrozenEvent, RoomVersion, get_room_version, make_event
 from homeserver.events.canonical import thaw
 from homeserver.handlers.event_persistence import EventPersister
-from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
+from homeserver.handlers.room_events import MembershipPrecondition, RoomEventCreator, RoomNotFound
 from homeserver.handlers.rooms import send_error
 from storage.kernel.errors import MatrixError, bad_json
 from homeserver.events.errors import EventsError
@@ -146,13 +146,21 @@ class ShardedRoomEventCreator(RoomEventCreator):
         self._layout = layout
         self._client = client
 
-    async def _send(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn | None) -> FrozenEvent:
+    async def _send(
+        self,
+        room_id: str,
+        template: EventTemplate,
+        sender: str,
+        txn: SendTxn | None,
+        precheck: MembershipPrecondition | None,
+    ) -> FrozenEvent:
         # Every send (``send``, ``send_idempotent``, room creation) comes through here.
         owner = self._layout.events_writer_for_room(room_id)
         if owner == self._layout.instance_name:
-            return await super()._send(room_id, template, sender, txn)
+            return await super()._send(room_id, template, sender, txn, precheck)
         body = {"room_id": room_id, "sender": sender, "template": _template_to_json(template),
-                "txn": None if txn is None else attrs.asdict(txn)}
+                "txn": None if txn is None else attrs.asdict(txn),
+                "precheck": None if precheck is None else precheck.to_json()}
         try:
             answer = await self._client.call(owner, "send_event", body)
         except MatrixError as e:
@@ -165,9 +173,16 @@ class ShardedRoomEventCreator(RoomEventCreator):
         self._loader.prime(event)
         return event
 
-    async def send_here(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn | None) -> FrozenEvent:
+    async def send_here(
+        self,
+        room_id: str,
+        template: EventTemplate,
+        sender: str,
+        txn: SendTxn | None,
+        precheck: MembershipPrecondition | None,
+    ) -> FrozenEvent:
         """A send in this process, which owns the room (the internal API's ``send_event``)."""
-        return await super()._send(room_id, template, sender, txn)
+        return await super()._send(room_id, template, sender, txn, precheck)
 
 
 def _template_to_json(template: EventTemplate) -> dict[str, Any]:
@@ -199,7 +214,9 @@ def register_event_operations(
             template = EventTemplate(type=raw["type"], content=raw["content"], state_key=raw.get("state_key"),
                                      redacts=raw.get("redacts"))
             txn = None if body.get("txn") is None else SendTxn(**body["txn"])
-            event = await creator.send_here(room_id, template, str(body["sender"]), txn)
+            raw_check = body.get("precheck")
+            precheck = None if raw_check is None else MembershipPrecondition.from_json(raw_check)
+            event = await creator.send_here(room_id, template, str(body["sender"]), txn, precheck)
         except DuplicateTxnId as e:
             raise MatrixError(409, "M_UNKNOWN", str(e), tributary_duplicate_txn=True) from None
         except (RoomNotFound, EventsError, TypeError, ValueError) as e:

@@ -20,7 +20,13 @@ from homeserver.handlers.auth import Auth
 from homeserver.handlers.messages import MessagesHandler, parse_event_filter
 from homeserver.handlers.rooms import MEMBERSHIP_ACTIONS, RoomHandler
 from homeserver.routing.writers import Writers
-from homeserver.handlers.validation import check_room_id, check_text, check_user_id
+from homeserver.handlers.validation import (
+    MAX_AVATAR_URL_LENGTH,
+    MAX_DISPLAYNAME_LENGTH,
+    check_room_id,
+    check_text,
+    check_user_id,
+)
 from homeserver.http.client_api._base import (
     client_path,
     empty,
@@ -48,6 +54,27 @@ def _event_id(value: str) -> str:
     if not is_valid_event_id(value):
         raise invalid_param(f"Invalid event ID {value[:100]!r}")
     return value
+
+
+# Body keys of POST /join that are not the member event's content: the server sets the
+# membership, a restricted join's authoriser is chosen by the resident server, not the
+# client, and third_party_signed is an invite's proof.
+NOT_JOIN_CONTENT: Final = frozenset({"membership", C.AUTHORISING_USER, "third_party_signed"})
+NULL_MEANS_UNSET: Final = frozenset({"displayname", "avatar_url", "reason"})
+
+
+def _join_content(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``POST /join``'s body as the join's content, as Synapse: other keys are kept,
+    and ``displayname`` / ``avatar_url`` given there are a per-room profile."""
+    content = {key: value for key, value in body.items() if key not in NOT_JOIN_CONTENT}
+    if "reason" in content:
+        optional_string(content, "reason", max_length=MAX_REASON_LENGTH)
+    if "displayname" in content:
+        optional_string(content, "displayname", max_length=MAX_DISPLAYNAME_LENGTH)
+    if "avatar_url" in content:
+        optional_string(content, "avatar_url", max_length=MAX_AVATAR_URL_LENGTH)
+    # null for these means "not given" (the profile's, no reason).
+    return {key: value for key, value in content.items() if value is not None or key not in NULL_MEANS_UNSET}
 
 
 def _short(value: str, name: str) -> str:
@@ -119,9 +146,8 @@ def register_room_servlets(
     async def join_by_id_or_alias(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         body = parse_optional_json_object(request)
-        reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
         servers = _query_servers(request)
-        room_id = await rooms.join(requester, params["room"], servers=servers, reason=reason)
+        room_id = await rooms.join(requester, params["room"], servers=servers, content=_join_content(body))
         return 200, {"room_id": room_id}
 
     async def membership(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -129,10 +155,10 @@ def register_room_servlets(
         room_id = _room_id(params)
         action = params["action"]
         body = parse_optional_json_object(request)
-        reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
         if action == "join":
-            await rooms.join(requester, room_id, reason=reason)
+            await rooms.join(requester, room_id, content=_join_content(body))
             return 200, {"room_id": room_id}
+        reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
         if action == "leave":
             await rooms.update_membership(requester, room_id, requester.user_id, C.LEAVE, reason=reason)
             return empty()
@@ -144,7 +170,7 @@ def register_room_servlets(
         if action == "invite" and optional_bool(body, "is_direct", False):
             extra["is_direct"] = True
         await rooms.update_membership(
-            requester, room_id, target, MEMBERSHIP_ACTIONS[action], reason=reason, extra=extra
+            requester, room_id, target, MEMBERSHIP_ACTIONS[action], reason=reason, extra=extra, action=action
         )
         return empty()
 
