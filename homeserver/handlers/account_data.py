@@ -83,6 +83,12 @@ class AccountDataHandler:
             raise not_found("Room account data not found")
         return json.loads(text)
 
+    async def room_events(self, user_id: str, room_id: str) -> list[dict[str, Any]]:
+        """The user's account data in one room as ``{type, content}`` events (the older
+        ``/rooms/{roomId}/initialSync``)."""
+        data = await self._store.get_for_user(user_id)
+        return [{"type": t, "content": json.loads(c)} for t, c in sorted(data.rooms.get(room_id, {}).items())]
+
     async def _put(self, user_id: str, room_id: str | None, data_type: str, text: str) -> int:
         async with self._stream_ids() as stream_id:
             await self._store.put(

@@ -13,12 +13,12 @@ online when they start syncing anywhere (unless they set themselves
 ``unavailable``) and offline once they sync nowhere.
 """
 
-# tests: tests/integration/test_client_e2e.py
+# tests: tests/integration/test_client_e2e.py, tests/integration/test_client_legacy.py
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -27,7 +27,7 @@ from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.auth import Requester
 from storage.kernel.errors import forbidden, not_found
 from storage.id_generators import StreamIdGenerator
-from storage.stores.presence import PresenceStore
+from storage.stores.presence import PresenceRow, PresenceStore
 from storage.kernel.background import run_in_background
 
 logger = logging.getLogger(__name__)
@@ -103,31 +103,22 @@ class PresenceHandler:
     async def presence_for_sync(self, user_id: str, after: int, upto: int) -> list[dict[str, Any]]:
         """``m.presence`` events for ``/sync``: changes in (after, upto] of the user and those
         sharing a room with them."""
+        rows = await self._store.get_presence_changes(user_id, after, upto)
         now = self._clock_ms()
-        out = []
-        for row in await self._store.get_presence_changes(user_id, after, upto):
-            content: dict[str, Any] = {
-                "presence": row.state,
-                "last_active_ago": max(0, now - row.last_active_ts),
-                "currently_active": row.currently_active,
-            }
-            if row.status_msg is not None:
-                content["status_msg"] = row.status_msg
-            out.append({"type": "m.presence", "sender": row.user_id, "content": content})
-        return out
+        return [_presence_event(row, now) for row in rows]
+
+    async def presence_events(self, user_ids: Iterable[str]) -> list[dict[str, Any]]:
+        """The current ``m.presence`` event of each of ``user_ids`` whose presence is known
+        (the older ``/rooms/{roomId}/initialSync``: the room's members)."""
+        now = self._clock_ms()
+        rows = [await self._store.get_presence(user_id) for user_id in user_ids]
+        return [_presence_event(row, now) for row in rows if row is not None]
 
     async def get_status(self, user_id: str) -> dict[str, Any]:
         row = await self._store.get_presence(user_id)
         if row is None:
             raise not_found("No presence known for this user")
-        out: dict[str, Any] = {
-            "presence": row.state,
-            "last_active_ago": max(0, self._clock_ms() - row.last_active_ts),
-            "currently_active": row.currently_active,
-        }
-        if row.status_msg is not None:
-            out["status_msg"] = row.status_msg
-        return out
+        return _presence_content(row, self._clock_ms())
 
 
 class SyncTracker:
@@ -186,3 +177,18 @@ class SyncTracker:
             return None
         run_in_background("report_user_sync", result)
         return result
+
+
+def _presence_content(row: PresenceRow, now_ms: int) -> dict[str, Any]:
+    content: dict[str, Any] = {
+        "presence": row.state,
+        "last_active_ago": max(0, now_ms - row.last_active_ts),
+        "currently_active": row.currently_active,
+    }
+    if row.status_msg is not None:
+        content["status_msg"] = row.status_msg
+    return content
+
+
+def _presence_event(row: PresenceRow, now_ms: int) -> dict[str, Any]:
+    return {"type": "m.presence", "sender": row.user_id, "content": _presence_content(row, now_ms)}

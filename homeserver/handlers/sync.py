@@ -18,7 +18,7 @@ of them side by side.
 from __future__ import annotations
 
 import json
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -47,7 +47,8 @@ from storage.stores.events import EventsStore, StateKey
 from storage.stores.timeline import MembershipRow, TimelineStore, UnreadRoom
 from storage.streams import StreamName
 from storage.room_tokens import RoomPosition, RoomTokens
-from storage.tokens import MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
+from storage.kernel.errors import invalid_param
+from storage.tokens import InvalidTokenError, MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
 
 T = TypeVar("T")
 
@@ -151,7 +152,18 @@ class SyncHandler:
         timeout_ms: int,
         full_state: bool,
         sync_filter: SyncFilter,
+        wanted: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> dict[str, Any]:
+        """``sync`` from ``since``, waiting up to ``timeout_ms`` until it has something ``wanted``
+        (by default any change: the older ``/events`` wants timeline events only). Every wake-up
+        syncs from ``since`` again, so what arrived meanwhile is kept."""
+        has_changes = wanted if wanted is not None else _has_changes
+        if since is not None:
+            # A well-formed token naming an events writer no process ever had is the client's error.
+            try:
+                await self._room_tokens.position(since.events)
+            except InvalidTokenError as e:
+                raise invalid_param(str(e)) from None
         if since is None or full_state or timeout_ms <= 0:
             return await self.sync(requester, since, full_state=full_state, sync_filter=sync_filter)
         deadline = self._clock.seconds() + min(timeout_ms / 1000.0, MAX_TIMEOUT_S)
@@ -159,9 +171,9 @@ class SyncHandler:
         while True:
             result = await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
             remaining = deadline - self._clock.seconds()
-            if _has_changes(result) and woken_at is not None:
+            if has_changes(result) and woken_at is not None:
                 self._metrics.wake_latency.observe(self._clock.seconds() - woken_at)
-            if _has_changes(result) or remaining <= 0:
+            if has_changes(result) or remaining <= 0:
                 return result
             self._metrics.long_polls.inc()
             try:

@@ -5,7 +5,7 @@ Reads a room's events in stream order for ``/messages``, ``/context`` and
 visibility rules or the client event format; handlers decide those.
 """
 
-# tests: tests/integration/test_client_rooms.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_legacy.py
 
 from __future__ import annotations
 
@@ -441,6 +441,18 @@ class TimelineStore:
             return {str(r[0]): int(r[1]) for r in txn.fetchall()}
 
         return await self._db.run_interaction("get_stream_orderings", txn_fn)
+
+    async def get_event_positions(self, event_ids: Collection[str]) -> dict[str, tuple[str, int]]:
+        """event ID -> (writer instance, stream ordering): its place on the events stream."""
+
+        def txn_fn(txn: Transaction) -> dict[str, tuple[str, int]]:
+            txn.execute(
+                "SELECT event_id, instance_name, stream_ordering FROM events WHERE event_id = ANY(%s)",
+                (list(event_ids),),
+            )
+            return {str(r[0]): (str(r[1]), int(r[2])) for r in txn.fetchall()}
+
+        return await self._db.run_interaction("get_event_positions", txn_fn)
 
     # --- receipts -----------------------------------------------------------------------
 

@@ -187,6 +187,25 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                     break
                 assert time.monotonic() < deadline, "Alice's typing never reached the other server"
 
+            # The older endpoints, through nginx to the generic worker (and on it directly): a
+            # POST send without a txnId reaches carol's /events from her /sync token, and both
+            # initialSyncs show it.
+            mark = carol.ok("GET", "sync?timeout=0")["next_batch"]
+            room0 = quote(rooms[0], safe="")
+            legacy = alice.ok("POST", f"rooms/{room0}/send/m.room.message", {"msgtype": "m.text", "body": "old"})
+            streamed_ids: list[str] = []
+            deadline = time.monotonic() + 20
+            while legacy["event_id"] not in streamed_ids:  # a client follows the stream the same way
+                assert time.monotonic() < deadline, "the POSTed message never reached /events"
+                streamed = carol.ok("GET", f"events?from={mark}&timeout=10000")
+                streamed_ids.extend(e.get("event_id") for e in streamed["chunk"] if "event_id" in e)
+                mark = streamed["end"]
+            direct = Http(generic_port, carol_token)
+            snapshot = direct.ok("GET", f"rooms/{room0}/initialSync?limit=1")
+            assert [e["event_id"] for e in snapshot["messages"]["chunk"]] == [legacy["event_id"]]
+            everything = carol.ok("GET", "initialSync?limit=1")
+            assert {r["room_id"] for r in everything["rooms"]} == set(rooms)
+
             followers = {"alice": SyncFollower(alice), "carol": SyncFollower(carol)}
             for follower in followers.values():
                 follower.start()

@@ -79,5 +79,15 @@ def query_string(request: Request, name: str) -> str | None:
         raise invalid_param(f"Query parameter '{name}' is not valid UTF-8") from None
 
 
+def query_int(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:
+    """Query parameter ``name`` as an integer clamped to [minimum, maximum]; ``default`` when absent."""
+    text = query_string(request, name)
+    if text is None:
+        return default
+    if not text.isascii() or not text.lstrip("-").isdigit() or len(text) > 12:
+        raise invalid_param(f"Query parameter '{name}' must be an integer, got {text[:50]!r}")
+    return max(minimum, min(int(text), maximum))
+
+
 def empty() -> tuple[int, Any]:
     return 200, {}

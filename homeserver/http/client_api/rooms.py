@@ -5,7 +5,7 @@ Each servlet authenticates, parses path, query and body into typed values
 ``MessagesHandler``, ``TypingHandler`` or ``ReceiptsHandler``.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_fuzz.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_fuzz.py, tests/integration/test_client_legacy.py
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from homeserver.http.client_api._base import (
     optional_bool,
     optional_string,
     parse_optional_json_object,
+    query_int,
     query_string,
     required_string,
 )
@@ -78,15 +79,6 @@ def _join_content(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def _short(value: str, name: str) -> str:
     return check_text(value, name, max_length=MAX_ID_LENGTH, allow_empty=False)
-
-
-def _query_int(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:
-    text = query_string(request, name)
-    if text is None:
-        return default
-    if not text.isascii() or not text.lstrip("-").isdigit() or len(text) > 12:
-        raise invalid_param(f"Query parameter '{name}' must be an integer, got {text[:50]!r}")
-    return max(minimum, min(int(text), maximum))
 
 
 MAX_VIA_SERVERS: Final = 20
@@ -204,7 +196,8 @@ def register_room_servlets(
         requester = await auth.get_user_by_req(request)
         room_id = _room_id(params)
         event_type = _short(params["event_type"], "eventType")
-        txn_id = _short(params["txn_id"], "txnId")
+        # The older POST form (r0's v1-style send) has no transaction ID: every call is a new event.
+        txn_id = _short(params["txn_id"], "txnId") if params.get("txn_id") is not None else None
         body = parse_json_object(request)
         event_id = await rooms.send_event(requester, room_id, event_type, body, txn_id)
         return 200, {"event_id": event_id}
@@ -237,7 +230,7 @@ def register_room_servlets(
         if direction not in ("b", "f"):
             raise invalid_param("'dir' must be 'b' or 'f'")
         event_filter = parse_event_filter(_query_json(request, "filter"))
-        limit = _query_int(request, "limit", event_filter.limit if event_filter.limit is not None else 10)
+        limit = query_int(request, "limit", event_filter.limit if event_filter.limit is not None else 10)
         return 200, await messages.get_messages(
             requester,
             _room_id(params),
@@ -255,7 +248,7 @@ def register_room_servlets(
             requester,
             _room_id(params),
             _event_id(params["event_id"]),
-            limit=_query_int(request, "limit", 10),
+            limit=query_int(request, "limit", 10),
             event_filter=event_filter,
         )
 
@@ -328,6 +321,7 @@ def register_room_servlets(
     router.register(
         ["PUT"], client_path(ROOM + r"/send/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"), send, "client_room_send"
     )
+    router.register(["POST"], client_path(ROOM + r"/send/(?P<event_type>[^/]+)"), send, "client_room_send_no_txn")
     state_path = client_path(ROOM + r"/state/(?P<event_type>[^/]+)(?:/(?P<state_key>[^/]*))?")
     router.register(["PUT"], state_path, put_state, "client_room_state_put")
     router.register(["GET"], state_path, get_state_event, "client_room_state_event")

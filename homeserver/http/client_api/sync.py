@@ -1,12 +1,13 @@
-"""``GET /sync``: parse since/timeout/full_state/filter and hand them to ``SyncHandler``."""
+"""``GET /sync``: parse since/timeout/full_state/filter and hand them to ``SyncHandler``; the older
+``/initialSync``, ``/rooms/{roomId}/initialSync`` and ``/events`` to ``LegacySyncHandler``."""
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_e2e.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_e2e.py, tests/integration/test_client_legacy.py
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from twisted.web.server import Request
 
@@ -15,14 +16,67 @@ from homeserver.handlers.auth import Auth
 from homeserver.handlers.filters import FilterHandler, validate_filter
 from homeserver.handlers.presence import PRESENCE_STATES, SyncTracker
 from homeserver.handlers.room_services import RoomServices
-from homeserver.handlers.sync import SyncFilter, SyncHandler
+from homeserver.handlers.legacy_sync import LegacySyncHandler
+from homeserver.handlers.sync import DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncHandler
+from homeserver.handlers.validation import check_room_id
 from homeserver.http.client_api.e2e import register_e2e_servlets
-from homeserver.http.client_api.rooms import register_room_servlets
-from homeserver.http.client_api._base import client_path, query_string
+from homeserver.http.client_api.rooms import ROOM, register_room_servlets
+from homeserver.http.client_api._base import client_path, query_int, query_string
 from storage.kernel.errors import invalid_param
 from homeserver.http.server import Routes
 from homeserver.routing.writers import Writers
 from storage.tokens import InvalidTokenError, StreamToken
+
+# The older /events long-poll waits this long when the client gives no timeout (as Synapse).
+EVENTS_TIMEOUT_MS: Final = 30_000
+
+
+def _query_token(request: Request, name: str) -> StreamToken | None:
+    """Query parameter ``name`` as a ``/sync`` token; None when absent."""
+    text = query_string(request, name)
+    if text is None:
+        return None
+    try:
+        return StreamToken.parse(text)
+    except InvalidTokenError as e:
+        raise invalid_param(str(e)) from None
+
+
+def _query_timeout(request: Request, *, default_ms: int) -> int:
+    text = query_string(request, "timeout")
+    if not text:  # absent, or empty as some clients send it
+        return default_ms
+    if not text.isascii() or not text.isdigit() or len(text) > 10:
+        raise invalid_param("'timeout' must be a non-negative integer")
+    return int(text)
+
+
+def register_legacy_sync_servlets(router: Routes, *, auth: Auth, legacy: LegacySyncHandler) -> None:
+    """The older ``/initialSync``, ``/rooms/{roomId}/initialSync`` and ``/events`` (r0.6.1)."""
+
+    async def initial_sync(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        archived = query_string(request, "archived") or "false"
+        if archived not in ("true", "false"):
+            raise invalid_param("'archived' must be true or false")
+        limit = query_int(request, "limit", DEFAULT_TIMELINE_LIMIT)
+        return 200, await legacy.initial_sync(requester, limit=limit, archived=archived == "true")
+
+    async def room_initial_sync(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        room_id = check_room_id(params["room_id"])
+        return 200, await legacy.room_initial_sync(
+            requester, room_id, limit=query_int(request, "limit", DEFAULT_TIMELINE_LIMIT)
+        )
+
+    async def events(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        since = _query_token(request, "from")
+        return 200, await legacy.events(requester, since, timeout_ms=_query_timeout(request, default_ms=EVENTS_TIMEOUT_MS))
+
+    router.register(["GET"], client_path(r"/initialSync"), initial_sync, "client_initial_sync")
+    router.register(["GET"], client_path(ROOM + r"/initialSync"), room_initial_sync, "client_room_initial_sync")
+    router.register(["GET"], client_path(r"/events"), events, "client_events_stream")
 
 
 def register_sync_servlets(router: Routes, *, auth: Auth, sync: SyncHandler, filters: FilterHandler,
@@ -32,16 +86,8 @@ def register_sync_servlets(router: Routes, *, auth: Auth, sync: SyncHandler, fil
         set_presence = query_string(request, "set_presence") or "online"
         if set_presence not in PRESENCE_STATES:
             raise invalid_param("'set_presence' must be one of online, offline, unavailable")
-        since_text = query_string(request, "since")
-        since: StreamToken | None = None
-        if since_text is not None:
-            try:
-                since = StreamToken.parse(since_text)
-            except InvalidTokenError as e:
-                raise invalid_param(str(e)) from None
-        timeout_text = query_string(request, "timeout") or "0"
-        if not timeout_text.isascii() or not timeout_text.isdigit() or len(timeout_text) > 10:
-            raise invalid_param("'timeout' must be a non-negative integer")
+        since = _query_token(request, "since")
+        timeout_ms = _query_timeout(request, default_ms=0)
         full_state_text = query_string(request, "full_state") or "false"
         if full_state_text not in ("true", "false"):
             raise invalid_param("'full_state' must be true or false")
@@ -68,7 +114,7 @@ def register_sync_servlets(router: Routes, *, auth: Auth, sync: SyncHandler, fil
             result = await sync.wait_for_sync(
                 requester,
                 since,
-                timeout_ms=int(timeout_text),
+                timeout_ms=timeout_ms,
                 full_state=full_state_text == "true",
                 sync_filter=SyncFilter.parse(filter_json),
             )
@@ -94,3 +140,14 @@ def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: Ac
     register_sync_servlets(router, auth=accounts.auth, sync=rooms.sync, filters=accounts.filters,
                            sync_tracker=sync_tracker)
     register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers)
+    register_legacy_sync_servlets(router, auth=accounts.auth, legacy=LegacySyncHandler(
+        sync=rooms.sync,
+        messages=rooms.messages,
+        rooms=rooms.rooms,
+        timeline=rooms.timeline,
+        client_events=rooms.client_events,
+        receipts=rooms.receipts,
+        presence=rooms.presence,
+        account_data=accounts.account_data,
+        room_tokens=rooms.room_tokens,
+    ))
