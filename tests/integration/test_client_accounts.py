@@ -56,9 +56,13 @@ async def test_registration_with_user_interactive_auth(database_dsn: str, tmp_pa
         device = await client.request("GET", "devices/MYPHONE", token=token)
         assert device.body["display_name"] == "Alice's phone" and device.body["last_seen_ip"] == "127.0.0.1"
 
-        inhibited = await client.register("bob", inhibit_login=True)
+        inhibited = await client.register("bob", inhibit_login=True, device_id="NOTMADE")
         assert inhibited.status == 200 and inhibited.body == {"user_id": BOB, "home_server": SERVER_NAME}
-        assert (await client.login("bob")).status == 200
+        bob_login = await client.login("bob")
+        assert bob_login.status == 200
+        # inhibit_login made no device: the login's is Bob's only one.
+        bob_devices = await client.request("GET", "devices", token=bob_login.body["access_token"])
+        assert [d["device_id"] for d in bob_devices.body["devices"]] == [bob_login.body["device_id"]]
 
         r0 = await client.request("POST", "/_matrix/client/r0/register", {"username": "Carol", "auth": {"type": "m.login.dummy"}})
         assert r0.status == 200 and r0.body["user_id"] == f"@carol:{SERVER_NAME}"
@@ -234,6 +238,18 @@ async def test_devices(database_dsn: str, tmp_path: Path) -> None:
             assert (unknown.status, unknown.errcode) == (404, "M_NOT_FOUND")
         long_name = await client.request("PUT", "devices/TWO", {"display_name": "x" * 101}, token=token)
         assert (long_name.status, long_name.errcode) == (400, "M_INVALID_PARAM")
+
+        # Another user's device is not Alice's to delete: 404 before any UIA, and it stays.
+        bob = (await client.register_ok("bob", device_id="BOBDEV"))["access_token"]
+        for body in (None, {"auth": _password_auth()}):
+            theirs = await client.request("DELETE", "devices/BOBDEV", body, token=token)
+            assert (theirs.status, theirs.errcode) == (404, "M_NOT_FOUND")
+        assert (await client.request("DELETE", "devices/NOPE", token=token)).status == 404
+        # UIA as the device's owner: Bob's password does not delete Alice's device.
+        as_bob = await client.request("DELETE", "devices/TWO", {"auth": _password_auth(user="bob")}, token=token)
+        assert as_bob.status == 401 and as_bob.errcode == "M_FORBIDDEN"
+        assert (await client.request("GET", "account/whoami", token=two)).status == 200
+        assert (await client.request("GET", "account/whoami", token=bob)).status == 200
 
         first = await client.request("DELETE", "devices/TWO", token=token)  # no body at all
         assert first.status == 401 and first.body["flows"] == [{"stages": ["m.login.password"]}]
