@@ -48,6 +48,7 @@ MAIN_ONLY_SERVLETS: Final = frozenset({
     "client_logout",
     "client_logout_all",
     "client_change_password",
+    "client_deactivate",
     "client_device_update",
     "client_device_delete",
     "client_delete_devices",

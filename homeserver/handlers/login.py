@@ -108,8 +108,10 @@ class LoginHandler:
         if not result.allowed:
             raise limit_exceeded(result.retry_after)
         user = await self._accounts.get_user(user_id)
-        stored = None if user is None or user.deactivated else user.password_hash
-        if await self._hasher.verify(password, stored):
+        if await self._hasher.verify(password, None if user is None else user.password_hash):
+            if user is not None and user.deactivated:
+                # Only to whoever knows the password (as Synapse): the account exists but is closed.
+                raise MatrixError(403, "M_USER_DEACTIVATED", "This account has been deactivated")
             return True
         limiter.record(user_id, self._clock())
         return False
@@ -156,6 +158,12 @@ class LoginHandler:
 
     async def logout_all(self, requester: Requester) -> None:
         await self._devices.delete_all_devices(requester.user_id)
+
+    async def deactivate(self, user_id: str) -> None:
+        """Close the account: no login from now on, then every device and access token goes."""
+        await self._accounts.deactivate_user(user_id)
+        await self._devices.delete_all_devices(user_id)
+        logger.info("[%s] deactivated", user_id)
 
     async def change_password(self, requester: Requester, new_password: str, *, logout_devices: bool) -> None:
         check_text(new_password, "new_password", max_length=MAX_PASSWORD_LENGTH, allow_empty=False)

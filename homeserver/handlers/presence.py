@@ -25,7 +25,7 @@ from twisted.internet.defer import Deferred
 
 from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.auth import Requester
-from storage.kernel.errors import forbidden, not_found
+from storage.kernel.errors import forbidden
 from storage.id_generators import StreamIdGenerator
 from storage.stores.presence import PresenceRow, PresenceStore
 from storage.kernel.background import run_in_background
@@ -114,10 +114,15 @@ class PresenceHandler:
         rows = [await self._store.get_presence(user_id) for user_id in user_ids]
         return [_presence_event(row, now) for row in rows if row is not None]
 
-    async def get_status(self, user_id: str) -> dict[str, Any]:
+    async def get_status(self, requester: Requester, user_id: str) -> dict[str, Any]:
+        """``GET /presence/{userId}/status``: visible to the user and to those sharing a joined
+        room with them (else 403, as Synapse). A user who never set a status nor synced is
+        ``offline`` with nothing else known (Synapse's initial state), rather than a 404."""
+        if requester.user_id != user_id and not await self._store.shares_joined_room(requester.user_id, user_id):
+            raise forbidden("You are not allowed to see their presence")
         row = await self._store.get_presence(user_id)
         if row is None:
-            raise not_found("No presence known for this user")
+            return {"presence": "offline"}
         return _presence_content(row, self._clock_ms())
 
 

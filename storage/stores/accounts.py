@@ -130,6 +130,10 @@ def _set_password_hash_txn(
     return DeletedDevices(others, tuple(delete_devices_txn(txn, user_id, others)))
 
 
+def _deactivate_user_txn(txn: Transaction, user_id: str) -> None:
+    txn.execute("UPDATE users SET deactivated = TRUE WHERE user_id = %s", (user_id,))
+
+
 class AccountStore:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -165,3 +169,8 @@ class AccountStore:
         return await self._db.run_interaction(
             "set_password_hash", _set_password_hash_txn, user_id, password_hash, keep_device_id, logout_devices
         )
+
+    async def deactivate_user(self, user_id: str) -> None:
+        """Mark the account deactivated: its tokens stop resolving (``get_token_owner``) and the
+        row stays, so the user ID is never registered again."""
+        await self._db.run_interaction("deactivate_user", _deactivate_user_txn, user_id)

@@ -72,6 +72,24 @@ class PresenceStore:
 
         return await self._db.run_interaction("get_presence_changes", txn_fn)
 
+    async def shares_joined_room(self, user_id: str, other_user_id: str) -> bool:
+        """Whether both users are joined to some room (by the rooms' current state)."""
+
+        def txn_fn(txn: Transaction) -> bool:
+            txn.execute(
+                """
+                SELECT 1 FROM current_state_events mine
+                JOIN current_state_events theirs ON theirs.room_id = mine.room_id
+                WHERE mine.type = 'm.room.member' AND mine.state_key = %s AND mine.membership = 'join'
+                  AND theirs.type = 'm.room.member' AND theirs.state_key = %s AND theirs.membership = 'join'
+                LIMIT 1
+                """,
+                (user_id, other_user_id),
+            )
+            return txn.fetchone() is not None
+
+        return await self._db.run_interaction("shares_joined_room", txn_fn)
+
     async def get_presence(self, user_id: str) -> PresenceRow | None:
         def txn_fn(txn: Transaction) -> PresenceRow | None:
             txn.execute(

@@ -46,6 +46,20 @@ async def test_registration_without_login(database: Database) -> None:
     assert await accounts.get_user("@nobody:hs") is None
 
 
+async def test_deactivation_keeps_the_user_id_and_stops_its_tokens(database: Database) -> None:
+    accounts = AccountStore(database)
+    await accounts.register_user("@d:hs", password_hash="$2b$h", displayname="d", login=_login("D", b"d" * 32), now_ms=1)
+    await accounts.register_user("@e:hs", password_hash=None, displayname="e", login=_login("E", b"e" * 32), now_ms=1)
+    await accounts.deactivate_user("@d:hs")
+    user = await accounts.get_user("@d:hs")
+    assert user is not None and user.deactivated and user.password_hash == "$2b$h"
+    assert await accounts.get_token_owner(b"d" * 32) is None
+    assert not await accounts.register_user("@d:hs", password_hash=None, displayname=None, login=None, now_ms=2)
+    other = await accounts.get_user("@e:hs")
+    assert other is not None and not other.deactivated
+    assert await accounts.get_token_owner(b"e" * 32) is not None
+
+
 async def test_login_on_a_known_device_replaces_its_token(database: Database) -> None:
     accounts, devices = AccountStore(database), DeviceStore(database)
     await accounts.register_user("@a:hs", password_hash=None, displayname=None, login=_login("D", b"1" * 32, "Old"), now_ms=1)

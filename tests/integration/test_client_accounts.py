@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from homeserver.handlers.auth import Requester
 from storage.stores.profiles import ProfileRow
@@ -56,9 +57,13 @@ async def test_registration_with_user_interactive_auth(database_dsn: str, tmp_pa
         device = await client.request("GET", "devices/MYPHONE", token=token)
         assert device.body["display_name"] == "Alice's phone" and device.body["last_seen_ip"] == "127.0.0.1"
 
-        inhibited = await client.register("bob", inhibit_login=True)
+        inhibited = await client.register("bob", inhibit_login=True, device_id="NOTMADE")
         assert inhibited.status == 200 and inhibited.body == {"user_id": BOB, "home_server": SERVER_NAME}
-        assert (await client.login("bob")).status == 200
+        bob_login = await client.login("bob")
+        assert bob_login.status == 200
+        # inhibit_login made no device: the login's is Bob's only one.
+        bob_devices = await client.request("GET", "devices", token=bob_login.body["access_token"])
+        assert [d["device_id"] for d in bob_devices.body["devices"]] == [bob_login.body["device_id"]]
 
         r0 = await client.request("POST", "/_matrix/client/r0/register", {"username": "Carol", "auth": {"type": "m.login.dummy"}})
         assert r0.status == 200 and r0.body["user_id"] == f"@carol:{SERVER_NAME}"
@@ -234,6 +239,18 @@ async def test_devices(database_dsn: str, tmp_path: Path) -> None:
             assert (unknown.status, unknown.errcode) == (404, "M_NOT_FOUND")
         long_name = await client.request("PUT", "devices/TWO", {"display_name": "x" * 101}, token=token)
         assert (long_name.status, long_name.errcode) == (400, "M_INVALID_PARAM")
+
+        # Another user's device is not Alice's to delete: 404 before any UIA, and it stays.
+        bob = (await client.register_ok("bob", device_id="BOBDEV"))["access_token"]
+        for body in (None, {"auth": _password_auth()}):
+            theirs = await client.request("DELETE", "devices/BOBDEV", body, token=token)
+            assert (theirs.status, theirs.errcode) == (404, "M_NOT_FOUND")
+        assert (await client.request("DELETE", "devices/NOPE", token=token)).status == 404
+        # UIA as the device's owner: Bob's password does not delete Alice's device.
+        as_bob = await client.request("DELETE", "devices/TWO", {"auth": _password_auth(user="bob")}, token=token)
+        assert as_bob.status == 401 and as_bob.errcode == "M_FORBIDDEN"
+        assert (await client.request("GET", "account/whoami", token=two)).status == 200
+        assert (await client.request("GET", "account/whoami", token=bob)).status == 200
 
         first = await client.request("DELETE", "devices/TWO", token=token)  # no body at all
         assert first.status == 401 and first.body["flows"] == [{"stages": ["m.login.password"]}]
@@ -414,3 +431,54 @@ async def test_rate_limits(database_dsn: str, tmp_path: Path) -> None:
         assert (await client.login("bob")).status == 200  # other accounts are not affected
         # The per-account limit counts every attempt (alice has made 4).
         assert (await client.login("alice")).status == 429
+
+
+async def test_account_deactivation(database_dsn: str, tmp_path: Path) -> None:
+    """POST /account/deactivate (UIA as the user): tokens and devices go, the user leaves the
+    rooms they are joined or invited to, the profile is erased, login answers 403
+    M_USER_DEACTIVATED and the user ID cannot be registered again."""
+    async with running_server(database_dsn, tmp_path) as (_, client):
+        alice = (await client.register_ok("alice", device_id="ONE"))["access_token"]
+        other_device = (await client.login("alice", device_id="TWO")).body["access_token"]
+        bob = (await client.register_ok("bob"))["access_token"]
+        avatar = await client.request("PUT", f"profile/{quote(ALICE)}/avatar_url", {"avatar_url": "mxc://x/y"}, token=alice)
+        assert avatar.status == 200
+        joined = (await client.request("POST", "createRoom", {"preset": "public_chat"}, token=bob)).body["room_id"]
+        assert (await client.request("POST", f"join/{quote(joined)}", {}, token=alice)).status == 200
+        invited = (await client.request("POST", "createRoom", {"invite": [ALICE]}, token=bob)).body["room_id"]
+
+        # Bad input and incomplete auth change nothing.
+        bad = await client.request("POST", "account/deactivate", {"erase": "yes", "auth": _password_auth()}, token=alice)
+        assert (bad.status, bad.errcode) == (400, "M_BAD_JSON")
+        first = await client.request("POST", "account/deactivate", {}, token=alice)
+        assert first.status == 401 and first.body["flows"] == [{"stages": ["m.login.password"]}]
+        as_bob = await client.request("POST", "account/deactivate", {"auth": _password_auth(user="bob")}, token=alice)
+        assert as_bob.status == 401 and as_bob.errcode == "M_FORBIDDEN"
+        wrong = await client.request("POST", "account/deactivate", {"auth": _password_auth("nope")}, token=alice)
+        assert wrong.status == 401 and wrong.errcode == "M_FORBIDDEN"
+        assert (await client.request("GET", "account/whoami", token=alice)).status == 200
+        unauthenticated = await client.request("POST", "account/deactivate", {"auth": _password_auth()})
+        assert (unauthenticated.status, unauthenticated.errcode) == (401, "M_MISSING_TOKEN")
+
+        done = await client.request(
+            "POST", "account/deactivate", {"auth": _password_auth(session=first.body["session"]), "erase": True}, token=alice
+        )
+        assert done.status == 200 and done.body == {"id_server_unbind_result": "no-support"}, done
+
+        for token in (alice, other_device):
+            gone = await client.request("GET", "account/whoami", token=token)
+            assert (gone.status, gone.errcode) == (401, "M_UNKNOWN_TOKEN")
+        for room_id in (joined, invited):
+            member = await client.request("GET", f"rooms/{quote(room_id)}/state/m.room.member/{quote(ALICE)}", token=bob)
+            assert member.status == 200 and member.body["membership"] == "leave", (room_id, member)
+        profile = await client.request("GET", f"profile/{quote(ALICE)}", token=bob)
+        assert profile.status == 200 and "displayname" not in profile.body and "avatar_url" not in profile.body
+
+        login = await client.login("alice")
+        assert (login.status, login.errcode) == (403, "M_USER_DEACTIVATED")
+        wrong_login = await client.login("alice", "nope")
+        assert (wrong_login.status, wrong_login.errcode) == (403, "M_FORBIDDEN")
+        again = await client.register("alice")
+        assert (again.status, again.errcode) == (400, "M_USER_IN_USE")
+        # Bob is untouched.
+        assert (await client.request("GET", "account/whoami", token=bob)).status == 200

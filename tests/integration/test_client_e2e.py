@@ -66,11 +66,19 @@ async def test_to_device_keys_and_presence(database_dsn: str, tmp_path: Path) ->
         assert counts == {"signed_curve25519": 0}
         assert await _ok(client, "GET", "keys/changes?from=s0&to=s1", token=bob) == {"changed": [], "left": []}
 
-        # Bob synced above: a syncing user is online. Nobody has never synced nor set a status.
+        # Presence is visible to the user and to those sharing a joined room: not yet to Alice (403).
+        hidden = await client.request("GET", f"presence/{quote(BOB)}/status", token=alice)
+        assert hidden.status == 403 and hidden.body["errcode"] == "M_FORBIDDEN"
+        # A user who never synced nor set a status has the initial status: offline (not a 404).
+        assert await _ok(client, "GET", f"presence/{quote(ALICE)}/status", token=alice) == {"presence": "offline"}
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"join/{quote(room_id)}", {}, token=bob)
+        assert await _ok(client, "GET", f"presence/{quote(ALICE)}/status", token=bob) == {"presence": "offline"}
+        # Bob synced above: a syncing user is online. Nobody shares no room with Alice.
         synced = await _ok(client, "GET", f"presence/{quote(BOB)}/status", token=alice)
         assert synced["presence"] == "online"
         unknown = await client.request("GET", f"presence/{quote(BOB.replace('@bob', '@nobody'))}/status", token=alice)
-        assert unknown.status == 404
+        assert unknown.status == 403
         await _ok(client, "PUT", f"presence/{quote(BOB)}/status", {"presence": "online", "status_msg": "hi"}, token=bob)
         status = await _ok(client, "GET", f"presence/{quote(BOB)}/status", token=alice)
         assert status["presence"] == "online" and status["status_msg"] == "hi" and status["currently_active"] is True

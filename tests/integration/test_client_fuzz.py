@@ -37,6 +37,7 @@ ENDPOINTS: Final = [
     ("POST", "logout/all"),
     ("GET", "account/whoami"),
     ("POST", "account/password"),
+    ("POST", "account/deactivate"),
     ("GET", "devices"),
     ("GET", "devices/{device}"),
     ("PUT", "devices/{device}"),

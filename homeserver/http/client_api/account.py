@@ -1,4 +1,5 @@
-"""Account servlets: /register, /register/available, /login, /logout, /logout/all, /account/whoami, /account/password.
+"""Account servlets: /register, /register/available, /login, /logout, /logout/all, /account/whoami,
+/account/password, /account/deactivate.
 
 Each servlet parses and checks the request, then calls a handler. Registration
 checks, in the spec's order: the account ``kind``, whether registration is
@@ -17,6 +18,7 @@ from twisted.web.server import Request
 
 from homeserver.config import HomeserverConfig
 from homeserver.handlers.auth import Auth, client_ip
+from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.login import LOGIN_TYPE_PASSWORD, LoginHandler, invalid_credentials, user_from_identifier
 from homeserver.handlers.register import RegistrationHandler
 from homeserver.handlers.server_info import client_well_known
@@ -183,3 +185,26 @@ def register_account_servlets(
     router.register(["POST"], client_path(r"/logout/all"), post_logout_all, "client_logout_all")
     router.register(["GET"], client_path(r"/account/whoami"), get_whoami, "client_whoami")
     router.register(["POST"], client_path(r"/account/password"), post_password, "client_change_password")
+
+
+def register_deactivate_servlet(
+    router: Routes, *, auth: Auth, uia: UserInteractiveAuth, deactivation: DeactivationHandler
+) -> None:
+    """``POST /account/deactivate`` (registered with the room servlets: leaving rooms needs their handler)."""
+
+    async def post_deactivate(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_json_object(request)
+        # ``erase`` is accepted; the account's events are not yet served redacted to later joiners.
+        optional_bool(body, "erase", False)
+        optional_string(body, "id_server", max_length=MAX_USERNAME_LENGTH)
+        session = await uia.check(
+            body.get("auth"), operation="deactivate", flows=PASSWORD_FLOWS, user_id=requester.user_id
+        )
+        if not session.has_result:
+            await deactivation.deactivate(requester)
+            # No identity server is configured, so no third-party ID could be unbound from one.
+            session.set_result({"id_server_unbind_result": "no-support"})
+        return 200, session.result
+
+    router.register(["POST"], client_path(r"/account/deactivate"), post_deactivate, "client_deactivate")

@@ -1,6 +1,8 @@
 """Device servlets: GET /devices, GET/PUT/DELETE /devices/{deviceId}, POST /delete_devices.
 
-Deleting devices needs user-interactive auth with ``m.login.password``; the
+Deleting devices needs user-interactive auth with ``m.login.password`` as the
+devices' owner; ``DELETE /devices/{deviceId}`` of a device the user does not have is
+a 404 before any UIA round (``/delete_devices`` ignores unknown IDs). The
 UIA session is bound to the user and to the exact set of devices, so an
 approval to delete one device cannot be spent on another.
 """
@@ -75,8 +77,12 @@ def register_device_servlets(
         return empty()
 
     async def delete_device(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
         device_id = _check_device_id(params["device_id"])
         body = parse_optional_json_object(request)
+        # The spec's 404 ("the current user has no device with the given ID") comes before
+        # any UIA round: nobody is asked for a password to delete what is not theirs.
+        await devices.get_device(requester.user_id, device_id)
         await delete_with_uia(request, body, [device_id])
         return empty()
 

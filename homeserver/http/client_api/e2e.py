@@ -47,8 +47,8 @@ def register_e2e_servlets(router: Routes, *, auth: Auth, e2e: E2eHandler, presen
         return 200, {"changed": [], "left": []}
 
     async def get_presence(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        return 200, await presence.get_status(check_user_id(params["user_id"]))
+        requester = await auth.get_user_by_req(request)
+        return 200, await presence.get_status(requester, check_user_id(params["user_id"]))
 
     async def put_presence(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)

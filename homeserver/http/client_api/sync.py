@@ -13,12 +13,14 @@ from twisted.web.server import Request
 
 from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.auth import Auth
+from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.filters import FilterHandler, validate_filter
 from homeserver.handlers.presence import PRESENCE_STATES, SyncTracker
 from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.legacy_sync import LegacySyncHandler
 from homeserver.handlers.sync import DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncHandler
 from homeserver.handlers.validation import check_room_id
+from homeserver.http.client_api.account import register_deactivate_servlet
 from homeserver.http.client_api.e2e import register_e2e_servlets
 from homeserver.http.client_api.rooms import ROOM, register_room_servlets
 from homeserver.http.client_api._base import client_path, query_int, query_string
@@ -140,6 +142,9 @@ def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: Ac
     register_sync_servlets(router, auth=accounts.auth, sync=rooms.sync, filters=accounts.filters,
                            sync_tracker=sync_tracker)
     register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers)
+    register_deactivate_servlet(router, auth=accounts.auth, uia=accounts.uia, deactivation=DeactivationHandler(
+        login=accounts.login, rooms=rooms.rooms, profiles=accounts.profiles, timeline=rooms.timeline,
+    ))
     register_legacy_sync_servlets(router, auth=accounts.auth, legacy=LegacySyncHandler(
         sync=rooms.sync,
         messages=rooms.messages,

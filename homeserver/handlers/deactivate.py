@@ -1,0 +1,54 @@
+"""``POST /account/deactivate``: closing an account for good.
+
+In this order, so that nothing can undo a step already taken: the account is marked
+deactivated (login answers ``403 M_USER_DEACTIVATED``, its tokens stop resolving and
+the user ID stays taken), its devices and access tokens are deleted, the user leaves
+every room they are joined to, invited to or knocking on, and their profile
+(displayname, avatar_url) is erased. The leaves come before the profile erasure so that
+the erasure sends no profile-update joins into those rooms.
+"""
+
+# tests: tests/integration/test_client_accounts.py
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from homeserver.events import constants as C
+from homeserver.handlers.auth import Requester
+from homeserver.handlers.login import LoginHandler
+from homeserver.handlers.profile import ProfileHandler
+from homeserver.handlers.rooms import RoomHandler
+from storage.kernel.errors import MatrixError
+from storage.stores.timeline import TimelineStore
+
+logger = logging.getLogger(__name__)
+
+# The memberships a deactivated user gives up by leaving.
+LEFT_ON_DEACTIVATION: Final = frozenset({C.JOIN, C.INVITE, C.KNOCK})
+
+
+class DeactivationHandler:
+    def __init__(
+        self, *, login: LoginHandler, rooms: RoomHandler, profiles: ProfileHandler, timeline: TimelineStore
+    ) -> None:
+        self._login = login
+        self._rooms = rooms
+        self._profiles = profiles
+        self._timeline = timeline
+
+    async def deactivate(self, requester: Requester) -> None:
+        user_id = requester.user_id
+        await self._login.deactivate(user_id)
+        memberships = await self._timeline.get_rooms_for_user(user_id)
+        for room_id, (membership, _) in sorted(memberships.items()):
+            if membership not in LEFT_ON_DEACTIVATION:
+                continue
+            try:
+                await self._rooms.update_membership(requester, room_id, user_id, C.LEAVE, ratelimited=False)
+            except MatrixError as e:
+                # The account is closed already; one room that cannot be left must not stop the rest.
+                logger.warning("[%s] could not leave %s on deactivation: %s", user_id, room_id, e)
+        await self._profiles.set_displayname(requester, user_id, None)
+        await self._profiles.set_avatar_url(requester, user_id, None)
