@@ -29,6 +29,7 @@ from homeserver.events import (
     parse_create_room_request,
 )
 from homeserver.events import constants as C
+from homeserver.events.canonical import thaw
 from homeserver.events.identifiers import server_name_of
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents
@@ -221,8 +222,39 @@ class RoomHandler:
         ratelimit(self._limits.message, requester.user_id, self._now())
         if event_type == C.MEMBER:
             raise forbidden("Use the membership endpoints to change m.room.member")
+        if event_type == C.CANONICAL_ALIAS and state_key == "":
+            await self._check_canonical_alias(room_id, content)
         template = make_template(event_type, content, state_key)
         return (await self._send(room_id, template, requester.user_id)).event_id
+
+    async def _check_canonical_alias(self, room_id: str, content: Mapping[str, Any]) -> None:
+        """``m.room.canonical_alias``'s aliases must exist and point at the room (400 ``M_BAD_ALIAS``).
+
+        As Synapse: ``alias`` is always checked, ``alt_aliases`` only where they are new
+        against the room's current event (an alias deleted since may stay listed until the
+        next change), and a malformed alias is 400 ``M_INVALID_PARAM``.
+        """
+        alias = content.get("alias")
+        alt_aliases = content.get("alt_aliases", [])
+        if alias is not None and not isinstance(alias, str):
+            raise invalid_param("'alias' must be a room alias")
+        if not isinstance(alt_aliases, list) or not all(isinstance(a, str) for a in alt_aliases):
+            raise invalid_param("'alt_aliases' must be a list of room aliases")
+        current = await self._current_state_events(room_id, [(C.CANONICAL_ALIAS, "")])
+        old = current.get((C.CANONICAL_ALIAS, ""))
+        old_alt = thaw(old.content.get("alt_aliases")) if old is not None else None
+        known = set(old_alt) if isinstance(old_alt, list) else set()
+        to_check = ([alias] if alias is not None else []) + [a for a in alt_aliases if a not in known]
+        for name in dict.fromkeys(to_check):
+            self._check_alias(name)
+            try:
+                target = (await self.get_alias(name))["room_id"]
+            except MatrixError as e:
+                if e.status != 404:
+                    raise
+                target = None
+            if target != room_id:
+                raise MatrixError(400, "M_BAD_ALIAS", f"Room alias {name} does not point to the room")
 
     async def redact(
         self, requester: Requester, room_id: str, event_id: str, txn_id: str, reason: str | None
@@ -326,6 +358,29 @@ class RoomHandler:
             if get_user_power_level(version, requester.user_id, state) < get_named_level(state, "state_default"):
                 raise forbidden("You may not delete this alias")
         await self._timeline.delete_alias(alias)
+        await self._drop_canonical_alias(requester, room_id, alias)
+
+    async def _drop_canonical_alias(self, requester: Requester, room_id: str, alias: str) -> None:
+        """As Synapse: a deleted alias leaves the room's ``m.room.canonical_alias`` (``alias`` and
+        ``alt_aliases``), sent as the deleting user; if they may not send it, the event stays."""
+        current = (await self._current_state_events(room_id, [(C.CANONICAL_ALIAS, "")])).get((C.CANONICAL_ALIAS, ""))
+        if current is None:
+            return
+        content: dict[str, Any] = thaw(current.content)
+        changed = False
+        if content.get("alias") == alias:
+            del content["alias"]
+            changed = True
+        alt = content.get("alt_aliases")
+        if isinstance(alt, list) and alias in alt:
+            content["alt_aliases"] = [a for a in alt if a != alias]
+            changed = True
+        if not changed:
+            return
+        try:
+            await self._send(room_id, make_template(C.CANONICAL_ALIAS, content, ""), requester.user_id)
+        except MatrixError as e:
+            logger.info("[%s] could not drop %s from the canonical alias: %s", room_id, alias, e)
 
     async def resolve_room(self, room_id_or_alias: str) -> str:
         check_text(room_id_or_alias, "roomIdOrAlias", max_length=255)

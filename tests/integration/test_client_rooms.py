@@ -271,3 +271,47 @@ async def test_unread_notification_counts_follow_the_push_rules_and_the_read_rec
         synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=bob)
         assert synced["rooms"]["join"][room_id]["unread_notifications"] == {
             "notification_count": 0, "highlight_count": 0}
+
+
+async def test_canonical_alias_must_point_at_the_room_and_deleting_an_alias_drops_it(
+    database_dsn: str, tmp_path: Path
+) -> None:
+    """m.room.canonical_alias: each alias and new alt_alias must exist and point at the room
+    (400 M_BAD_ALIAS, nothing sent); DELETE /directory/room removes the alias from the event."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, _bob = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"room_alias_name": "main"}, token=alice))["room_id"]
+        other_id = (await _ok(client, "POST", "createRoom", {"room_alias_name": "other"}, token=alice))["room_id"]
+        main, other = f"#main:{SERVER_NAME}", f"#other:{SERVER_NAME}"
+        second = f"#second:{SERVER_NAME}"
+        await _ok(client, "PUT", f"directory/room/{quote(second)}", {"room_id": room_id}, token=alice)
+        path = f"rooms/{room_id}/state/m.room.canonical_alias"
+        before = await _ok(client, "GET", path, token=alice)
+
+        for content in (
+            {"alias": f"#missing:{SERVER_NAME}"},
+            {"alias": other},
+            {"alias": main, "alt_aliases": [other]},
+            {"alt_aliases": [f"#missing:{SERVER_NAME}"]},
+        ):
+            refused = await client.request("PUT", path, content, token=alice)
+            assert refused.status == 400 and refused.errcode == "M_BAD_ALIAS", (content, refused)
+        for content in ({"alias": 5}, {"alias": "not-an-alias"}, {"alt_aliases": "#main:x"}, {"alt_aliases": [3]}):
+            refused = await client.request("PUT", path, content, token=alice)
+            assert refused.status == 400 and refused.errcode == "M_INVALID_PARAM", (content, refused)
+        # A remote alias is asked of its server (as Synapse): one that cannot be reached is 502.
+        unreachable = await client.request("PUT", path, {"alias": "#x:remote.invalid"}, token=alice)
+        assert unreachable.status == 502, unreachable
+        assert await _ok(client, "GET", path, token=alice) == before
+
+        await _ok(client, "PUT", path, {"alias": main, "alt_aliases": [second]}, token=alice)
+        assert await _ok(client, "GET", path, token=alice) == {"alias": main, "alt_aliases": [second]}
+        # An empty event (no canonical alias) is always allowed.
+        await _ok(client, "PUT", f"rooms/{other_id}/state/m.room.canonical_alias", {}, token=alice)
+
+        await _ok(client, "DELETE", f"directory/room/{quote(second)}", token=alice)
+        assert await _ok(client, "GET", path, token=alice) == {"alias": main, "alt_aliases": []}
+        await _ok(client, "DELETE", f"directory/room/{quote(main)}", token=alice)
+        assert await _ok(client, "GET", path, token=alice) == {"alt_aliases": []}
+        gone = await client.request("GET", f"directory/room/{quote(main)}", token=alice)
+        assert gone.status == 404 and gone.errcode == "M_NOT_FOUND"
