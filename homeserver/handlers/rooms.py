@@ -37,7 +37,7 @@ from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.profile import ProfileHandler
 from homeserver.handlers.ratelimit import Ratelimiters, ratelimit
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound, MembershipPrecondition
-from homeserver.handlers.validation import check_text
+from homeserver.handlers.validation import check_text, check_user_id
 from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, not_found
 from storage.caches import DictCache
 from storage.stores.events import EventsStore, SendTxn, StateKey
@@ -55,6 +55,11 @@ ACTION_TARGET_MEMBERSHIPS: Final = {
     "kick": (frozenset({C.JOIN, C.INVITE, C.KNOCK}), "The target user is not in the room"),
     "unban": (frozenset({C.BAN}), "The target user is not banned"),
 }
+
+
+# Memberships a client may set through PUT /state/m.room.member/{userId} (the auth rules
+# then decide); knocks have their own endpoint and federation dance.
+STATE_API_MEMBERSHIPS: Final = frozenset({C.JOIN, C.LEAVE, C.INVITE, C.BAN})
 
 
 class RemoteMembershipError(Exception):
@@ -219,13 +224,42 @@ class RoomHandler:
     async def send_state(
         self, requester: Requester, room_id: str, event_type: str, state_key: str, content: Mapping[str, Any]
     ) -> str:
-        ratelimit(self._limits.message, requester.user_id, self._now())
         if event_type == C.MEMBER:
-            raise forbidden("Use the membership endpoints to change m.room.member")
+            return await self._send_member_state(requester, room_id, state_key, content)
+        ratelimit(self._limits.message, requester.user_id, self._now())
         if event_type == C.CANONICAL_ALIAS and state_key == "":
             await self._check_canonical_alias(room_id, content)
         template = make_template(event_type, content, state_key)
         return (await self._send(room_id, template, requester.user_id)).event_id
+
+    async def _send_member_state(
+        self, requester: Requester, room_id: str, target: str, content: Mapping[str, Any]
+    ) -> str:
+        """``PUT /state/m.room.member/{userId}``: a membership change with the given content.
+
+        The spec does not forbid it, and Synapse treats it as the membership endpoint
+        named by ``content.membership``, with the rest of the content kept (a per-room
+        ``displayname``, say): the same path, rate limits and auth rules as those endpoints.
+        """
+        check_user_id(target)
+        membership = content.get("membership")
+        if membership not in STATE_API_MEMBERSHIPS:
+            raise bad_json(f"'membership' must be one of {', '.join(sorted(STATE_API_MEMBERSHIPS))}")
+        extra = {key: value for key, value in content.items() if key != "membership"}
+        for key in ("displayname", "avatar_url", "reason"):
+            if key in extra and extra[key] is not None and not isinstance(extra[key], str):
+                raise bad_json(f"'{key}' must be a string")
+        remote_join = membership == C.JOIN and target == requester.user_id and self._remote is not None
+        if remote_join and not await self._server_in_room(room_id):
+            # A room this server is not in yet: make_join/send_join, as POST /join does.
+            await self.join(requester, room_id, content=extra)
+            event_id = (await self._events_store.get_current_state_for_keys(room_id, [(C.MEMBER, target)])).get(
+                (C.MEMBER, target)
+            )
+            if event_id is None:
+                raise not_found("The join was sent but is not in the room's state")
+            return event_id
+        return await self.update_membership(requester, room_id, target, str(membership), extra=extra)
 
     async def _check_canonical_alias(self, room_id: str, content: Mapping[str, Any]) -> None:
         """``m.room.canonical_alias``'s aliases must exist and point at the room (400 ``M_BAD_ALIAS``).
@@ -601,6 +635,7 @@ class RoomHandler:
     async def get_state_event(
         self, requester: Requester, room_id: str, event_type: str, state_key: str
     ) -> dict[str, Any]:
+        """The state event as clients see it (the servlet answers its content unless ``format=event``)."""
         ids = await self.visible_state_ids(requester, room_id)
         event_id = ids.get((event_type, state_key))
         if event_id is None:
@@ -608,9 +643,8 @@ class RoomHandler:
         events = await self._client_events.load([event_id])
         if not events:
             raise not_found("Event not found")
-        served = await self._client_events.serialize(events)
-        content: dict[str, Any] = served[0]["content"]
-        return content
+        served: dict[str, Any] = (await self._client_events.serialize(events))[0]
+        return served
 
     async def get_members(
         self, requester: Requester, room_id: str, *, membership: str | None, not_membership: str | None
