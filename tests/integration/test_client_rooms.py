@@ -349,14 +349,14 @@ async def test_joined_members_and_the_member_state_api(database_dsn: str, tmp_pa
         assert bad.status == 400 and bad.errcode == "M_INVALID_PARAM"
 
         # 4. Bob sets his own per-room displayname through the state API.
-        put = await _ok(
-            client, "PUT", member_path, {"membership": "join", "displayname": "Room Bob", "x.custom": 1}, token=bob
-        )
+        # 5. avatar_url: any string at the state API (the spec asks no mxc:// of a member event).
+        wanted = {"membership": "join", "displayname": "Room Bob", "avatar_url": "https://example.org/b.png", "x.custom": 1}
+        put = await _ok(client, "PUT", member_path, wanted, token=bob)
         event = await _ok(client, "GET", member_path + "?format=event", token=alice)
         assert event["event_id"] == put["event_id"]
-        assert event["content"] == {"membership": "join", "displayname": "Room Bob", "x.custom": 1}
+        assert event["content"] == wanted
         joined = await _ok(client, "GET", f"rooms/{room_id}/joined_members", token=bob)
-        assert joined["joined"][BOB]["display_name"] == "Room Bob"
+        assert joined["joined"][BOB] == {"display_name": "Room Bob", "avatar_url": "https://example.org/b.png"}
         # The auth rules still apply: Bob may not set Alice's membership, nor join for Carol,
         # nor ban (he has power level 0); a missing or unknown membership is malformed.
         for body, who, errcode in (
