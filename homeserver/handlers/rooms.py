@@ -7,7 +7,7 @@ Events core errors become ``MatrixError``s here (``AuthError`` -> 403
 parse and serialise. It does not know the timeline (messages.py) or sync.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_membership.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_membership.py, tests/integration/test_federation_outbound.py
 
 from __future__ import annotations
 
