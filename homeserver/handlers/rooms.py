@@ -62,6 +62,10 @@ ACTION_TARGET_MEMBERSHIPS: Final = {
 STATE_API_MEMBERSHIPS: Final = frozenset({C.JOIN, C.LEAVE, C.INVITE, C.BAN})
 
 
+# New aliases one m.room.canonical_alias event may add (each is looked up, maybe remotely).
+MAX_NEW_CANONICAL_ALIASES: Final = 50
+
+
 class RemoteMembershipError(Exception):
     """A membership change over federation failed; ``forbidden`` when a server refused it (403)."""
 
@@ -279,6 +283,9 @@ class RoomHandler:
         old_alt = thaw(old.content.get("alt_aliases")) if old is not None else None
         known = set(old_alt) if isinstance(old_alt, list) else set()
         to_check = ([alias] if alias is not None else []) + [a for a in alt_aliases if a not in known]
+        if len(set(to_check)) > MAX_NEW_CANONICAL_ALIASES:
+            # Each may be a federation query: a bound on what one request makes this server ask.
+            raise invalid_param(f"At most {MAX_NEW_CANONICAL_ALIASES} new aliases may be added at once")
         for name in dict.fromkeys(to_check):
             self._check_alias(name)
             try:

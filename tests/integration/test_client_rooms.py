@@ -296,7 +296,8 @@ async def test_canonical_alias_must_point_at_the_room_and_deleting_an_alias_drop
         ):
             refused = await client.request("PUT", path, content, token=alice)
             assert refused.status == 400 and refused.errcode == "M_BAD_ALIAS", (content, refused)
-        for content in ({"alias": 5}, {"alias": "not-an-alias"}, {"alt_aliases": "#main:x"}, {"alt_aliases": [3]}):
+        for content in ({"alias": 5}, {"alias": "not-an-alias"}, {"alt_aliases": "#main:x"}, {"alt_aliases": [3]},
+                        {"alt_aliases": [f"#a{i}:{SERVER_NAME}" for i in range(51)]}):
             refused = await client.request("PUT", path, content, token=alice)
             assert refused.status == 400 and refused.errcode == "M_INVALID_PARAM", (content, refused)
         # A remote alias is asked of its server (as Synapse): one that cannot be reached is 502.
