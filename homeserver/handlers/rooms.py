@@ -232,6 +232,12 @@ class RoomHandler:
             return await self._send_member_state(requester, room_id, state_key, content)
         ratelimit(self._limits.message, requester.user_id, self._now())
         if event_type == C.CANONICAL_ALIAS and state_key == "":
+            # The auth rules refuse a non-member anyway; checked first so that no
+            # stranger makes this server look aliases up.
+            entry = (await self._timeline.get_rooms_for_user(requester.user_id)).get(room_id)
+            if entry is None or entry[0] != C.JOIN:
+                await self._check_room(room_id)
+                raise forbidden("You are not in this room")
             await self._check_canonical_alias(room_id, content)
         template = make_template(event_type, content, state_key)
         return (await self._send(room_id, template, requester.user_id)).event_id

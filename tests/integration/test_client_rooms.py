@@ -304,6 +304,10 @@ async def test_canonical_alias_must_point_at_the_room_and_deleting_an_alias_drop
         unreachable = await client.request("PUT", path, {"alias": "#x:remote.invalid"}, token=alice)
         assert unreachable.status == 502, unreachable
         assert await _ok(client, "GET", path, token=alice) == before
+        # A non-member is refused before any alias is looked up.
+        stranger = (await client.register_ok("carol"))["access_token"]
+        refused = await client.request("PUT", path, {"alias": "#x:remote.invalid"}, token=stranger)
+        assert refused.status == 403 and refused.errcode == "M_FORBIDDEN"
 
         await _ok(client, "PUT", path, {"alias": main, "alt_aliases": [second]}, token=alice)
         assert await _ok(client, "GET", path, token=alice) == {"alias": main, "alt_aliases": [second]}
