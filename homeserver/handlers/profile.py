@@ -18,7 +18,7 @@ from typing import Protocol
 
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.validation import MAX_AVATAR_URL_LENGTH, MAX_DISPLAYNAME_LENGTH, check_text, is_local_user_id
-from storage.kernel.errors import MatrixError, forbidden, invalid_param, not_found
+from storage.kernel.errors import MatrixError, forbidden, not_found
 from storage.stores.profiles import ProfileRow, ProfileStore
 
 logger = logging.getLogger(__name__)
@@ -68,12 +68,15 @@ class ProfileHandler:
         await self._changed(requester, profile)
 
     async def set_avatar_url(self, requester: Requester, user_id: str, avatar_url: str | None) -> None:
-        """Set your avatar to an ``mxc://`` URI; None or an empty string clears it."""
+        """Set your avatar URL; None or an empty string clears it.
+
+        The spec types it as a URI without requiring ``mxc://`` (it is usually one), and
+        Synapse stores any string within its length limit, as member events may carry
+        any string too: so any text up to ``MAX_AVATAR_URL_LENGTH`` is kept.
+        """
         self._check_own(requester, user_id)
         if avatar_url:
             check_text(avatar_url, "avatar_url", max_length=MAX_AVATAR_URL_LENGTH)
-            if not avatar_url.startswith("mxc://"):
-                raise invalid_param("avatar_url must be an mxc:// URI")
         profile = await self._store.set_avatar_url(user_id, avatar_url or None)
         await self._changed(requester, profile)
 

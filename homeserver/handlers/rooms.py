@@ -7,7 +7,7 @@ Events core errors become ``MatrixError``s here (``AuthError`` -> 403
 parse and serialise. It does not know the timeline (messages.py) or sync.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_membership.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_membership.py, tests/integration/test_federation_outbound.py
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from homeserver.events import (
     parse_create_room_request,
 )
 from homeserver.events import constants as C
+from homeserver.events.canonical import thaw
 from homeserver.events.identifiers import server_name_of
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents
@@ -36,7 +37,7 @@ from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.profile import ProfileHandler
 from homeserver.handlers.ratelimit import Ratelimiters, ratelimit
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound, MembershipPrecondition
-from homeserver.handlers.validation import check_text
+from homeserver.handlers.validation import check_text, check_user_id
 from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, not_found
 from storage.caches import DictCache
 from storage.stores.events import EventsStore, SendTxn, StateKey
@@ -54,6 +55,15 @@ ACTION_TARGET_MEMBERSHIPS: Final = {
     "kick": (frozenset({C.JOIN, C.INVITE, C.KNOCK}), "The target user is not in the room"),
     "unban": (frozenset({C.BAN}), "The target user is not banned"),
 }
+
+
+# Memberships a client may set through PUT /state/m.room.member/{userId} (the auth rules
+# then decide); knocks have their own endpoint and federation dance.
+STATE_API_MEMBERSHIPS: Final = frozenset({C.JOIN, C.LEAVE, C.INVITE, C.BAN})
+
+
+# New aliases one m.room.canonical_alias event may add (each is looked up, maybe remotely).
+MAX_NEW_CANONICAL_ALIASES: Final = 50
 
 
 class RemoteMembershipError(Exception):
@@ -218,11 +228,80 @@ class RoomHandler:
     async def send_state(
         self, requester: Requester, room_id: str, event_type: str, state_key: str, content: Mapping[str, Any]
     ) -> str:
-        ratelimit(self._limits.message, requester.user_id, self._now())
         if event_type == C.MEMBER:
-            raise forbidden("Use the membership endpoints to change m.room.member")
+            return await self._send_member_state(requester, room_id, state_key, content)
+        ratelimit(self._limits.message, requester.user_id, self._now())
+        if event_type == C.CANONICAL_ALIAS and state_key == "":
+            # The auth rules refuse a non-member anyway; checked first so that no
+            # stranger makes this server look aliases up.
+            entry = (await self._timeline.get_rooms_for_user(requester.user_id)).get(room_id)
+            if entry is None or entry[0] != C.JOIN:
+                await self._check_room(room_id)
+                raise forbidden("You are not in this room")
+            await self._check_canonical_alias(room_id, content)
         template = make_template(event_type, content, state_key)
         return (await self._send(room_id, template, requester.user_id)).event_id
+
+    async def _send_member_state(
+        self, requester: Requester, room_id: str, target: str, content: Mapping[str, Any]
+    ) -> str:
+        """``PUT /state/m.room.member/{userId}``: a membership change with the given content.
+
+        The spec does not forbid it, and Synapse treats it as the membership endpoint
+        named by ``content.membership``, with the rest of the content kept (a per-room
+        ``displayname``, say): the same path, rate limits and auth rules as those endpoints.
+        """
+        check_user_id(target)
+        membership = content.get("membership")
+        if membership not in STATE_API_MEMBERSHIPS:
+            raise bad_json(f"'membership' must be one of {', '.join(sorted(STATE_API_MEMBERSHIPS))}")
+        extra = {key: value for key, value in content.items() if key != "membership"}
+        for key in ("displayname", "avatar_url", "reason"):
+            if key in extra and extra[key] is not None and not isinstance(extra[key], str):
+                raise bad_json(f"'{key}' must be a string")
+        remote_join = membership == C.JOIN and target == requester.user_id and self._remote is not None
+        if remote_join and not await self._server_in_room(room_id):
+            # A room this server is not in yet: make_join/send_join, as POST /join does.
+            await self.join(requester, room_id, content=extra)
+            event_id = (await self._events_store.get_current_state_for_keys(room_id, [(C.MEMBER, target)])).get(
+                (C.MEMBER, target)
+            )
+            if event_id is None:
+                raise not_found("The join was sent but is not in the room's state")
+            return event_id
+        return await self.update_membership(requester, room_id, target, str(membership), extra=extra)
+
+    async def _check_canonical_alias(self, room_id: str, content: Mapping[str, Any]) -> None:
+        """``m.room.canonical_alias``'s aliases must exist and point at the room (400 ``M_BAD_ALIAS``).
+
+        As Synapse: ``alias`` is always checked, ``alt_aliases`` only where they are new
+        against the room's current event (an alias deleted since may stay listed until the
+        next change), and a malformed alias is 400 ``M_INVALID_PARAM``.
+        """
+        alias = content.get("alias")
+        alt_aliases = content.get("alt_aliases", [])
+        if alias is not None and not isinstance(alias, str):
+            raise invalid_param("'alias' must be a room alias")
+        if not isinstance(alt_aliases, list) or not all(isinstance(a, str) for a in alt_aliases):
+            raise invalid_param("'alt_aliases' must be a list of room aliases")
+        current = await self._current_state_events(room_id, [(C.CANONICAL_ALIAS, "")])
+        old = current.get((C.CANONICAL_ALIAS, ""))
+        old_alt = thaw(old.content.get("alt_aliases")) if old is not None else None
+        known = set(old_alt) if isinstance(old_alt, list) else set()
+        to_check = ([alias] if alias is not None else []) + [a for a in alt_aliases if a not in known]
+        if len(set(to_check)) > MAX_NEW_CANONICAL_ALIASES:
+            # Each may be a federation query: a bound on what one request makes this server ask.
+            raise invalid_param(f"At most {MAX_NEW_CANONICAL_ALIASES} new aliases may be added at once")
+        for name in dict.fromkeys(to_check):
+            self._check_alias(name)
+            try:
+                target = (await self.get_alias(name))["room_id"]
+            except MatrixError as e:
+                if e.status != 404:
+                    raise
+                target = None
+            if target != room_id:
+                raise MatrixError(400, "M_BAD_ALIAS", f"Room alias {name} does not point to the room")
 
     async def redact(
         self, requester: Requester, room_id: str, event_id: str, txn_id: str, reason: str | None
@@ -326,6 +405,29 @@ class RoomHandler:
             if get_user_power_level(version, requester.user_id, state) < get_named_level(state, "state_default"):
                 raise forbidden("You may not delete this alias")
         await self._timeline.delete_alias(alias)
+        await self._drop_canonical_alias(requester, room_id, alias)
+
+    async def _drop_canonical_alias(self, requester: Requester, room_id: str, alias: str) -> None:
+        """As Synapse: a deleted alias leaves the room's ``m.room.canonical_alias`` (``alias`` and
+        ``alt_aliases``), sent as the deleting user; if they may not send it, the event stays."""
+        current = (await self._current_state_events(room_id, [(C.CANONICAL_ALIAS, "")])).get((C.CANONICAL_ALIAS, ""))
+        if current is None:
+            return
+        content: dict[str, Any] = thaw(current.content)
+        changed = False
+        if content.get("alias") == alias:
+            del content["alias"]
+            changed = True
+        alt = content.get("alt_aliases")
+        if isinstance(alt, list) and alias in alt:
+            content["alt_aliases"] = [a for a in alt if a != alias]
+            changed = True
+        if not changed:
+            return
+        try:
+            await self._send(room_id, make_template(C.CANONICAL_ALIAS, content, ""), requester.user_id)
+        except MatrixError as e:
+            logger.info("[%s] could not drop %s from the canonical alias: %s", room_id, alias, e)
 
     async def resolve_room(self, room_id_or_alias: str) -> str:
         check_text(room_id_or_alias, "roomIdOrAlias", max_length=255)
@@ -546,6 +648,7 @@ class RoomHandler:
     async def get_state_event(
         self, requester: Requester, room_id: str, event_type: str, state_key: str
     ) -> dict[str, Any]:
+        """The state event as clients see it (the servlet answers its content unless ``format=event``)."""
         ids = await self.visible_state_ids(requester, room_id)
         event_id = ids.get((event_type, state_key))
         if event_id is None:
@@ -553,9 +656,8 @@ class RoomHandler:
         events = await self._client_events.load([event_id])
         if not events:
             raise not_found("Event not found")
-        served = await self._client_events.serialize(events)
-        content: dict[str, Any] = served[0]["content"]
-        return content
+        served: dict[str, Any] = (await self._client_events.serialize(events))[0]
+        return served
 
     async def get_members(
         self, requester: Requester, room_id: str, *, membership: str | None, not_membership: str | None

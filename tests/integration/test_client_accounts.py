@@ -298,6 +298,9 @@ async def test_profiles(database_dsn: str, tmp_path: Path) -> None:
         assert changes[-1][1] == ProfileRow(ALICE, "Alice ✓", "mxc://hs/abc")
 
         assert (await client.request("PUT", f"profile/{ALICE}/displayname", {"displayname": ""}, token=token)).status == 200
+        # The spec does not require mxc:// (as Synapse, any string within the length limit).
+        assert (await client.request("PUT", f"profile/{ALICE}/avatar_url", {"avatar_url": "https://example.org/a.png"}, token=token)).status == 200
+        assert (await client.request("GET", f"profile/{ALICE}/avatar_url")).body == {"avatar_url": "https://example.org/a.png"}
         assert (await client.request("GET", f"profile/{ALICE}/displayname")).body == {}
 
         cases = [
@@ -306,7 +309,8 @@ async def test_profiles(database_dsn: str, tmp_path: Path) -> None:
             ("PUT", f"profile/{ALICE}/displayname", {"displayname": 5}, token, 400, "M_BAD_JSON"),
             ("PUT", f"profile/{ALICE}/displayname", {}, token, 400, "M_MISSING_PARAM"),
             ("PUT", f"profile/{ALICE}/displayname", {"displayname": "x" * 300}, token, 400, "M_INVALID_PARAM"),
-            ("PUT", f"profile/{ALICE}/avatar_url", {"avatar_url": "https://example.org/a.png"}, token, 400, "M_INVALID_PARAM"),
+            ("PUT", f"profile/{ALICE}/avatar_url", {"avatar_url": "x" * 1001}, token, 400, "M_INVALID_PARAM"),
+            ("PUT", f"profile/{ALICE}/avatar_url", {"avatar_url": 5}, token, 400, "M_BAD_JSON"),
             ("GET", f"profile/@nobody:{SERVER_NAME}", None, None, 404, "M_NOT_FOUND"),
             # A remote user's profile is asked of its server, which cannot be reached here (the
             # address is in the outbound IP blacklist): 502, as Synapse answers.

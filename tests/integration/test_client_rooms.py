@@ -271,3 +271,119 @@ async def test_unread_notification_counts_follow_the_push_rules_and_the_read_rec
         synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=bob)
         assert synced["rooms"]["join"][room_id]["unread_notifications"] == {
             "notification_count": 0, "highlight_count": 0}
+
+
+async def test_canonical_alias_must_point_at_the_room_and_deleting_an_alias_drops_it(
+    database_dsn: str, tmp_path: Path
+) -> None:
+    """m.room.canonical_alias: each alias and new alt_alias must exist and point at the room
+    (400 M_BAD_ALIAS, nothing sent); DELETE /directory/room removes the alias from the event."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, _bob = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"room_alias_name": "main"}, token=alice))["room_id"]
+        other_id = (await _ok(client, "POST", "createRoom", {"room_alias_name": "other"}, token=alice))["room_id"]
+        main, other = f"#main:{SERVER_NAME}", f"#other:{SERVER_NAME}"
+        second = f"#second:{SERVER_NAME}"
+        await _ok(client, "PUT", f"directory/room/{quote(second)}", {"room_id": room_id}, token=alice)
+        path = f"rooms/{room_id}/state/m.room.canonical_alias"
+        before = await _ok(client, "GET", path, token=alice)
+
+        for content in (
+            {"alias": f"#missing:{SERVER_NAME}"},
+            {"alias": other},
+            {"alias": main, "alt_aliases": [other]},
+            {"alt_aliases": [f"#missing:{SERVER_NAME}"]},
+        ):
+            refused = await client.request("PUT", path, content, token=alice)
+            assert refused.status == 400 and refused.errcode == "M_BAD_ALIAS", (content, refused)
+        for content in ({"alias": 5}, {"alias": "not-an-alias"}, {"alt_aliases": "#main:x"}, {"alt_aliases": [3]},
+                        {"alt_aliases": [f"#a{i}:{SERVER_NAME}" for i in range(51)]}):
+            refused = await client.request("PUT", path, content, token=alice)
+            assert refused.status == 400 and refused.errcode == "M_INVALID_PARAM", (content, refused)
+        # A remote alias is asked of its server (as Synapse): one that cannot be reached is 502.
+        unreachable = await client.request("PUT", path, {"alias": "#x:remote.invalid"}, token=alice)
+        assert unreachable.status == 502, unreachable
+        assert await _ok(client, "GET", path, token=alice) == before
+        # A non-member is refused before any alias is looked up.
+        stranger = (await client.register_ok("carol"))["access_token"]
+        refused = await client.request("PUT", path, {"alias": "#x:remote.invalid"}, token=stranger)
+        assert refused.status == 403 and refused.errcode == "M_FORBIDDEN"
+
+        await _ok(client, "PUT", path, {"alias": main, "alt_aliases": [second]}, token=alice)
+        assert await _ok(client, "GET", path, token=alice) == {"alias": main, "alt_aliases": [second]}
+        # An empty event (no canonical alias) is always allowed.
+        await _ok(client, "PUT", f"rooms/{other_id}/state/m.room.canonical_alias", {}, token=alice)
+
+        await _ok(client, "DELETE", f"directory/room/{quote(second)}", token=alice)
+        assert await _ok(client, "GET", path, token=alice) == {"alias": main, "alt_aliases": []}
+        await _ok(client, "DELETE", f"directory/room/{quote(main)}", token=alice)
+        assert await _ok(client, "GET", path, token=alice) == {"alt_aliases": []}
+        gone = await client.request("GET", f"directory/room/{quote(main)}", token=alice)
+        assert gone.status == 404 and gone.errcode == "M_NOT_FOUND"
+
+
+async def test_joined_members_and_the_member_state_api(database_dsn: str, tmp_path: Path) -> None:
+    """/joined_members lists joined users only and is 403 to others; GET state with ?format=event
+    answers the whole event; PUT /state/m.room.member/{userId} is a membership change under the
+    auth rules."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        carol = (await client.register_ok("carol"))["access_token"]
+        carol_id = f"@carol:{SERVER_NAME}"
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        await _ok(client, "POST", f"rooms/{room_id}/invite", {"user_id": carol_id}, token=alice)
+
+        # 2. joined members only (Carol is invited), from their member events (registration set
+        # the displayname to the localpart; no avatar is null); 403 to non-members.
+        joined = await _ok(client, "GET", f"rooms/{room_id}/joined_members", token=bob)
+        assert joined == {"joined": {ALICE: {"display_name": "alice", "avatar_url": None},
+                                     BOB: {"display_name": "bob", "avatar_url": None}}}
+        refused = await client.request("GET", f"rooms/{room_id}/joined_members", token=carol)
+        assert refused.status == 403 and refused.errcode == "M_FORBIDDEN"
+
+        # 3. format=event: the whole event; format=content or none: its content.
+        member_path = f"rooms/{room_id}/state/m.room.member/{quote(BOB)}"
+        content = await _ok(client, "GET", member_path, token=alice)
+        assert content == await _ok(client, "GET", member_path + "?format=content", token=alice)
+        event = await _ok(client, "GET", member_path + "?format=event", token=alice)
+        assert event["content"] == content and event["type"] == "m.room.member"
+        assert event["state_key"] == BOB and event["sender"] == BOB and event["room_id"] == room_id
+        assert event["event_id"].startswith("$")
+        bad = await client.request("GET", member_path + "?format=xml", token=alice)
+        assert bad.status == 400 and bad.errcode == "M_INVALID_PARAM"
+
+        # 4. Bob sets his own per-room displayname through the state API.
+        # 5. avatar_url: any string at the state API (the spec asks no mxc:// of a member event).
+        wanted = {"membership": "join", "displayname": "Room Bob", "avatar_url": "https://example.org/b.png", "x.custom": 1}
+        put = await _ok(client, "PUT", member_path, wanted, token=bob)
+        event = await _ok(client, "GET", member_path + "?format=event", token=alice)
+        assert event["event_id"] == put["event_id"]
+        assert event["content"] == wanted
+        joined = await _ok(client, "GET", f"rooms/{room_id}/joined_members", token=bob)
+        assert joined["joined"][BOB] == {"display_name": "Room Bob", "avatar_url": "https://example.org/b.png"}
+        # The auth rules still apply: Bob may not set Alice's membership, nor join for Carol,
+        # nor ban (he has power level 0); a missing or unknown membership is malformed.
+        for body, who, errcode in (
+            ({"membership": "join", "displayname": "Not Alice"}, ALICE, "M_FORBIDDEN"),
+            ({"membership": "join"}, carol_id, "M_FORBIDDEN"),
+            ({"membership": "ban"}, ALICE, "M_FORBIDDEN"),
+            ({"displayname": "x"}, BOB, "M_BAD_JSON"),
+            ({"membership": "fly"}, BOB, "M_BAD_JSON"),
+            ({"membership": "join", "displayname": 5}, BOB, "M_BAD_JSON"),
+        ):
+            refused = await client.request(
+                "PUT", f"rooms/{room_id}/state/m.room.member/{quote(who)}", body, token=bob
+            )
+            expected = 403 if errcode == "M_FORBIDDEN" else 400
+            assert refused.status == expected and refused.errcode == errcode, (body, who, refused)
+        bad_key = await client.request("PUT", f"rooms/{room_id}/state/m.room.member/nobody", {"membership": "leave"}, token=bob)
+        assert bad_key.status == 400 and bad_key.errcode == "M_INVALID_PARAM"
+        assert (await _ok(client, "GET", member_path, token=alice))["displayname"] == "Room Bob"
+        # Carol accepts her invite through the state API; Alice kicks Bob through it.
+        await _ok(client, "PUT", f"rooms/{room_id}/state/m.room.member/{quote(carol_id)}", {"membership": "join"}, token=carol)
+        await _ok(client, "PUT", member_path, {"membership": "leave", "reason": "bye"}, token=alice)
+        joined = await _ok(client, "GET", f"rooms/{room_id}/joined_members", token=carol)
+        assert set(joined["joined"]) == {ALICE, carol_id}
+        left = await client.request("GET", f"rooms/{room_id}/joined_members", token=bob)
+        assert left.status == 403 and left.errcode == "M_FORBIDDEN"

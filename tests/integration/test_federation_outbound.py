@@ -178,3 +178,26 @@ async def test_remote_profiles_and_aliases_go_over_federation(tributary: Tributa
             assert (reply.status, reply.errcode) == (502, "M_UNKNOWN"), reply
             assert time.monotonic() - started < 5
     await peer.set_behaviour(silent, Behaviour.OK)
+
+
+@pytest.mark.timeout(60)
+async def test_a_remote_canonical_alias_is_checked_with_its_server(tributary: Tributary, peer: FederationPeer) -> None:
+    """m.room.canonical_alias naming another server's alias: that server is asked (as Synapse), and
+    the alias is accepted only when it answers with this room; an alias it does not know, or one
+    of another room, is 400 M_BAD_ALIAS and nothing is sent."""
+    (remote,) = await peer.start(1)
+    client = tributary.client
+    token = (await client.register_ok("canon_alice"))["access_token"]
+    room_id = (await client.request("POST", "createRoom", {}, token=token)).body["room_id"]
+    peer.set_alias(remote, f"#here:{remote}", {"room_id": room_id, "servers": [remote]})
+    peer.set_alias(remote, f"#elsewhere:{remote}", {"room_id": f"!other:{remote}", "servers": [remote]})
+    path = f"rooms/{quote(room_id)}/state/m.room.canonical_alias"
+    for content in ({"alias": f"#elsewhere:{remote}"}, {"alt_aliases": [f"#nowhere:{remote}"]}):
+        reply = await client.request("PUT", path, content, token=token)
+        assert (reply.status, reply.errcode) == (400, "M_BAD_ALIAS"), (content, reply)
+    assert (await client.request("GET", path, token=token)).status == 404
+    reply = await client.request("PUT", path, {"alias": f"#here:{remote}", "alt_aliases": [f"#here:{remote}"]},
+                                 token=token)
+    assert reply.status == 200, reply
+    reply = await client.request("GET", path, token=token)
+    assert reply.body == {"alias": f"#here:{remote}", "alt_aliases": [f"#here:{remote}"]}

@@ -218,7 +218,12 @@ def register_room_servlets(
         requester = await auth.get_user_by_req(request)
         event_type = _short(params["event_type"], "eventType")
         state_key = check_text(params.get("state_key", ""), "stateKey", max_length=MAX_ID_LENGTH)
-        return 200, await rooms.get_state_event(requester, _room_id(params), event_type, state_key)
+        # The spec's `format`: "content" (the default) or "event" for the whole client-format event.
+        answer_format = query_string(request, "format") or "content"
+        if answer_format not in ("content", "event"):
+            raise invalid_param("'format' must be 'content' or 'event'")
+        event = await rooms.get_state_event(requester, _room_id(params), event_type, state_key)
+        return 200, event if answer_format == "event" else event["content"]
 
     async def get_event(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
