@@ -13,7 +13,7 @@ not read at all: a wake-up by one new message costs three transactions, two
 of them side by side.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_e2e.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_sync.py, tests/integration/test_client_e2e.py
 
 from __future__ import annotations
 
@@ -75,6 +75,8 @@ class SyncFilter:
     timeline: EventFilter = EventFilter()
     state: EventFilter = EventFilter()
     timeline_limit: int = DEFAULT_TIMELINE_LIMIT
+    # ``room.include_leave``: an initial sync lists the rooms the user left or was banned from.
+    include_leave: bool = False
 
     @classmethod
     def parse(cls, value: Mapping[str, Any] | None) -> SyncFilter:
@@ -86,7 +88,12 @@ class SyncFilter:
         timeline = parse_event_filter(room.get("timeline"))
         state = parse_event_filter(room.get("state"))
         limit = timeline.limit if timeline.limit is not None else DEFAULT_TIMELINE_LIMIT
-        return cls(timeline=timeline, state=state, timeline_limit=max(1, min(limit, MAX_TIMELINE_LIMIT)))
+        return cls(
+            timeline=timeline,
+            state=state,
+            timeline_limit=max(1, min(limit, MAX_TIMELINE_LIMIT)),
+            include_leave=room.get("include_leave") is True,
+        )
 
 
 def _stream_position(token: StreamToken, key: SyncStreamKey) -> int:
@@ -315,8 +322,7 @@ class SyncHandler:
                 invite[room_id] = {"invite_state": {"events": await self._invite_state(room_id, event_id)}}
             elif (
                 membership in (C.LEAVE, C.BAN)
-                and since is not None
-                and room_id in changed_rooms
+                and (room_id in changed_rooms if since is not None else sync_filter.include_leave)
                 and room_id not in forgotten
             ):
                 leave[room_id] = await self._leave_section(requester, room_id, event_id, since_pos, limit)
