@@ -53,6 +53,8 @@ from storage.tokens import InvalidTokenError, MultiWriterStreamToken, RoomStream
 T = TypeVar("T")
 
 DEFAULT_TIMELINE_LIMIT = 10
+# The spec's m.heroes: up to 5 members other than the syncing user.
+MAX_HEROES = 5
 MAX_TIMELINE_LIMIT = 1000
 MAX_TIMEOUT_S = 300.0
 # Unread events counted per room for unread_notifications (clients show "99+" past that).
@@ -311,7 +313,6 @@ class SyncHandler:
                 "events": [{"type": t, "content": json.loads(c)} for t, c in sorted(room_ad.items())]
             }
             section["unread_notifications"] = {"highlight_count": 0, "notification_count": 0}
-            section["summary"] = {}
             join[room_id] = section
         for room_id, (notifications, highlights) in (await unread).items():
             join[room_id]["unread_notifications"] = {
@@ -427,6 +428,11 @@ class SyncHandler:
             else:
                 state_ids = await self._events_store.get_current_state_ids(room_id)
             state_events = await self._state_events(requester, state_ids, shown, sync_filter)
+        # The summary is read only when membership may have changed: a room sent whole, a gap,
+        # or a member event in the timeline (so a plain incremental sync costs no extra query).
+        summary: dict[str, Any] = {}
+        if full or limited or any(e.type == C.MEMBER for e in events):
+            summary = await self._summary(requester.user_id, room_id)
         return {
             "timeline": {
                 "events": await self._client_events.serialize(
@@ -436,6 +442,21 @@ class SyncHandler:
                 "prev_batch": prev_batch,
             },
             "state": {"events": await self._client_events.serialize(state_events, include_room_id=False)},
+            "summary": summary,
+        }
+
+    async def _summary(self, user_id: str, room_id: str) -> dict[str, Any]:
+        """The spec's room summary: member counts, and as heroes the first joined or invited
+        members other than the user by stream ordering (left and banned ones when there are
+        none), as Synapse."""
+        found = await self._timeline.get_room_summary(room_id, candidates=MAX_HEROES + 1)
+        others = [(member, membership) for member, membership in found.members if member != user_id]
+        present = [member for member, membership in others if membership in (C.JOIN, C.INVITE)]
+        heroes = present or [member for member, _ in others]
+        return {
+            "m.heroes": heroes[:MAX_HEROES],
+            "m.joined_member_count": found.joined,
+            "m.invited_member_count": found.invited,
         }
 
     async def _state_events(

@@ -67,6 +67,16 @@ class SyncRooms:
 
 
 @attrs.frozen
+class RoomSummary:
+    """A room's member counts and the first members by stream ordering, for /sync's ``summary``:
+    ``members`` holds (user_id, membership), joined and invited ones first, then left and banned."""
+
+    joined: int
+    invited: int
+    members: list[tuple[str, str]]
+
+
+@attrs.frozen
 class UnreadRoom:
     """A room's unread events (newest first) and what push rules need of the room: its power
     levels and the user's member event IDs, and how many members are joined."""
@@ -256,6 +266,32 @@ class TimelineStore:
             return [(str(r[0]), str(r[1]), str(r[2])) for r in txn.fetchall()]
 
         return await self._db.run_interaction("get_current_members", txn_fn)
+
+    async def get_room_summary(self, room_id: str, *, candidates: int) -> RoomSummary:
+        """The room's joined and invited counts and its first ``candidates`` members (joined or
+        invited before left or banned, each group by the stream ordering of its member event)."""
+
+        def txn_fn(txn: Transaction) -> RoomSummary:
+            txn.execute(
+                "SELECT membership, count(*) FROM current_state_events "
+                "WHERE room_id = %s AND type = 'm.room.member' AND membership IN ('join', 'invite') "
+                "GROUP BY membership",
+                (room_id,),
+            )
+            counts = {str(r[0]): int(r[1]) for r in txn.fetchall()}
+            txn.execute(
+                "SELECT c.state_key, c.membership FROM current_state_events c "
+                "JOIN events e ON e.event_id = c.event_id "
+                "WHERE c.room_id = %s AND c.type = 'm.room.member' "
+                "AND c.membership IN ('join', 'invite', 'leave', 'ban') "
+                "ORDER BY CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1 END, e.stream_ordering "
+                "LIMIT %s",
+                (room_id, candidates),
+            )
+            members = [(str(r[0]), str(r[1])) for r in txn.fetchall()]
+            return RoomSummary(counts.get("join", 0), counts.get("invite", 0), members)
+
+        return await self._db.run_interaction("get_room_summary", txn_fn)
 
     async def get_joined_profiles(self, room_id: str) -> dict[str, tuple[str | None, str | None]]:
         """user_id -> (displayname, avatar_url) of the room's joined members."""

@@ -79,3 +79,37 @@ async def test_left_and_banned_rooms_appear_under_rooms_leave(database_dsn: str,
         await _ok(client, "POST", f"rooms/{left_room}/forget", {}, token=bob)
         forgotten = await _ok(client, "GET", f"sync?filter={include_leave}", token=bob)
         assert set(forgotten["rooms"]["leave"]) == {ban_room}
+
+
+async def test_joined_rooms_carry_a_summary_when_membership_changed(database_dsn: str, tmp_path: Path) -> None:
+    """summary: m.heroes (other joined or invited members by stream ordering, else those who left),
+    m.joined_member_count, m.invited_member_count; always in an initial sync, and in an incremental
+    one only when membership changed."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        carol = (await client.register_ok("carol"))["access_token"]
+        carol_id = BOB.replace("@bob:", "@carol:")
+        alice_id = BOB.replace("@bob:", "@alice:")
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        await _ok(client, "POST", f"rooms/{room_id}/invite", {"user_id": carol_id}, token=alice)
+
+        initial = await _ok(client, "GET", "sync", token=bob)
+        assert initial["rooms"]["join"][room_id]["summary"] == {
+            "m.heroes": [alice_id, carol_id], "m.joined_member_count": 2, "m.invited_member_count": 1}
+
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/s1", {"body": "hi"}, token=alice)
+        quiet = await _ok(client, "GET", f"sync?since={initial['next_batch']}", token=bob)
+        assert quiet["rooms"]["join"][room_id]["summary"] == {}  # nothing about membership changed
+
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=carol)
+        joined = await _ok(client, "GET", f"sync?since={quiet['next_batch']}", token=bob)
+        assert joined["rooms"]["join"][room_id]["summary"] == {
+            "m.heroes": [alice_id, carol_id], "m.joined_member_count": 3, "m.invited_member_count": 0}
+
+        # With every other member gone, the heroes are those who left (the spec's fallback).
+        for token in (alice, carol):
+            await _ok(client, "POST", f"rooms/{room_id}/leave", {}, token=token)
+        alone = await _ok(client, "GET", f"sync?since={joined['next_batch']}", token=bob)
+        assert alone["rooms"]["join"][room_id]["summary"] == {
+            "m.heroes": [alice_id, carol_id], "m.joined_member_count": 1, "m.invited_member_count": 0}
