@@ -113,3 +113,29 @@ async def test_joined_rooms_carry_a_summary_when_membership_changed(database_dsn
         alone = await _ok(client, "GET", f"sync?since={joined['next_batch']}", token=bob)
         assert alone["rooms"]["join"][room_id]["summary"] == {
             "m.heroes": [alice_id, carol_id], "m.joined_member_count": 1, "m.invited_member_count": 0}
+
+
+async def test_joining_and_leaving_between_two_syncs_shows_the_room_as_left(database_dsn: str, tmp_path: Path) -> None:
+    """A user who joins and leaves within one batch sees the room under rooms.leave (with both
+    membership events), never under rooms.join; leaving and rejoining shows it joined."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        mark = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+        joined_id = (await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob))["room_id"]
+        assert joined_id == room_id
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/m1", {"body": "while in"}, token=alice)
+        await _ok(client, "POST", f"rooms/{room_id}/leave", {}, token=bob)
+
+        synced = await _ok(client, "GET", f"sync?since={mark}", token=bob)
+        assert room_id not in synced["rooms"]["join"]
+        events = synced["rooms"]["leave"][room_id]["timeline"]["events"]
+        memberships = [e["content"]["membership"] for e in events
+                       if e["type"] == "m.room.member" and e["state_key"] == BOB]
+        assert memberships == ["join", "leave"]
+        assert "while in" in [e["content"].get("body") for e in events]
+
+        # Leaving and coming back in one batch: the room is joined again.
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        again = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=bob)
+        assert room_id in again["rooms"]["join"] and room_id not in again["rooms"]["leave"]
