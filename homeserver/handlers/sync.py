@@ -307,13 +307,18 @@ class SyncHandler:
                 requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events
             ))
         unread = _start(self._unread_counts(user_id, [room_id for room_id, _, _ in shown_rooms], upto))
-        for (room_id, ephemeral, room_ad), section in zip(shown_rooms, await _gather(builds)):
+        wanted: list[str] = []
+        for (room_id, ephemeral, room_ad), (section, wants_summary) in zip(shown_rooms, await _gather(builds)):
+            if wants_summary:
+                wanted.append(room_id)
             section["ephemeral"] = {"events": ephemeral}
             section["account_data"] = {
                 "events": [{"type": t, "content": json.loads(c)} for t, c in sorted(room_ad.items())]
             }
             section["unread_notifications"] = {"highlight_count": 0, "notification_count": 0}
             join[room_id] = section
+        for room_id, summary in (await self._summaries(user_id, wanted)).items():
+            join[room_id]["summary"] = summary
         for room_id, (notifications, highlights) in (await unread).items():
             join[room_id]["unread_notifications"] = {
                 "highlight_count": highlights, "notification_count": notifications}
@@ -410,7 +415,9 @@ class SyncHandler:
         full: bool,
         sync_filter: SyncFilter,
         upto: RoomStreamToken,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], bool]:
+        """The room's timeline and state, and whether its summary is to be read: membership may
+        have changed (a room sent whole, a gap, or a member event in the timeline)."""
         limited = len(rows) > limit
         rows = list(reversed(rows[:limit]))
         events = await self._client_events.load([event_id for event_id, _ in rows])
@@ -428,12 +435,7 @@ class SyncHandler:
             else:
                 state_ids = await self._events_store.get_current_state_ids(room_id)
             state_events = await self._state_events(requester, state_ids, shown, sync_filter)
-        # The summary is read only when membership may have changed: a room sent whole, a gap,
-        # or a member event in the timeline (so a plain incremental sync costs no extra query).
-        summary: dict[str, Any] = {}
-        if full or limited or any(e.type == C.MEMBER for e in events):
-            summary = await self._summary(requester.user_id, room_id)
-        return {
+        section = {
             "timeline": {
                 "events": await self._client_events.serialize(
                     shown, access_token_id=requester.access_token_id, include_room_id=False
@@ -442,22 +444,26 @@ class SyncHandler:
                 "prev_batch": prev_batch,
             },
             "state": {"events": await self._client_events.serialize(state_events, include_room_id=False)},
-            "summary": summary,
+            "summary": {},  # filled by ``_summaries`` when wanted
         }
+        return section, full or limited or any(e.type == C.MEMBER for e in events)
 
-    async def _summary(self, user_id: str, room_id: str) -> dict[str, Any]:
-        """The spec's room summary: member counts, and as heroes the first joined or invited
-        members other than the user by stream ordering (left and banned ones when there are
-        none), as Synapse."""
-        found = await self._timeline.get_room_summary(room_id, candidates=MAX_HEROES + 1)
-        others = [(member, membership) for member, membership in found.members if member != user_id]
-        present = [member for member, membership in others if membership in (C.JOIN, C.INVITE)]
-        heroes = present or [member for member, _ in others]
-        return {
-            "m.heroes": heroes[:MAX_HEROES],
-            "m.joined_member_count": found.joined,
-            "m.invited_member_count": found.invited,
-        }
+    async def _summaries(self, user_id: str, room_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The spec's room summary per room: member counts, and as heroes the first joined or
+        invited members other than the user by stream ordering (left and banned ones when there
+        are none), as Synapse. One read for all the rooms."""
+        found = await self._timeline.get_room_summaries(room_ids, candidates=MAX_HEROES + 1)
+        summaries: dict[str, dict[str, Any]] = {}
+        for room_id, room in found.items():
+            others = [(member, membership) for member, membership in room.members if member != user_id]
+            present = [member for member, membership in others if membership in (C.JOIN, C.INVITE)]
+            heroes = present or [member for member, _ in others]
+            summaries[room_id] = {
+                "m.heroes": heroes[:MAX_HEROES],
+                "m.joined_member_count": room.joined,
+                "m.invited_member_count": room.invited,
+            }
+        return summaries
 
     async def _state_events(
         self,

@@ -267,31 +267,43 @@ class TimelineStore:
 
         return await self._db.run_interaction("get_current_members", txn_fn)
 
-    async def get_room_summary(self, room_id: str, *, candidates: int) -> RoomSummary:
-        """The room's joined and invited counts and its first ``candidates`` members (joined or
-        invited before left or banned, each group by the stream ordering of its member event)."""
+    async def get_room_summaries(self, room_ids: Collection[str], *, candidates: int) -> dict[str, RoomSummary]:
+        """Per room: its joined and invited counts and its first ``candidates`` members (joined or
+        invited before left or banned, each group by the stream ordering of its member event).
+        Two queries whatever the number of rooms."""
 
-        def txn_fn(txn: Transaction) -> RoomSummary:
+        def txn_fn(txn: Transaction) -> dict[str, RoomSummary]:
+            rooms = sorted(room_ids)
             txn.execute(
-                "SELECT membership, count(*) FROM current_state_events "
-                "WHERE room_id = %s AND type = 'm.room.member' AND membership IN ('join', 'invite') "
-                "GROUP BY membership",
-                (room_id,),
+                "SELECT room_id, membership, count(*) FROM current_state_events "
+                "WHERE room_id = ANY(%s) AND type = 'm.room.member' AND membership IN ('join', 'invite') "
+                "GROUP BY room_id, membership",
+                (rooms,),
             )
-            counts = {str(r[0]): int(r[1]) for r in txn.fetchall()}
+            counts: dict[tuple[str, str], int] = {(str(r[0]), str(r[1])): int(r[2]) for r in txn.fetchall()}
             txn.execute(
-                "SELECT c.state_key, c.membership FROM current_state_events c "
-                "JOIN events e ON e.event_id = c.event_id "
-                "WHERE c.room_id = %s AND c.type = 'm.room.member' "
-                "AND c.membership IN ('join', 'invite', 'leave', 'ban') "
-                "ORDER BY CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1 END, e.stream_ordering "
-                "LIMIT %s",
-                (room_id, candidates),
+                "SELECT room_id, state_key, membership FROM ("
+                " SELECT c.room_id, c.state_key, c.membership, row_number() OVER ("
+                "  PARTITION BY c.room_id"
+                "  ORDER BY CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1 END, e.stream_ordering"
+                " ) AS position"
+                " FROM current_state_events c JOIN events e ON e.event_id = c.event_id"
+                " WHERE c.room_id = ANY(%s) AND c.type = 'm.room.member'"
+                " AND c.membership IN ('join', 'invite', 'leave', 'ban')"
+                ") ranked WHERE position <= %s ORDER BY room_id, position",
+                (rooms, candidates),
             )
-            members = [(str(r[0]), str(r[1])) for r in txn.fetchall()]
-            return RoomSummary(counts.get("join", 0), counts.get("invite", 0), members)
+            members: dict[str, list[tuple[str, str]]] = {room_id: [] for room_id in rooms}
+            for room_id, user_id, membership in txn.fetchall():
+                members[str(room_id)].append((str(user_id), str(membership)))
+            return {
+                room_id: RoomSummary(counts.get((room_id, "join"), 0), counts.get((room_id, "invite"), 0), found)
+                for room_id, found in members.items()
+            }
 
-        return await self._db.run_interaction("get_room_summary", txn_fn)
+        if not room_ids:
+            return {}
+        return await self._db.run_interaction("get_room_summaries", txn_fn)
 
     async def get_joined_profiles(self, room_id: str) -> dict[str, tuple[str | None, str | None]]:
         """user_id -> (displayname, avatar_url) of the room's joined members."""
