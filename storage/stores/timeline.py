@@ -5,7 +5,7 @@ Reads a room's events in stream order for ``/messages``, ``/context`` and
 visibility rules or the client event format; handlers decide those.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_legacy.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_legacy.py, tests/integration/test_client_sync.py
 
 from __future__ import annotations
 
