@@ -13,7 +13,7 @@ not read at all: a wake-up by one new message costs three transactions, two
 of them side by side.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_e2e.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_sync.py, tests/integration/test_client_e2e.py
 
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ from storage.tokens import InvalidTokenError, MultiWriterStreamToken, RoomStream
 T = TypeVar("T")
 
 DEFAULT_TIMELINE_LIMIT = 10
+# The spec's m.heroes: up to 5 members other than the syncing user.
+MAX_HEROES = 5
 MAX_TIMELINE_LIMIT = 1000
 MAX_TIMEOUT_S = 300.0
 # Unread events counted per room for unread_notifications (clients show "99+" past that).
@@ -75,6 +77,8 @@ class SyncFilter:
     timeline: EventFilter = EventFilter()
     state: EventFilter = EventFilter()
     timeline_limit: int = DEFAULT_TIMELINE_LIMIT
+    # ``room.include_leave``: an initial sync lists the rooms the user left or was banned from.
+    include_leave: bool = False
 
     @classmethod
     def parse(cls, value: Mapping[str, Any] | None) -> SyncFilter:
@@ -86,7 +90,12 @@ class SyncFilter:
         timeline = parse_event_filter(room.get("timeline"))
         state = parse_event_filter(room.get("state"))
         limit = timeline.limit if timeline.limit is not None else DEFAULT_TIMELINE_LIMIT
-        return cls(timeline=timeline, state=state, timeline_limit=max(1, min(limit, MAX_TIMELINE_LIMIT)))
+        return cls(
+            timeline=timeline,
+            state=state,
+            timeline_limit=max(1, min(limit, MAX_TIMELINE_LIMIT)),
+            include_leave=room.get("include_leave") is True,
+        )
 
 
 def _stream_position(token: StreamToken, key: SyncStreamKey) -> int:
@@ -298,14 +307,18 @@ class SyncHandler:
                 requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events
             ))
         unread = _start(self._unread_counts(user_id, [room_id for room_id, _, _ in shown_rooms], upto))
-        for (room_id, ephemeral, room_ad), section in zip(shown_rooms, await _gather(builds)):
+        wanted: list[str] = []
+        for (room_id, ephemeral, room_ad), (section, wants_summary) in zip(shown_rooms, await _gather(builds)):
+            if wants_summary:
+                wanted.append(room_id)
             section["ephemeral"] = {"events": ephemeral}
             section["account_data"] = {
                 "events": [{"type": t, "content": json.loads(c)} for t, c in sorted(room_ad.items())]
             }
             section["unread_notifications"] = {"highlight_count": 0, "notification_count": 0}
-            section["summary"] = {}
             join[room_id] = section
+        for room_id, summary in (await self._summaries(user_id, wanted)).items():
+            join[room_id]["summary"] = summary
         for room_id, (notifications, highlights) in (await unread).items():
             join[room_id]["unread_notifications"] = {
                 "highlight_count": highlights, "notification_count": notifications}
@@ -315,8 +328,7 @@ class SyncHandler:
                 invite[room_id] = {"invite_state": {"events": await self._invite_state(room_id, event_id)}}
             elif (
                 membership in (C.LEAVE, C.BAN)
-                and since is not None
-                and room_id in changed_rooms
+                and (room_id in changed_rooms if since is not None else sync_filter.include_leave)
                 and room_id not in forgotten
             ):
                 leave[room_id] = await self._leave_section(requester, room_id, event_id, since_pos, limit)
@@ -403,7 +415,9 @@ class SyncHandler:
         full: bool,
         sync_filter: SyncFilter,
         upto: RoomStreamToken,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], bool]:
+        """The room's timeline and state, and whether its summary is to be read: membership may
+        have changed (a room sent whole, a gap, or a member event in the timeline)."""
         limited = len(rows) > limit
         rows = list(reversed(rows[:limit]))
         events = await self._client_events.load([event_id for event_id, _ in rows])
@@ -421,7 +435,7 @@ class SyncHandler:
             else:
                 state_ids = await self._events_store.get_current_state_ids(room_id)
             state_events = await self._state_events(requester, state_ids, shown, sync_filter)
-        return {
+        section = {
             "timeline": {
                 "events": await self._client_events.serialize(
                     shown, access_token_id=requester.access_token_id, include_room_id=False
@@ -430,7 +444,26 @@ class SyncHandler:
                 "prev_batch": prev_batch,
             },
             "state": {"events": await self._client_events.serialize(state_events, include_room_id=False)},
+            "summary": {},  # filled by ``_summaries`` when wanted
         }
+        return section, full or limited or any(e.type == C.MEMBER for e in events)
+
+    async def _summaries(self, user_id: str, room_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The spec's room summary per room: member counts, and as heroes the first joined or
+        invited members other than the user by stream ordering (left and banned ones when there
+        are none), as Synapse. One read for all the rooms."""
+        found = await self._timeline.get_room_summaries(room_ids, candidates=MAX_HEROES + 1)
+        summaries: dict[str, dict[str, Any]] = {}
+        for room_id, room in found.items():
+            others = [(member, membership) for member, membership in room.members if member != user_id]
+            present = [member for member, membership in others if membership in (C.JOIN, C.INVITE)]
+            heroes = present or [member for member, _ in others]
+            summaries[room_id] = {
+                "m.heroes": heroes[:MAX_HEROES],
+                "m.joined_member_count": room.joined,
+                "m.invited_member_count": room.invited,
+            }
+        return summaries
 
     async def _state_events(
         self,

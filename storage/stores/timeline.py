@@ -5,7 +5,7 @@ Reads a room's events in stream order for ``/messages``, ``/context`` and
 visibility rules or the client event format; handlers decide those.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_legacy.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_legacy.py, tests/integration/test_client_sync.py
 
 from __future__ import annotations
 
@@ -64,6 +64,16 @@ class SyncRooms:
     # Invites to rooms this server is not in that changed in the sync's range (all pending
     # ones in an initial sync), by room; see storage/stores/remote_invites.py.
     remote_invites: dict[str, RemoteInviteRow] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class RoomSummary:
+    """A room's member counts and the first members by stream ordering, for /sync's ``summary``:
+    ``members`` holds (user_id, membership), joined and invited ones first, then left and banned."""
+
+    joined: int
+    invited: int
+    members: list[tuple[str, str]]
 
 
 @attrs.frozen
@@ -256,6 +266,44 @@ class TimelineStore:
             return [(str(r[0]), str(r[1]), str(r[2])) for r in txn.fetchall()]
 
         return await self._db.run_interaction("get_current_members", txn_fn)
+
+    async def get_room_summaries(self, room_ids: Collection[str], *, candidates: int) -> dict[str, RoomSummary]:
+        """Per room: its joined and invited counts and its first ``candidates`` members (joined or
+        invited before left or banned, each group by the stream ordering of its member event).
+        Two queries whatever the number of rooms."""
+
+        def txn_fn(txn: Transaction) -> dict[str, RoomSummary]:
+            rooms = sorted(room_ids)
+            txn.execute(
+                "SELECT room_id, membership, count(*) FROM current_state_events "
+                "WHERE room_id = ANY(%s) AND type = 'm.room.member' AND membership IN ('join', 'invite') "
+                "GROUP BY room_id, membership",
+                (rooms,),
+            )
+            counts: dict[tuple[str, str], int] = {(str(r[0]), str(r[1])): int(r[2]) for r in txn.fetchall()}
+            txn.execute(
+                "SELECT room_id, state_key, membership FROM ("
+                " SELECT c.room_id, c.state_key, c.membership, row_number() OVER ("
+                "  PARTITION BY c.room_id"
+                "  ORDER BY CASE WHEN c.membership IN ('join', 'invite') THEN 0 ELSE 1 END, e.stream_ordering"
+                " ) AS position"
+                " FROM current_state_events c JOIN events e ON e.event_id = c.event_id"
+                " WHERE c.room_id = ANY(%s) AND c.type = 'm.room.member'"
+                " AND c.membership IN ('join', 'invite', 'leave', 'ban')"
+                ") ranked WHERE position <= %s ORDER BY room_id, position",
+                (rooms, candidates),
+            )
+            members: dict[str, list[tuple[str, str]]] = {room_id: [] for room_id in rooms}
+            for room_id, user_id, membership in txn.fetchall():
+                members[str(room_id)].append((str(user_id), str(membership)))
+            return {
+                room_id: RoomSummary(counts.get((room_id, "join"), 0), counts.get((room_id, "invite"), 0), found)
+                for room_id, found in members.items()
+            }
+
+        if not room_ids:
+            return {}
+        return await self._db.run_interaction("get_room_summaries", txn_fn)
 
     async def get_joined_profiles(self, room_id: str) -> dict[str, tuple[str | None, str | None]]:
         """user_id -> (displayname, avatar_url) of the room's joined members."""

@@ -1,0 +1,141 @@
+"""/sync state correctness against a real server: inline JSON filters and ``rooms.leave``.
+
+The spec (client-server API, ``GET /sync``): ``filter`` is a filter ID or a JSON filter
+(a string starting with ``{``); left and banned rooms appear under ``rooms.leave`` in an
+incremental sync, and in an initial sync only with ``room.include_leave: true``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import quote
+
+from tests.integration.test_client_rooms import BOB, ROOM_LIMITS, _ok, _users
+from tests.integration.test_client_support import running_server
+
+
+async def test_an_inline_json_filter_is_applied_and_validated(database_dsn: str, tmp_path: Path) -> None:
+    """An inline filter selects like a stored one; bad JSON or a bad shape is a 400 that names it."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, _ = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        sent = [
+            (await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/t{i}", {"body": str(i)}, token=alice))[
+                "event_id"]
+            for i in range(3)
+        ]
+        only_messages = quote('{"room":{"timeline":{"limit":2,"types":["m.room.message"]}}}')
+        synced = await _ok(client, "GET", f"sync?filter={only_messages}", token=alice)
+        timeline = synced["rooms"]["join"][room_id]["timeline"]
+        assert [e["event_id"] for e in timeline["events"]] == sent[-2:]
+        assert timeline["limited"] is True
+
+        not_json = await client.request("GET", f"sync?filter={quote('{not json')}", token=alice)
+        assert not_json.status == 400 and not_json.body["errcode"] == "M_INVALID_PARAM", not_json
+        negative_limit = quote('{"room":{"timeline":{"limit":-1}}}')
+        bad_shape = await client.request("GET", f"sync?filter={negative_limit}", token=alice)
+        assert bad_shape.status == 400 and bad_shape.body["errcode"] == "M_BAD_JSON", bad_shape
+        room_list = quote('{"room":[]}')
+        not_object = await client.request("GET", f"sync?filter={room_list}", token=alice)
+        assert not_object.status == 400 and not_object.body["errcode"] == "M_BAD_JSON", not_object
+
+
+async def test_left_and_banned_rooms_appear_under_rooms_leave(database_dsn: str, tmp_path: Path) -> None:
+    """Incremental: the leave (or ban) ends the room's timeline under rooms.leave. Initial: listed
+    only with include_leave, and the archived timeline stops at the leave."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        left_room = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        ban_room = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        for room_id in (left_room, ban_room):
+            await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        before = await _ok(client, "PUT", f"rooms/{left_room}/send/m.room.message/b1", {"body": "before"}, token=alice)
+        mark = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+
+        leave_id = (await _ok(client, "PUT", f"rooms/{left_room}/state/m.room.member/{quote(BOB)}",
+                              {"membership": "leave"}, token=bob))["event_id"]
+        await _ok(client, "POST", f"rooms/{ban_room}/ban", {"user_id": BOB, "reason": "spam"}, token=alice)
+        after = await _ok(client, "PUT", f"rooms/{left_room}/send/m.room.message/a1", {"body": "after"}, token=alice)
+
+        incremental = await _ok(client, "GET", f"sync?since={mark}", token=bob)
+        leave = incremental["rooms"]["leave"]
+        assert set(leave) == {left_room, ban_room} and not incremental["rooms"]["join"]
+        left_timeline = [e["event_id"] for e in leave[left_room]["timeline"]["events"]]
+        assert left_timeline[-1] == leave_id and after["event_id"] not in left_timeline
+        ban_event = leave[ban_room]["timeline"]["events"][-1]
+        assert (ban_event["type"], ban_event["state_key"], ban_event["content"]["membership"]) == (
+            "m.room.member", BOB, "ban")
+
+        initial = await _ok(client, "GET", "sync", token=bob)
+        assert initial["rooms"]["leave"] == {}
+        include_leave = quote('{"room":{"include_leave":true}}')
+        archived = await _ok(client, "GET", f"sync?filter={include_leave}", token=bob)
+        assert set(archived["rooms"]["leave"]) == {left_room, ban_room}
+        history = [e["event_id"] for e in archived["rooms"]["leave"][left_room]["timeline"]["events"]]
+        assert history[-2:] == [before["event_id"], leave_id]
+        assert after["event_id"] not in history
+
+        # A forgotten room is archived no more.
+        await _ok(client, "POST", f"rooms/{left_room}/forget", {}, token=bob)
+        forgotten = await _ok(client, "GET", f"sync?filter={include_leave}", token=bob)
+        assert set(forgotten["rooms"]["leave"]) == {ban_room}
+
+
+async def test_joined_rooms_carry_a_summary_when_membership_changed(database_dsn: str, tmp_path: Path) -> None:
+    """summary: m.heroes (other joined or invited members by stream ordering, else those who left),
+    m.joined_member_count, m.invited_member_count; always in an initial sync, and in an incremental
+    one only when membership changed."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        carol = (await client.register_ok("carol"))["access_token"]
+        carol_id = BOB.replace("@bob:", "@carol:")
+        alice_id = BOB.replace("@bob:", "@alice:")
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        await _ok(client, "POST", f"rooms/{room_id}/invite", {"user_id": carol_id}, token=alice)
+
+        initial = await _ok(client, "GET", "sync", token=bob)
+        assert initial["rooms"]["join"][room_id]["summary"] == {
+            "m.heroes": [alice_id, carol_id], "m.joined_member_count": 2, "m.invited_member_count": 1}
+
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/s1", {"body": "hi"}, token=alice)
+        quiet = await _ok(client, "GET", f"sync?since={initial['next_batch']}", token=bob)
+        assert quiet["rooms"]["join"][room_id]["summary"] == {}  # nothing about membership changed
+
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=carol)
+        joined = await _ok(client, "GET", f"sync?since={quiet['next_batch']}", token=bob)
+        assert joined["rooms"]["join"][room_id]["summary"] == {
+            "m.heroes": [alice_id, carol_id], "m.joined_member_count": 3, "m.invited_member_count": 0}
+
+        # With every other member gone, the heroes are those who left (the spec's fallback).
+        for token in (alice, carol):
+            await _ok(client, "POST", f"rooms/{room_id}/leave", {}, token=token)
+        alone = await _ok(client, "GET", f"sync?since={joined['next_batch']}", token=bob)
+        assert alone["rooms"]["join"][room_id]["summary"] == {
+            "m.heroes": [alice_id, carol_id], "m.joined_member_count": 1, "m.invited_member_count": 0}
+
+
+async def test_joining_and_leaving_between_two_syncs_shows_the_room_as_left(database_dsn: str, tmp_path: Path) -> None:
+    """A user who joins and leaves within one batch sees the room under rooms.leave (with both
+    membership events), never under rooms.join; leaving and rejoining shows it joined."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        mark = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+        joined_id = (await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob))["room_id"]
+        assert joined_id == room_id
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/m1", {"body": "while in"}, token=alice)
+        await _ok(client, "POST", f"rooms/{room_id}/leave", {}, token=bob)
+
+        synced = await _ok(client, "GET", f"sync?since={mark}", token=bob)
+        assert room_id not in synced["rooms"]["join"]
+        events = synced["rooms"]["leave"][room_id]["timeline"]["events"]
+        memberships = [e["content"]["membership"] for e in events
+                       if e["type"] == "m.room.member" and e["state_key"] == BOB]
+        assert memberships == ["join", "leave"]
+        assert "while in" in [e["content"].get("body") for e in events]
+
+        # Leaving and coming back in one batch: the room is joined again.
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        again = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=bob)
+        assert room_id in again["rooms"]["join"] and room_id not in again["rooms"]["leave"]
