@@ -7,7 +7,8 @@ completed session or raises ``UiaRequired``, whose body is the spec's
 ``{flows, params, session, completed}`` (plus ``errcode``/``error`` after a
 failed attempt). A session is bound to one operation and one user, and keeps
 the operation's result so a client retrying a completed session gets the same
-answer. Sessions live in this process only: a restart sends clients back to
+answer, and the parameters of its first request that gave any (``check``'s
+``params``), which registration uses when a later request omits them. Sessions live in this process only: a restart sends clients back to
 their first request.
 """
 
