@@ -53,6 +53,13 @@ MAIN_ONLY_SERVLETS: Final = frozenset({
     "client_device_delete",
     "client_delete_devices",
     "client_keys_upload",
+    "client_3pid_request_token",
+    "client_register_request_token",
+    "client_password_request_token",
+    "client_3pid_add",
+    "client_3pid_bind",
+    "client_3pid_delete",
+    "client_3pid_unbind",
 })
 
 

@@ -7,7 +7,8 @@ completed session or raises ``UiaRequired``, whose body is the spec's
 ``{flows, params, session, completed}`` (plus ``errcode``/``error`` after a
 failed attempt). A session is bound to one operation and one user, and keeps
 the operation's result so a client retrying a completed session gets the same
-answer. Sessions live in this process only: a restart sends clients back to
+answer, and the parameters of its first request that gave any (``check``'s
+``params``), which registration uses when a later request omits them. Sessions live in this process only: a restart sends clients back to
 their first request.
 """
 
@@ -54,6 +55,9 @@ class UiaSession:
     completed: list[str] = attrs.Factory(list)
     result: Any = None
     has_result: bool = False
+    # The operation's parameters from the first request of the session that gave
+    # any (registration keeps them, as Synapse does); None until then.
+    params: Any = None
 
     def set_result(self, result: Any) -> None:
         self.result = result
@@ -133,15 +137,20 @@ class UserInteractiveAuth:
         operation: str,
         flows: Sequence[Sequence[str]],
         user_id: str | None,
+        params: Any = None,
     ) -> UiaSession:
         """Run one UIA round for ``operation``; return the session once a flow is complete.
 
+        ``params`` (when not None) is remembered on a session that has none yet,
+        so the request that completes the session can use the first one's.
         Raises ``UiaRequired`` (401) while stages remain, and ``MatrixError``
         400/403 for malformed auth dicts or a session of another request.
         """
         now = self._clock()
         if auth is None:
-            raise UiaRequired(self._sessions.create(operation, user_id, now), flows)
+            created = self._sessions.create(operation, user_id, now)
+            created.params = params
+            raise UiaRequired(created, flows)
         if not isinstance(auth, dict):
             raise bad_json("'auth' must be an object")
         session_id = auth.get("session")
@@ -156,6 +165,8 @@ class UserInteractiveAuth:
             if found.operation != operation or found.user_id != user_id:
                 raise MatrixError(403, "M_FORBIDDEN", "This authentication session belongs to another request")
             session = found
+        if session.params is None:
+            session.params = params
         if session.has_result or _flow_complete(flows, session.completed):
             return session
         stage = auth.get("type")
@@ -175,6 +186,16 @@ class UserInteractiveAuth:
         if _flow_complete(flows, session.completed):
             return session
         raise UiaRequired(session, flows)
+
+
+    def existing(self, auth: object, *, operation: str, user_id: str | None) -> UiaSession | None:
+        """The live session ``auth`` names for this operation and user, or None (``check`` reports why)."""
+        if not isinstance(auth, dict) or not isinstance(auth.get("session"), str):
+            return None
+        found = self._sessions.get(auth["session"], self._clock())
+        if found is None or found.operation != operation or found.user_id != user_id:
+            return None
+        return found
 
 
 def _flow_complete(flows: Sequence[Sequence[str]], completed: Sequence[str]) -> bool:

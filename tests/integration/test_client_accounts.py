@@ -65,12 +65,76 @@ async def test_registration_with_user_interactive_auth(database_dsn: str, tmp_pa
         bob_devices = await client.request("GET", "devices", token=bob_login.body["access_token"])
         assert [d["device_id"] for d in bob_devices.body["devices"]] == [bob_login.body["device_id"]]
 
-        r0 = await client.request("POST", "/_matrix/client/r0/register", {"username": "Carol", "auth": {"type": "m.login.dummy"}})
+        r0 = await client.request("POST", "/_matrix/client/r0/register", {"username": "Carol", "password": "pw", "auth": {"type": "m.login.dummy"}})
         assert r0.status == 200 and r0.body["user_id"] == f"@carol:{SERVER_NAME}"
 
         anonymous = await client.register(None)
         assert anonymous.status == 200 and anonymous.body["user_id"].endswith(f":{SERVER_NAME}")
         assert anonymous.body["user_id"] not in (ALICE, BOB)
+
+
+async def test_registration_session_remembers_its_first_parameters(database_dsn: str, tmp_path: Path) -> None:
+    """A UIA session keeps the parameters of its first request and registers once (as Synapse)."""
+    async with running_server(database_dsn, tmp_path) as (_, client):
+        first = await client.request(
+            "POST",
+            "register",
+            {"username": "alice", "password": "first-pw", "device_id": "FIRSTDEV", "initial_device_display_name": "One"},
+        )
+        assert first.status == 401
+        session = first.body["session"]
+        # The completing request omits or changes the parameters: the first request's are used.
+        done = await client.request(
+            "POST",
+            "register",
+            {"username": "mallory", "device_id": "OTHER", "auth": {"type": "m.login.dummy", "session": session}},
+        )
+        assert done.status == 200, done
+        assert (done.body["user_id"], done.body["device_id"]) == (ALICE, "FIRSTDEV")
+        assert (await client.request("GET", "register/available?username=mallory")).body == {"available": True}
+        device = await client.request("GET", "devices/FIRSTDEV", token=done.body["access_token"])
+        assert device.body["display_name"] == "One"
+        assert (await client.login("alice", "first-pw")).status == 200
+        # Completing the same session again, username and all, is the same registration, not M_USER_IN_USE.
+        again = await client.request(
+            "POST",
+            "register",
+            {"username": "alice", "password": "first-pw", "auth": {"type": "m.login.dummy", "session": session}},
+        )
+        assert again.status == 200 and again.body == done.body
+        # A different session asking for the same name is refused.
+        taken = await client.register("alice")
+        assert (taken.status, taken.errcode) == (400, "M_USER_IN_USE")
+        # The parameters of one session are not another's.
+        other = await client.request("POST", "register", {"username": "bob", "password": "pw"})
+        stranger = await client.request(
+            "POST", "register", {"username": "carol", "password": "pw",
+                                 "auth": {"type": "m.login.dummy", "session": other.body["session"]}}
+        )
+        assert stranger.status == 200 and stranger.body["user_id"] == BOB
+
+
+async def test_registration_needs_a_password(database_dsn: str, tmp_path: Path) -> None:
+    """Like Synapse, a normal registration without a password is 400 M_MISSING_PARAM once auth is done."""
+    async with running_server(database_dsn, tmp_path) as (_, client):
+        first = await client.request("POST", "register", {"username": "alice"})
+        assert first.status == 401
+        session = first.body["session"]
+        missing = await client.request(
+            "POST", "register", {"username": "alice", "auth": {"type": "m.login.dummy", "session": session}}
+        )
+        assert (missing.status, missing.errcode) == (400, "M_MISSING_PARAM")
+        assert (await client.request("GET", "register/available?username=alice")).body == {"available": True}
+        inhibited = await client.request(
+            "POST", "register", {"username": "bob", "inhibit_login": True, "auth": {"type": "m.login.dummy"}}
+        )
+        assert (inhibited.status, inhibited.errcode) == (400, "M_MISSING_PARAM")
+        # The same session, now with the password, registers.
+        fixed = await client.request(
+            "POST", "register", {"password": "pw", "auth": {"type": "m.login.dummy", "session": session}}
+        )
+        assert fixed.status == 200 and fixed.body["user_id"] == ALICE
+        assert (await client.login("alice", "pw")).status == 200
 
 
 async def test_username_rules_come_before_auth(database_dsn: str, tmp_path: Path) -> None:

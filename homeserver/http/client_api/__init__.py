@@ -16,6 +16,7 @@ from homeserver.http.client_api.account_data import register_account_data_servle
 from homeserver.http.client_api.devices import register_device_servlets
 from homeserver.http.client_api.profile import register_profile_servlets
 from homeserver.http.client_api.server_info import register_server_info_servlets
+from homeserver.http.client_api.threepid import register_threepid_servlets
 from homeserver.http.server import Routes
 from homeserver.routing.writers import Writers
 
@@ -38,3 +39,4 @@ def register_client_api_servlets(router: Routes, config: HomeserverConfig, servi
         router, auth=services.auth, account_data=services.account_data, filters=services.filters, writers=writers
     )
     register_server_info_servlets(router, config=config, auth=services.auth)
+    register_threepid_servlets(router, auth=services.auth, uia=services.uia)

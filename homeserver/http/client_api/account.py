@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+import attrs
+
 from twisted.web.server import Request
 
 from homeserver.config import HomeserverConfig
@@ -45,6 +47,36 @@ PASSWORD_FLOWS: Final = ((LOGIN_PASSWORD,),)
 MAX_USERNAME_LENGTH: Final = 255
 
 
+@attrs.frozen
+class RegisterParams:
+    """The parameters of a ``POST /register`` that a UIA session remembers (in memory only)."""
+
+    username: str | None
+    password: str | None = attrs.field(repr=False)
+    device_id: str | None
+    initial_device_display_name: str | None
+    inhibit_login: bool
+
+    def filled_from(self, later: RegisterParams) -> RegisterParams:
+        """These parameters, with the ones they lack taken from a later request of the session."""
+        return RegisterParams(
+            username=self.username if self.username is not None else later.username,
+            password=self.password if self.password is not None else later.password,
+            device_id=self.device_id if self.device_id is not None else later.device_id,
+            initial_device_display_name=(
+                self.initial_device_display_name
+                if self.initial_device_display_name is not None
+                else later.initial_device_display_name
+            ),
+            inhibit_login=self.inhibit_login or later.inhibit_login,
+        )
+
+    def any(self) -> bool:
+        return (self.username, self.password, self.device_id, self.initial_device_display_name) != (
+            None, None, None, None
+        ) or self.inhibit_login
+
+
 def register_account_servlets(
     router: Routes,
     *,
@@ -67,32 +99,62 @@ def register_account_servlets(
         body = parse_json_object(request)
         ip = client_ip(request)
         registration.check_ratelimit(ip)
-        username = optional_string(body, "username", max_length=MAX_USERNAME_LENGTH)
-        password = optional_string(body, "password", max_length=MAX_PASSWORD_LENGTH)
-        device_id = optional_string(body, "device_id", max_length=MAX_DEVICE_ID_LENGTH, allow_empty=False)
-        display_name = optional_string(
-            body, "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
+        given = RegisterParams(
+            username=optional_string(body, "username", max_length=MAX_USERNAME_LENGTH),
+            password=optional_string(body, "password", max_length=MAX_PASSWORD_LENGTH),
+            device_id=optional_string(body, "device_id", max_length=MAX_DEVICE_ID_LENGTH, allow_empty=False),
+            initial_device_display_name=optional_string(
+                body, "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
+            ),
+            inhibit_login=optional_bool(body, "inhibit_login", False),
         )
-        inhibit_login = optional_bool(body, "inhibit_login", False)
         optional_bool(body, "refresh_token", False)  # accepted; access tokens here do not expire
-        if username is not None:
-            await registration.check_username_available(username)
-        session = await uia.check(body.get("auth"), operation="register", flows=REGISTER_FLOWS, user_id=None)
+        auth_dict = body.get("auth")
+        # A session that already registered answers with its user again (the
+        # username it took is not "in use" for it). Otherwise each parameter
+        # keeps the value the session's first request gave it; a later request
+        # only fills in those not given before.
+        prior = uia.existing(auth_dict, operation="register", user_id=None)
+        if prior is not None and prior.has_result:
+            return 200, prior.result
+        wanted = given
+        if prior is not None and isinstance(prior.params, RegisterParams):
+            wanted = prior.params.filled_from(given)
+            prior.params = wanted
+        if wanted.username is not None:
+            await registration.check_username_available(wanted.username)
+        session = await uia.check(
+            auth_dict, operation="register", flows=REGISTER_FLOWS, user_id=None, params=given if given.any() else None
+        )
         if session.has_result:
             return 200, session.result
-        result = await registration.register(
-            username=username,
-            password=password,
-            device_id=device_id,
-            initial_device_display_name=display_name,
-            inhibit_login=inhibit_login,
-            ip=ip,
-        )
+        if isinstance(session.params, RegisterParams):
+            wanted = session.params.filled_from(given)
+        # As Synapse: a password in this request wins over the session's, so a
+        # client told it was missing can send it with the same session.
+        password = given.password if given.password is not None else wanted.password
+        if password is None:
+            # The spec makes it optional in the body; like Synapse, an account needs one.
+            raise missing_param("Missing params: password")
+        try:
+            result = await registration.register(
+                username=wanted.username,
+                password=password,
+                device_id=wanted.device_id,
+                initial_device_display_name=wanted.initial_device_display_name,
+                inhibit_login=wanted.inhibit_login,
+                ip=ip,
+            )
+        except MatrixError:
+            if session.has_result:  # a concurrent request of this session registered first
+                return 200, session.result
+            raise
         response: dict[str, Any] = {"user_id": result.user_id, "home_server": server_name}
         if result.login is not None:
             response["access_token"] = result.login.access_token
             response["device_id"] = result.login.device_id
         session.set_result(response)
+        session.params = None  # forget the password
         return 200, response
 
     async def get_register_available(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:

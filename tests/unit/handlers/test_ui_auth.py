@@ -164,3 +164,30 @@ def test_session_store_is_bounded_oldest_first() -> None:
     assert len(sessions) == 3
     assert sessions.get(created[0].session_id, now=5) is None
     assert sessions.get(created[4].session_id, now=5) is created[4]
+
+
+async def test_a_session_keeps_the_params_of_its_first_request_that_gave_any() -> None:
+    uia, _, _ = make()
+    first = await _required(uia, None, operation="register", flows=DUMMY, user_id=None)
+    assert first.session.params is None
+    sid = first.session.session_id
+    await _required(uia, {"session": sid}, operation="register", flows=DUMMY, user_id=None, params={"username": "a"})
+    session = await uia.check(
+        {"type": LOGIN_DUMMY, "session": sid}, operation="register", flows=DUMMY, user_id=None, params={"username": "b"}
+    )
+    assert session.params == {"username": "a"}
+    created = await _required(uia, None, operation="register", flows=DUMMY, user_id=None, params={"username": "c"})
+    assert created.session.params == {"username": "c"}
+
+
+async def test_existing_finds_only_a_live_session_of_the_same_operation_and_user() -> None:
+    uia, _, clock = make(lifetime=10)
+    sid = (await _required(uia, None, operation="register", flows=DUMMY, user_id=None)).session.session_id
+    found = uia.existing({"session": sid}, operation="register", user_id=None)
+    assert found is not None and found.session_id == sid
+    assert uia.existing({"session": sid}, operation="change_password", user_id=None) is None
+    assert uia.existing({"session": sid}, operation="register", user_id="@a:hs") is None
+    for odd in (None, "x", {"session": 5}, {"session": "unknown"}, {}):
+        assert uia.existing(odd, operation="register", user_id=None) is None
+    clock.now += 11
+    assert uia.existing({"session": sid}, operation="register", user_id=None) is None
