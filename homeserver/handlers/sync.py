@@ -79,6 +79,8 @@ class SyncFilter:
     timeline_limit: int = DEFAULT_TIMELINE_LIMIT
     # ``room.include_leave``: an initial sync lists the rooms the user left or was banned from.
     include_leave: bool = False
+    # ``event_format: federation``: room events are given as PDUs (``format_event``).
+    federation_format: bool = False
 
     @classmethod
     def parse(cls, value: Mapping[str, Any] | None) -> SyncFilter:
@@ -95,6 +97,7 @@ class SyncFilter:
             state=state,
             timeline_limit=max(1, min(limit, MAX_TIMELINE_LIMIT)),
             include_leave=room.get("include_leave") is True,
+            federation_format=value.get("event_format") == "federation",
         )
 
 
@@ -331,7 +334,7 @@ class SyncHandler:
                 and (room_id in changed_rooms if since is not None else sync_filter.include_leave)
                 and room_id not in forgotten
             ):
-                leave[room_id] = await self._leave_section(requester, room_id, event_id, since_pos, limit)
+                leave[room_id] = await self._leave_section(requester, room_id, event_id, since_pos, sync_filter)
         for room_id, row in snapshot.remote_invites.items():
             # A room this server is not in: what its invite (or the rejection) carried.
             event = event_of(row)
@@ -342,7 +345,9 @@ class SyncHandler:
             elif room_id not in forgotten:
                 leave[room_id] = {
                     "timeline": {
-                        "events": await self._client_events.serialize([event], include_room_id=False),
+                        "events": await self._client_events.serialize(
+                            [event], include_room_id=False, federation=sync_filter.federation_format
+                        ),
                         "limited": False,
                         "prev_batch": now.events.to_string(),
                     },
@@ -438,12 +443,15 @@ class SyncHandler:
         section = {
             "timeline": {
                 "events": await self._client_events.serialize(
-                    shown, access_token_id=requester.access_token_id, include_room_id=False
+                    shown, access_token_id=requester.access_token_id, include_room_id=False,
+                    federation=sync_filter.federation_format,
                 ),
                 "limited": limited,
                 "prev_batch": prev_batch,
             },
-            "state": {"events": await self._client_events.serialize(state_events, include_room_id=False)},
+            "state": {"events": await self._client_events.serialize(
+                state_events, include_room_id=False, federation=sync_filter.federation_format
+            )},
             "summary": {},  # filled by ``_summaries`` when wanted
         }
         return section, full or limited or any(e.type == C.MEMBER for e in events)
@@ -487,8 +495,9 @@ class SyncHandler:
         return [strip_event(e) for e in events]
 
     async def _leave_section(
-        self, requester: Requester, room_id: str, leave_event_id: str, since_pos: RoomPosition, limit: int
+        self, requester: Requester, room_id: str, leave_event_id: str, since_pos: RoomPosition, sync_filter: SyncFilter
     ) -> dict[str, Any]:
+        limit = sync_filter.timeline_limit
         orderings = await self._timeline.get_stream_orderings([leave_event_id])
         left_at = orderings.get(leave_event_id, since_pos.minimum)
         rows = await self._timeline.get_room_events(room_id, start=left_at, end=since_pos, limit=limit + 1, backwards=True)
@@ -499,7 +508,8 @@ class SyncHandler:
         return {
             "timeline": {
                 "events": await self._client_events.serialize(
-                    events, access_token_id=requester.access_token_id, include_room_id=False
+                    events, access_token_id=requester.access_token_id, include_room_id=False,
+                    federation=sync_filter.federation_format,
                 ),
                 "limited": limited,
                 "prev_batch": room_token(rows[0][1] - 1) if rows else room_token(left_at),

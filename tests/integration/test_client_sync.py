@@ -139,3 +139,31 @@ async def test_joining_and_leaving_between_two_syncs_shows_the_room_as_left(data
         await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
         again = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=bob)
         assert room_id in again["rooms"]["join"] and room_id not in again["rooms"]["leave"]
+
+
+async def test_event_format_federation_gives_the_pdus(database_dsn: str, tmp_path: Path) -> None:
+    """A filter's ``event_format: federation`` gives room events in the federation (PDU) format:
+    with ``room_id``, ``auth_events``, ``prev_events``, ``depth``, ``hashes`` and ``signatures``;
+    the default (``client``) gives none of them."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, _ = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        sent = (await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/f1", {"body": "pdu"}, token=alice))[
+            "event_id"]
+        federation = quote('{"event_format":"federation","room":{"timeline":{"limit":1}}}')
+        synced = await _ok(client, "GET", f"sync?filter={federation}", token=alice)
+        room = synced["rooms"]["join"][room_id]
+        [event] = room["timeline"]["events"]
+        assert event["event_id"] == sent and event["room_id"] == room_id
+        assert event["content"] == {"body": "pdu"}
+        for field in ("auth_events", "prev_events", "depth", "hashes", "signatures"):
+            assert field in event, field
+        assert event["unsigned"]["transaction_id"] == "f1"
+        assert room["state"]["events"] and all("signatures" in e for e in room["state"]["events"])
+
+        plain = await _ok(client, "GET", "sync?filter=" + quote('{"room":{"timeline":{"limit":1}}}'), token=alice)
+        [client_event] = plain["rooms"]["join"][room_id]["timeline"]["events"]
+        assert client_event["event_id"] == sent and "signatures" not in client_event and "room_id" not in client_event
+
+        wrong = await client.request("GET", "sync?filter=" + quote('{"event_format":"xml"}'), token=alice)
+        assert wrong.status == 400 and wrong.body["errcode"] == "M_BAD_JSON", wrong
