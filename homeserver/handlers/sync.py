@@ -81,6 +81,8 @@ class SyncFilter:
     include_leave: bool = False
     # ``event_format: federation``: room events are given as PDUs (``format_event``).
     federation_format: bool = False
+    # ``room.state.include_redundant_members``: lazy-loaded members are sent again each time.
+    include_redundant_members: bool = False
 
     @classmethod
     def parse(cls, value: Mapping[str, Any] | None) -> SyncFilter:
@@ -98,6 +100,8 @@ class SyncFilter:
             timeline_limit=max(1, min(limit, MAX_TIMELINE_LIMIT)),
             include_leave=room.get("include_leave") is True,
             federation_format=value.get("event_format") == "federation",
+            include_redundant_members=isinstance(room.get("state"), Mapping)
+            and room["state"].get("include_redundant_members") is True,
         )
 
 
@@ -141,6 +145,9 @@ class SyncHandler:
         self._to_device_acked = DictCache[int]("sync_to_device_acked", max_entries=100_000)
         # (user, event) -> whether the event notifies / highlights the user (push rules, once each).
         self._push_outcomes = DictCache[Outcome]("sync_push_outcomes", max_entries=200_000)
+        # (user, device, room) -> the member events (state key, event ID) this process sent the
+        # device under ``lazy_load_members``: not sent again (unless ``include_redundant_members``).
+        self._lazy_members = DictCache[tuple[tuple[str, str], ...]]("sync_lazy_members", max_entries=100_000)
 
     def current_token(self) -> StreamToken:
         def pos(name: StreamName) -> MultiWriterStreamToken:
@@ -307,7 +314,8 @@ class SyncHandler:
                 continue
             shown_rooms.append((room_id, ephemeral, room_ad))
             builds.append(self._room_section(
-                requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events
+                requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events,
+                initial=initial,
             ))
         unread = _start(self._unread_counts(user_id, [room_id for room_id, _, _ in shown_rooms], upto))
         wanted: list[str] = []
@@ -420,6 +428,7 @@ class SyncHandler:
         full: bool,
         sync_filter: SyncFilter,
         upto: RoomStreamToken,
+        initial: bool,
     ) -> tuple[dict[str, Any], bool]:
         """The room's timeline and state, and whether its summary is to be read: membership may
         have changed (a room sent whole, a gap, or a member event in the timeline)."""
@@ -434,12 +443,24 @@ class SyncHandler:
         shown = [e for e in events if sync_filter.timeline.matches(e)]
         prev_batch = room_token(rows[0][1] - 1) if rows else upto.to_string()
         state_events: list[FrozenEvent] = []
+        lazy = sync_filter.state.lazy_load_members
         if full or limited:
             if rows:
                 state_ids = await self._client_events.state_before(rows[0][0])
             else:
                 state_ids = await self._events_store.get_current_state_ids(room_id)
             state_events = await self._state_events(requester, state_ids, shown, sync_filter)
+            if lazy and not full:
+                sent = self._members_sent(requester, room_id, sync_filter)
+                state_events = [e for e in state_events
+                                if e.type != C.MEMBER or sent.get(e.state_key or "") != e.event_id]
+        elif lazy and shown:
+            # An incremental timeline with no gap: other state changes are in the timeline, but
+            # the members of its senders (and the user's own) come in ``state``, as Synapse.
+            state_events = await self._lazy_member_state(requester, room_id, rows[0][0], events, shown, sync_filter)
+        if lazy:
+            self._remember_members(requester, room_id, [e for e in state_events + shown if e.type == C.MEMBER],
+                                   reset=initial or full)
         section = {
             "timeline": {
                 "events": await self._client_events.serialize(
@@ -487,6 +508,46 @@ class SyncHandler:
             wanted = {k: v for k, v in wanted.items() if k[0] != C.MEMBER or k[1] in senders}
         events = await self._client_events.load(sorted(wanted.values()))
         return [e for e in events if sync_filter.state.matches(e)]
+
+    def _members_sent(self, requester: Requester, room_id: str, sync_filter: SyncFilter) -> dict[str, str]:
+        """Member -> event ID of the lazy-loaded members already sent to this device in this room."""
+        if sync_filter.include_redundant_members:
+            return {}
+        return dict(self._lazy_members.get((requester.user_id, requester.device_id, room_id), ()))
+
+    def _remember_members(
+        self, requester: Requester, room_id: str, members: list[FrozenEvent], *, reset: bool
+    ) -> None:
+        key = (requester.user_id, requester.device_id, room_id)
+        known = {} if reset else dict(self._lazy_members.get(key, ()))
+        known.update((e.state_key, e.event_id) for e in members if e.state_key is not None)
+        if known:
+            self._lazy_members.set(key, tuple(sorted(known.items())))
+
+    async def _lazy_member_state(
+        self,
+        requester: Requester,
+        room_id: str,
+        first_event_id: str,
+        events: list[FrozenEvent],
+        shown: list[FrozenEvent],
+        sync_filter: SyncFilter,
+    ) -> list[FrozenEvent]:
+        """The member events of ``shown``'s senders and of the user, as of the timeline's start,
+        less those this device already has. No read when it has them all and the timeline
+        changes no membership (then the state before it cannot hold newer member events)."""
+        wanted = {e.sender for e in shown} | {requester.user_id}
+        sent = self._members_sent(requester, room_id, sync_filter)
+        if wanted <= sent.keys() and not any(e.type == C.MEMBER for e in events):
+            return []
+        state_ids = await self._client_events.state_before(first_event_id)
+        in_timeline = {e.event_id for e in shown}
+        ids = [
+            event_id for (kind, member), event_id in state_ids.items()
+            if kind == C.MEMBER and member in wanted and sent.get(member) != event_id and event_id not in in_timeline
+        ]
+        loaded = await self._client_events.load(sorted(ids))
+        return [e for e in loaded if sync_filter.state.matches(e)]
 
     async def _invite_state(self, room_id: str, invite_event_id: str) -> list[Any]:
         keys: list[StateKey] = [(t, "") for t in INVITE_STATE_TYPES]

@@ -8,10 +8,14 @@ incremental sync, and in an initial sync only with ``room.include_leave: true``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
-from tests.integration.test_client_rooms import BOB, ROOM_LIMITS, _ok, _users
-from tests.integration.test_client_support import running_server
+from tests.integration.test_client_rooms import ALICE, BOB, ROOM_LIMITS, _ok, _users
+from tests.integration.test_client_support import SERVER_NAME, running_server
+
+CAROL = f"@carol:{SERVER_NAME}"
+DAVE = f"@dave:{SERVER_NAME}"
 
 
 async def test_an_inline_json_filter_is_applied_and_validated(database_dsn: str, tmp_path: Path) -> None:
@@ -167,3 +171,59 @@ async def test_event_format_federation_gives_the_pdus(database_dsn: str, tmp_pat
 
         wrong = await client.request("GET", "sync?filter=" + quote('{"event_format":"xml"}'), token=alice)
         assert wrong.status == 400 and wrong.body["errcode"] == "M_BAD_JSON", wrong
+
+
+def _members(room: dict[str, Any]) -> set[str]:
+    return {e["state_key"] for e in room["state"]["events"] if e["type"] == "m.room.member"}
+
+
+async def test_lazy_loaded_members_in_incremental_syncs(database_dsn: str, tmp_path: Path) -> None:
+    """With ``lazy_load_members`` an incremental sync's state holds the member events of the
+    timeline's senders (and the user's own), never the others', and, as Synapse, not those this
+    device already has unless ``include_redundant_members``."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        carol = (await client.register_ok("carol"))["access_token"]
+        dave = (await client.register_ok("dave"))["access_token"]
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        for token in (bob, carol, dave):
+            await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=token)
+        lazy = quote('{"room":{"timeline":{"limit":10},"state":{"lazy_load_members":true}}}')
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/a0", {"body": "welcome"}, token=alice)
+        lazy_one = quote('{"room":{"timeline":{"limit":1},"state":{"lazy_load_members":true}}}')
+        initial = await _ok(client, "GET", f"sync?filter={lazy_one}", token=alice)
+        assert _members(initial["rooms"]["join"][room_id]) == {ALICE}
+        since = initial["next_batch"]
+
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/c1", {"body": "hi"}, token=carol)
+        synced = await _ok(client, "GET", f"sync?since={since}&filter={lazy}", token=alice)
+        room = synced["rooms"]["join"][room_id]
+        assert room["timeline"]["limited"] is False
+        assert _members(room) == {CAROL}  # Alice's own membership came with the initial sync
+        assert all(e["type"] == "m.room.member" for e in room["state"]["events"])
+
+        # Carol again and Bob: only Bob is new to this device.
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/c2", {"body": "again"}, token=carol)
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/b1", {"body": "me too"}, token=bob)
+        synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}&filter={lazy}", token=alice)
+        assert _members(synced["rooms"]["join"][room_id]) == {BOB}
+
+        # Asked for redundant members: every sender and the user, each time.
+        redundant = quote('{"room":{"state":{"lazy_load_members":true,"include_redundant_members":true}}}')
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/c3", {"body": "third"}, token=carol)
+        synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}&filter={redundant}", token=alice)
+        assert _members(synced["rooms"]["join"][room_id]) == {CAROL, ALICE}
+
+        # A device that never had them: another login of Alice's gets her own membership too.
+        login = await client.login("alice")
+        assert login.status == 200, login
+        other = login.body["access_token"]
+        mark = (await _ok(client, "GET", "sync", token=other))["next_batch"]
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/d1", {"body": "dave"}, token=dave)
+        synced = await _ok(client, "GET", f"sync?since={mark}&filter={lazy}", token=other)
+        assert _members(synced["rooms"]["join"][room_id]) == {DAVE, ALICE}
+
+        # Without lazy loading, a gapless incremental sync has no state at all.
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/c4", {"body": "plain"}, token=carol)
+        synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=other)
+        assert synced["rooms"]["join"][room_id]["state"]["events"] == []
