@@ -56,6 +56,10 @@ DEFAULT_TIMELINE_LIMIT = 10
 # The spec's m.heroes: up to 5 members other than the syncing user.
 MAX_HEROES = 5
 MAX_TIMELINE_LIMIT = 1000
+# A timeline filter that leaves events out is filled by reading further back, at most this
+# many batches of ``FILTERED_BATCH`` events (then the timeline is ``limited`` where the search stopped).
+FILTERED_ROUNDS = 5
+FILTERED_BATCH = 100
 MAX_TIMEOUT_S = 300.0
 # Unread events counted per room for unread_notifications (clients show "99+" past that).
 MAX_UNREAD_COUNTED = 100
@@ -315,7 +319,7 @@ class SyncHandler:
             shown_rooms.append((room_id, ephemeral, room_ad))
             builds.append(self._room_section(
                 requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events,
-                initial=initial,
+                initial=initial, since=since_pos if since is not None else None,
             ))
         unread = _start(self._unread_counts(user_id, [room_id for room_id, _, _ in shown_rooms], upto))
         wanted: list[str] = []
@@ -429,6 +433,7 @@ class SyncHandler:
         sync_filter: SyncFilter,
         upto: RoomStreamToken,
         initial: bool,
+        since: RoomPosition | None,
     ) -> tuple[dict[str, Any], bool]:
         """The room's timeline and state, and whether its summary is to be read: membership may
         have changed (a room sent whole, a gap, or a member event in the timeline)."""
@@ -442,6 +447,15 @@ class SyncHandler:
             events = await self._client_events.filter_visible(requester.user_id, events, joined_now=True)
         shown = [e for e in events if sync_filter.timeline.matches(e)]
         prev_batch = room_token(rows[0][1] - 1) if rows else upto.to_string()
+        if limited and len(shown) < limit and sync_filter.timeline.selects():
+            # The filter left events out: read further back for ``limit`` matching ones.
+            shown, limited, prev_position = await self._fill_filtered(
+                requester, room_id, rows[0][1], shown, limit=limit, full=full, sync_filter=sync_filter,
+                since=None if full else since,
+            )
+            prev_batch = room_token(prev_position - 1)
+            if shown and shown[0].event_id != rows[0][0]:
+                rows = [(shown[0].event_id, prev_position)]
         state_events: list[FrozenEvent] = []
         lazy = sync_filter.state.lazy_load_members
         if full or limited:
@@ -476,6 +490,47 @@ class SyncHandler:
             "summary": {},  # filled by ``_summaries`` when wanted
         }
         return section, full or limited or any(e.type == C.MEMBER for e in events)
+
+    async def _fill_filtered(
+        self,
+        requester: Requester,
+        room_id: str,
+        oldest: int,
+        shown: list[FrozenEvent],
+        *,
+        limit: int,
+        full: bool,
+        sync_filter: SyncFilter,
+        since: RoomPosition | None,
+    ) -> tuple[list[FrozenEvent], bool, int]:
+        """``shown`` (the matching events from position ``oldest`` on) completed with earlier
+        matching events (after ``since``, or all history for a room sent whole) up to ``limit``:
+        the events, whether more remain, and the position of the first event returned (or of
+        where the search stopped), as Synapse fills a filtered timeline."""
+        earlier: list[FrozenEvent] = []
+        positions: dict[str, int] = {}
+        for _ in range(FILTERED_ROUNDS):
+            batch = await self._timeline.get_room_events(
+                room_id, start=oldest - 1, end=since, limit=FILTERED_BATCH, backwards=True
+            )
+            if not batch:
+                break
+            oldest = batch[-1][1]
+            positions.update(batch)
+            events = await self._client_events.load([event_id for event_id, _ in reversed(batch)])
+            if full:
+                events = await self._client_events.filter_visible(requester.user_id, events, joined_now=True)
+            earlier = [e for e in events if sync_filter.timeline.matches(e)] + earlier
+            if len(earlier) + len(shown) > limit:
+                kept = (earlier + shown)[-limit:]
+                return kept, True, positions.get(kept[0].event_id, oldest)
+            if len(batch) < FILTERED_BATCH:
+                break
+        else:
+            return earlier + shown, True, oldest  # searched enough: a gap remains before
+        kept = earlier + shown
+        first = positions.get(kept[0].event_id, oldest) if earlier else oldest
+        return kept, False, first
 
     async def _summaries(self, user_id: str, room_ids: list[str]) -> dict[str, dict[str, Any]]:
         """The spec's room summary per room: member counts, and as heroes the first joined or

@@ -227,3 +227,44 @@ async def test_lazy_loaded_members_in_incremental_syncs(database_dsn: str, tmp_p
         await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/c4", {"body": "plain"}, token=carol)
         synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=other)
         assert synced["rooms"]["join"][room_id]["state"]["events"] == []
+
+
+async def test_a_filtered_timeline_still_reaches_its_limit(database_dsn: str, tmp_path: Path) -> None:
+    """A ``types``/``not_types`` timeline filter gives ``limit`` matching events even when other
+    events lie between them; ``limited`` says whether matching ones were left out, and
+    ``prev_batch`` pages back to them."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        mark = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+        messages = []
+        for i in range(4):
+            messages.append((await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/m{i}",
+                                       {"body": str(i)}, token=alice))["event_id"])
+            for j in range(5):
+                await _ok(client, "PUT", f"rooms/{room_id}/send/x.noise/n{i}.{j}", {}, token=alice)
+
+        for selection in ('"types":["m.room.message"]', '"not_types":["x.noise"]'):
+            definition = '{"room":{"timeline":{"limit":3,' + selection + '}}}'
+            synced = await _ok(client, "GET", f"sync?since={mark}&filter={quote(definition)}", token=bob)
+            timeline = synced["rooms"]["join"][room_id]["timeline"]
+            assert [e["event_id"] for e in timeline["events"]] == messages[1:], definition
+            assert timeline["limited"] is True
+            back = await _ok(client, "GET", f"rooms/{room_id}/messages?dir=b&limit=20&from={timeline['prev_batch']}"
+                             f"&filter={quote('{' + selection + '}')}", token=bob)
+            # Backwards from prev_batch: the message before the timeline, then the room's older events.
+            assert [e["event_id"] for e in back["chunk"]][0] == messages[0], definition
+
+        # All the matching events since the token fit: not limited, though the raw events did not.
+        wide = quote('{"room":{"timeline":{"limit":5,"types":["m.room.message"]}}}')
+        synced = await _ok(client, "GET", f"sync?since={mark}&filter={wide}", token=bob)
+        timeline = synced["rooms"]["join"][room_id]["timeline"]
+        assert [e["event_id"] for e in timeline["events"]] == messages
+        assert timeline["limited"] is False
+
+        # An initial sync likewise reaches back past the noise.
+        initial = await _ok(client, "GET", "sync?filter=" + quote(
+            '{"room":{"timeline":{"limit":2,"types":["m.room.message"]}}}'), token=bob)
+        timeline = initial["rooms"]["join"][room_id]["timeline"]
+        assert [e["event_id"] for e in timeline["events"]] == messages[2:] and timeline["limited"] is True
