@@ -268,3 +268,33 @@ async def test_a_filtered_timeline_still_reaches_its_limit(database_dsn: str, tm
             '{"room":{"timeline":{"limit":2,"types":["m.room.message"]}}}'), token=bob)
         timeline = initial["rooms"]["join"][room_id]["timeline"]
         assert [e["event_id"] for e in timeline["events"]] == messages[2:] and timeline["limited"] is True
+
+
+async def test_a_newly_joined_room_comes_with_its_full_state(database_dsn: str, tmp_path: Path) -> None:
+    """The first incremental sync after a join gives the room whole: its state before the
+    timeline and the timeline together hold the room's entire current state."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "PUT", f"rooms/{room_id}/state/m.room.name", {"name": "Lounge"}, token=alice)
+        await _ok(client, "PUT", f"rooms/{room_id}/state/m.room.topic", {"topic": "chat"}, token=alice)
+        for i in range(12):
+            await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/j{i}", {"body": str(i)}, token=alice)
+        mark = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+
+        synced = await _ok(client, "GET", f"sync?since={mark}", token=bob)
+        room = synced["rooms"]["join"][room_id]
+        state = {(e["type"], e["state_key"]): e["event_id"] for e in room["state"]["events"]}
+        timeline = room["timeline"]["events"]
+        assert (timeline[-1]["type"], timeline[-1]["state_key"], timeline[-1]["content"]["membership"]) == (
+            "m.room.member", BOB, "join")
+        state.update({(e["type"], e["state_key"]): e["event_id"] for e in timeline if "state_key" in e})
+        current = await _ok(client, "GET", f"rooms/{room_id}/state", token=bob)
+        assert state == {(e["type"], e["state_key"]): e["event_id"] for e in current}
+        assert ("m.room.name", "") in {(e["type"], e["state_key"]) for e in room["state"]["events"]}
+        assert room["summary"]["m.joined_member_count"] == 2
+
+        # The next incremental sync is quiet again.
+        again = await _ok(client, "GET", f"sync?since={synced['next_batch']}&timeout=0", token=bob)
+        assert room_id not in again["rooms"]["join"]
