@@ -578,6 +578,8 @@ class SyncHandler:
         known.update((e.state_key, e.event_id) for e in members if e.state_key is not None)
         if known:
             self._lazy_members.set(key, tuple(sorted(known.items())))
+        elif reset:
+            self._lazy_members.invalidate(key)
 
     async def _lazy_member_state(
         self,
