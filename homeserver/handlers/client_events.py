@@ -36,22 +36,29 @@ def format_event(
     redacted_because: dict[str, Any] | None = None,
     txn_id: str | None = None,
     include_room_id: bool = True,
+    federation: bool = False,
 ) -> dict[str, Any]:
-    """One event in the client-server format."""
+    """One event in the client-server format, or with ``federation`` (a filter's
+    ``event_format: federation``) the PDU itself (pruned when redacted) with its ``event_id``
+    and the same ``unsigned`` as the client format, as Synapse."""
     pdu: Any = prune_event_dict(event.room_version, event.pdu) if redacted_because is not None else event.pdu
-    out: dict[str, Any] = {
-        "event_id": event.event_id,
-        "type": event.type,
-        "content": thaw(pdu.get("content", {})),
-        "sender": event.sender,
-        "origin_server_ts": event.origin_server_ts,
-    }
-    if include_room_id:
-        out["room_id"] = event.room_id
-    if event.state_key is not None:
-        out["state_key"] = event.state_key
-    if event.type == C.REDACTION and event.redacts is not None:
-        out["redacts"] = event.redacts
+    out: dict[str, Any]
+    if federation:
+        out = {**thaw(pdu), "event_id": event.event_id}
+    else:
+        out = {
+            "event_id": event.event_id,
+            "type": event.type,
+            "content": thaw(pdu.get("content", {})),
+            "sender": event.sender,
+            "origin_server_ts": event.origin_server_ts,
+        }
+        if include_room_id:
+            out["room_id"] = event.room_id
+        if event.state_key is not None:
+            out["state_key"] = event.state_key
+        if event.type == C.REDACTION and event.redacts is not None:
+            out["redacts"] = event.redacts
     unsigned: dict[str, Any] = {"age": max(0, now_ms - event.origin_server_ts)}
     if redacted_because is not None:
         unsigned["redacted_because"] = redacted_because
@@ -91,7 +98,12 @@ class ClientEvents:
         return [loaded[event_id] for event_id in event_ids if event_id in loaded]
 
     async def serialize(
-        self, events: Sequence[FrozenEvent], *, access_token_id: int | None = None, include_room_id: bool = True
+        self,
+        events: Sequence[FrozenEvent],
+        *,
+        access_token_id: int | None = None,
+        include_room_id: bool = True,
+        federation: bool = False,
     ) -> list[dict[str, Any]]:
         if not events:
             return []
@@ -116,6 +128,7 @@ class ClientEvents:
                     redacted_because=because,
                     txn_id=txn_ids.get(event.event_id),
                     include_room_id=include_room_id,
+                    federation=federation,
                 )
             )
         return out

@@ -48,6 +48,10 @@ class EventFilter:
     not_senders: tuple[str, ...] = ()
     lazy_load_members: bool = False
 
+    def selects(self) -> bool:
+        """Whether the filter can leave events out (by type or sender)."""
+        return self.types is not None or bool(self.not_types) or self.senders is not None or bool(self.not_senders)
+
     def matches(self, event: FrozenEvent) -> bool:
         if self.types is not None and not any(_type_matches(p, event.type) for p in self.types):
             return False

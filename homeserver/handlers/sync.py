@@ -56,6 +56,10 @@ DEFAULT_TIMELINE_LIMIT = 10
 # The spec's m.heroes: up to 5 members other than the syncing user.
 MAX_HEROES = 5
 MAX_TIMELINE_LIMIT = 1000
+# A timeline filter that leaves events out is filled by reading further back, at most this
+# many batches of ``FILTERED_BATCH`` events (then the timeline is ``limited`` where the search stopped).
+FILTERED_ROUNDS = 5
+FILTERED_BATCH = 100
 MAX_TIMEOUT_S = 300.0
 # Unread events counted per room for unread_notifications (clients show "99+" past that).
 MAX_UNREAD_COUNTED = 100
@@ -79,6 +83,10 @@ class SyncFilter:
     timeline_limit: int = DEFAULT_TIMELINE_LIMIT
     # ``room.include_leave``: an initial sync lists the rooms the user left or was banned from.
     include_leave: bool = False
+    # ``event_format: federation``: room events are given as PDUs (``format_event``).
+    federation_format: bool = False
+    # ``room.state.include_redundant_members``: lazy-loaded members are sent again each time.
+    include_redundant_members: bool = False
 
     @classmethod
     def parse(cls, value: Mapping[str, Any] | None) -> SyncFilter:
@@ -95,6 +103,9 @@ class SyncFilter:
             state=state,
             timeline_limit=max(1, min(limit, MAX_TIMELINE_LIMIT)),
             include_leave=room.get("include_leave") is True,
+            federation_format=value.get("event_format") == "federation",
+            include_redundant_members=isinstance(room.get("state"), Mapping)
+            and room["state"].get("include_redundant_members") is True,
         )
 
 
@@ -138,6 +149,9 @@ class SyncHandler:
         self._to_device_acked = DictCache[int]("sync_to_device_acked", max_entries=100_000)
         # (user, event) -> whether the event notifies / highlights the user (push rules, once each).
         self._push_outcomes = DictCache[Outcome]("sync_push_outcomes", max_entries=200_000)
+        # (user, device, room) -> the member events (state key, event ID) this process sent the
+        # device under ``lazy_load_members``: not sent again (unless ``include_redundant_members``).
+        self._lazy_members = DictCache[tuple[tuple[str, str], ...]]("sync_lazy_members", max_entries=100_000)
 
     def current_token(self) -> StreamToken:
         def pos(name: StreamName) -> MultiWriterStreamToken:
@@ -304,7 +318,8 @@ class SyncHandler:
                 continue
             shown_rooms.append((room_id, ephemeral, room_ad))
             builds.append(self._room_section(
-                requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events
+                requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events,
+                initial=initial, since=since_pos if since is not None else None,
             ))
         unread = _start(self._unread_counts(user_id, [room_id for room_id, _, _ in shown_rooms], upto))
         wanted: list[str] = []
@@ -331,7 +346,7 @@ class SyncHandler:
                 and (room_id in changed_rooms if since is not None else sync_filter.include_leave)
                 and room_id not in forgotten
             ):
-                leave[room_id] = await self._leave_section(requester, room_id, event_id, since_pos, limit)
+                leave[room_id] = await self._leave_section(requester, room_id, event_id, since_pos, sync_filter)
         for room_id, row in snapshot.remote_invites.items():
             # A room this server is not in: what its invite (or the rejection) carried.
             event = event_of(row)
@@ -342,7 +357,9 @@ class SyncHandler:
             elif room_id not in forgotten:
                 leave[room_id] = {
                     "timeline": {
-                        "events": await self._client_events.serialize([event], include_room_id=False),
+                        "events": await self._client_events.serialize(
+                            [event], include_room_id=False, federation=sync_filter.federation_format
+                        ),
                         "limited": False,
                         "prev_batch": now.events.to_string(),
                     },
@@ -415,6 +432,8 @@ class SyncHandler:
         full: bool,
         sync_filter: SyncFilter,
         upto: RoomStreamToken,
+        initial: bool,
+        since: RoomPosition | None,
     ) -> tuple[dict[str, Any], bool]:
         """The room's timeline and state, and whether its summary is to be read: membership may
         have changed (a room sent whole, a gap, or a member event in the timeline)."""
@@ -428,25 +447,90 @@ class SyncHandler:
             events = await self._client_events.filter_visible(requester.user_id, events, joined_now=True)
         shown = [e for e in events if sync_filter.timeline.matches(e)]
         prev_batch = room_token(rows[0][1] - 1) if rows else upto.to_string()
+        if limited and len(shown) < limit and sync_filter.timeline.selects():
+            # The filter left events out: read further back for ``limit`` matching ones.
+            shown, limited, prev_position = await self._fill_filtered(
+                requester, room_id, rows[0][1], shown, limit=limit, full=full, sync_filter=sync_filter,
+                since=None if full else since,
+            )
+            prev_batch = room_token(prev_position - 1)
+            if shown and shown[0].event_id != rows[0][0]:
+                rows = [(shown[0].event_id, prev_position)]
         state_events: list[FrozenEvent] = []
+        lazy = sync_filter.state.lazy_load_members
         if full or limited:
             if rows:
                 state_ids = await self._client_events.state_before(rows[0][0])
             else:
                 state_ids = await self._events_store.get_current_state_ids(room_id)
             state_events = await self._state_events(requester, state_ids, shown, sync_filter)
+            if lazy and not full:
+                sent = self._members_sent(requester, room_id, sync_filter)
+                state_events = [e for e in state_events
+                                if e.type != C.MEMBER or sent.get(e.state_key or "") != e.event_id]
+        elif lazy and shown:
+            # An incremental timeline with no gap: other state changes are in the timeline, but
+            # the members of its senders (and the user's own) come in ``state``, as Synapse.
+            state_events = await self._lazy_member_state(requester, room_id, rows[0][0], events, shown, sync_filter)
+        if lazy:
+            self._remember_members(requester, room_id, [e for e in state_events + shown if e.type == C.MEMBER],
+                                   reset=initial or full)
         section = {
             "timeline": {
                 "events": await self._client_events.serialize(
-                    shown, access_token_id=requester.access_token_id, include_room_id=False
+                    shown, access_token_id=requester.access_token_id, include_room_id=False,
+                    federation=sync_filter.federation_format,
                 ),
                 "limited": limited,
                 "prev_batch": prev_batch,
             },
-            "state": {"events": await self._client_events.serialize(state_events, include_room_id=False)},
+            "state": {"events": await self._client_events.serialize(
+                state_events, include_room_id=False, federation=sync_filter.federation_format
+            )},
             "summary": {},  # filled by ``_summaries`` when wanted
         }
         return section, full or limited or any(e.type == C.MEMBER for e in events)
+
+    async def _fill_filtered(
+        self,
+        requester: Requester,
+        room_id: str,
+        oldest: int,
+        shown: list[FrozenEvent],
+        *,
+        limit: int,
+        full: bool,
+        sync_filter: SyncFilter,
+        since: RoomPosition | None,
+    ) -> tuple[list[FrozenEvent], bool, int]:
+        """``shown`` (the matching events from position ``oldest`` on) completed with earlier
+        matching events (after ``since``, or all history for a room sent whole) up to ``limit``:
+        the events, whether more remain, and the position of the first event returned (or of
+        where the search stopped), as Synapse fills a filtered timeline."""
+        earlier: list[FrozenEvent] = []
+        positions: dict[str, int] = {}
+        for _ in range(FILTERED_ROUNDS):
+            batch = await self._timeline.get_room_events(
+                room_id, start=oldest - 1, end=since, limit=FILTERED_BATCH, backwards=True
+            )
+            if not batch:
+                break
+            oldest = batch[-1][1]
+            positions.update(batch)
+            events = await self._client_events.load([event_id for event_id, _ in reversed(batch)])
+            if full:
+                events = await self._client_events.filter_visible(requester.user_id, events, joined_now=True)
+            earlier = [e for e in events if sync_filter.timeline.matches(e)] + earlier
+            if len(earlier) + len(shown) > limit:
+                kept = (earlier + shown)[-limit:]
+                return kept, True, positions.get(kept[0].event_id, oldest)
+            if len(batch) < FILTERED_BATCH:
+                break
+        else:
+            return earlier + shown, True, oldest  # searched enough: a gap remains before
+        kept = earlier + shown
+        first = positions.get(kept[0].event_id, oldest) if earlier else oldest
+        return kept, False, first
 
     async def _summaries(self, user_id: str, room_ids: list[str]) -> dict[str, dict[str, Any]]:
         """The spec's room summary per room: member counts, and as heroes the first joined or
@@ -480,6 +564,48 @@ class SyncHandler:
         events = await self._client_events.load(sorted(wanted.values()))
         return [e for e in events if sync_filter.state.matches(e)]
 
+    def _members_sent(self, requester: Requester, room_id: str, sync_filter: SyncFilter) -> dict[str, str]:
+        """Member -> event ID of the lazy-loaded members already sent to this device in this room."""
+        if sync_filter.include_redundant_members:
+            return {}
+        return dict(self._lazy_members.get((requester.user_id, requester.device_id, room_id), ()))
+
+    def _remember_members(
+        self, requester: Requester, room_id: str, members: list[FrozenEvent], *, reset: bool
+    ) -> None:
+        key = (requester.user_id, requester.device_id, room_id)
+        known = {} if reset else dict(self._lazy_members.get(key, ()))
+        known.update((e.state_key, e.event_id) for e in members if e.state_key is not None)
+        if known:
+            self._lazy_members.set(key, tuple(sorted(known.items())))
+        elif reset:
+            self._lazy_members.invalidate(key)
+
+    async def _lazy_member_state(
+        self,
+        requester: Requester,
+        room_id: str,
+        first_event_id: str,
+        events: list[FrozenEvent],
+        shown: list[FrozenEvent],
+        sync_filter: SyncFilter,
+    ) -> list[FrozenEvent]:
+        """The member events of ``shown``'s senders and of the user, as of the timeline's start,
+        less those this device already has. No read when it has them all and the timeline
+        changes no membership (then the state before it cannot hold newer member events)."""
+        wanted = {e.sender for e in shown} | {requester.user_id}
+        sent = self._members_sent(requester, room_id, sync_filter)
+        if wanted <= sent.keys() and not any(e.type == C.MEMBER for e in events):
+            return []
+        state_ids = await self._client_events.state_before(first_event_id)
+        in_timeline = {e.event_id for e in shown}
+        ids = [
+            event_id for (kind, member), event_id in state_ids.items()
+            if kind == C.MEMBER and member in wanted and sent.get(member) != event_id and event_id not in in_timeline
+        ]
+        loaded = await self._client_events.load(sorted(ids))
+        return [e for e in loaded if sync_filter.state.matches(e)]
+
     async def _invite_state(self, room_id: str, invite_event_id: str) -> list[Any]:
         keys: list[StateKey] = [(t, "") for t in INVITE_STATE_TYPES]
         ids = await self._events_store.get_current_state_for_keys(room_id, keys)
@@ -487,8 +613,9 @@ class SyncHandler:
         return [strip_event(e) for e in events]
 
     async def _leave_section(
-        self, requester: Requester, room_id: str, leave_event_id: str, since_pos: RoomPosition, limit: int
+        self, requester: Requester, room_id: str, leave_event_id: str, since_pos: RoomPosition, sync_filter: SyncFilter
     ) -> dict[str, Any]:
+        limit = sync_filter.timeline_limit
         orderings = await self._timeline.get_stream_orderings([leave_event_id])
         left_at = orderings.get(leave_event_id, since_pos.minimum)
         rows = await self._timeline.get_room_events(room_id, start=left_at, end=since_pos, limit=limit + 1, backwards=True)
@@ -499,7 +626,8 @@ class SyncHandler:
         return {
             "timeline": {
                 "events": await self._client_events.serialize(
-                    events, access_token_id=requester.access_token_id, include_room_id=False
+                    events, access_token_id=requester.access_token_id, include_room_id=False,
+                    federation=sync_filter.federation_format,
                 ),
                 "limited": limited,
                 "prev_batch": room_token(rows[0][1] - 1) if rows else room_token(left_at),

@@ -8,10 +8,14 @@ incremental sync, and in an initial sync only with ``room.include_leave: true``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
-from tests.integration.test_client_rooms import BOB, ROOM_LIMITS, _ok, _users
-from tests.integration.test_client_support import running_server
+from tests.integration.test_client_rooms import ALICE, BOB, ROOM_LIMITS, _ok, _users
+from tests.integration.test_client_support import SERVER_NAME, running_server
+
+CAROL = f"@carol:{SERVER_NAME}"
+DAVE = f"@dave:{SERVER_NAME}"
 
 
 async def test_an_inline_json_filter_is_applied_and_validated(database_dsn: str, tmp_path: Path) -> None:
@@ -139,3 +143,158 @@ async def test_joining_and_leaving_between_two_syncs_shows_the_room_as_left(data
         await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
         again = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=bob)
         assert room_id in again["rooms"]["join"] and room_id not in again["rooms"]["leave"]
+
+
+async def test_event_format_federation_gives_the_pdus(database_dsn: str, tmp_path: Path) -> None:
+    """A filter's ``event_format: federation`` gives room events in the federation (PDU) format:
+    with ``room_id``, ``auth_events``, ``prev_events``, ``depth``, ``hashes`` and ``signatures``;
+    the default (``client``) gives none of them."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, _ = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        sent = (await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/f1", {"body": "pdu"}, token=alice))[
+            "event_id"]
+        federation = quote('{"event_format":"federation","room":{"timeline":{"limit":1}}}')
+        synced = await _ok(client, "GET", f"sync?filter={federation}", token=alice)
+        room = synced["rooms"]["join"][room_id]
+        [event] = room["timeline"]["events"]
+        assert event["event_id"] == sent and event["room_id"] == room_id
+        assert event["content"] == {"body": "pdu"}
+        for field in ("auth_events", "prev_events", "depth", "hashes", "signatures"):
+            assert field in event, field
+        assert event["unsigned"]["transaction_id"] == "f1"
+        assert room["state"]["events"] and all("signatures" in e for e in room["state"]["events"])
+
+        plain = await _ok(client, "GET", "sync?filter=" + quote('{"room":{"timeline":{"limit":1}}}'), token=alice)
+        [client_event] = plain["rooms"]["join"][room_id]["timeline"]["events"]
+        assert client_event["event_id"] == sent and "signatures" not in client_event and "room_id" not in client_event
+
+        wrong = await client.request("GET", "sync?filter=" + quote('{"event_format":"xml"}'), token=alice)
+        assert wrong.status == 400 and wrong.body["errcode"] == "M_BAD_JSON", wrong
+
+
+def _members(room: dict[str, Any]) -> set[str]:
+    return {e["state_key"] for e in room["state"]["events"] if e["type"] == "m.room.member"}
+
+
+async def test_lazy_loaded_members_in_incremental_syncs(database_dsn: str, tmp_path: Path) -> None:
+    """With ``lazy_load_members`` an incremental sync's state holds the member events of the
+    timeline's senders (and the user's own), never the others', and, as Synapse, not those this
+    device already has unless ``include_redundant_members``."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        carol = (await client.register_ok("carol"))["access_token"]
+        dave = (await client.register_ok("dave"))["access_token"]
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        for token in (bob, carol, dave):
+            await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=token)
+        lazy = quote('{"room":{"timeline":{"limit":10},"state":{"lazy_load_members":true}}}')
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/a0", {"body": "welcome"}, token=alice)
+        lazy_one = quote('{"room":{"timeline":{"limit":1},"state":{"lazy_load_members":true}}}')
+        initial = await _ok(client, "GET", f"sync?filter={lazy_one}", token=alice)
+        assert _members(initial["rooms"]["join"][room_id]) == {ALICE}
+        since = initial["next_batch"]
+
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/c1", {"body": "hi"}, token=carol)
+        synced = await _ok(client, "GET", f"sync?since={since}&filter={lazy}", token=alice)
+        room = synced["rooms"]["join"][room_id]
+        assert room["timeline"]["limited"] is False
+        assert _members(room) == {CAROL}  # Alice's own membership came with the initial sync
+        assert all(e["type"] == "m.room.member" for e in room["state"]["events"])
+
+        # Carol again and Bob: only Bob is new to this device.
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/c2", {"body": "again"}, token=carol)
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/b1", {"body": "me too"}, token=bob)
+        synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}&filter={lazy}", token=alice)
+        assert _members(synced["rooms"]["join"][room_id]) == {BOB}
+
+        # Asked for redundant members: every sender and the user, each time.
+        redundant = quote('{"room":{"state":{"lazy_load_members":true,"include_redundant_members":true}}}')
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/c3", {"body": "third"}, token=carol)
+        synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}&filter={redundant}", token=alice)
+        assert _members(synced["rooms"]["join"][room_id]) == {CAROL, ALICE}
+
+        # A device that never had them: another login of Alice's gets her own membership too.
+        login = await client.login("alice")
+        assert login.status == 200, login
+        other = login.body["access_token"]
+        mark = (await _ok(client, "GET", "sync", token=other))["next_batch"]
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/d1", {"body": "dave"}, token=dave)
+        synced = await _ok(client, "GET", f"sync?since={mark}&filter={lazy}", token=other)
+        assert _members(synced["rooms"]["join"][room_id]) == {DAVE, ALICE}
+
+        # Without lazy loading, a gapless incremental sync has no state at all.
+        await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/c4", {"body": "plain"}, token=carol)
+        synced = await _ok(client, "GET", f"sync?since={synced['next_batch']}", token=other)
+        assert synced["rooms"]["join"][room_id]["state"]["events"] == []
+
+
+async def test_a_filtered_timeline_still_reaches_its_limit(database_dsn: str, tmp_path: Path) -> None:
+    """A ``types``/``not_types`` timeline filter gives ``limit`` matching events even when other
+    events lie between them; ``limited`` says whether matching ones were left out, and
+    ``prev_batch`` pages back to them."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        mark = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+        messages = []
+        for i in range(4):
+            messages.append((await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/m{i}",
+                                       {"body": str(i)}, token=alice))["event_id"])
+            for j in range(5):
+                await _ok(client, "PUT", f"rooms/{room_id}/send/x.noise/n{i}.{j}", {}, token=alice)
+
+        for selection in ('"types":["m.room.message"]', '"not_types":["x.noise"]'):
+            definition = '{"room":{"timeline":{"limit":3,' + selection + '}}}'
+            synced = await _ok(client, "GET", f"sync?since={mark}&filter={quote(definition)}", token=bob)
+            timeline = synced["rooms"]["join"][room_id]["timeline"]
+            assert [e["event_id"] for e in timeline["events"]] == messages[1:], definition
+            assert timeline["limited"] is True
+            back = await _ok(client, "GET", f"rooms/{room_id}/messages?dir=b&limit=20&from={timeline['prev_batch']}"
+                             f"&filter={quote('{' + selection + '}')}", token=bob)
+            # Backwards from prev_batch: the message before the timeline, then the room's older events.
+            assert [e["event_id"] for e in back["chunk"]][0] == messages[0], definition
+
+        # All the matching events since the token fit: not limited, though the raw events did not.
+        wide = quote('{"room":{"timeline":{"limit":5,"types":["m.room.message"]}}}')
+        synced = await _ok(client, "GET", f"sync?since={mark}&filter={wide}", token=bob)
+        timeline = synced["rooms"]["join"][room_id]["timeline"]
+        assert [e["event_id"] for e in timeline["events"]] == messages
+        assert timeline["limited"] is False
+
+        # An initial sync likewise reaches back past the noise.
+        initial = await _ok(client, "GET", "sync?filter=" + quote(
+            '{"room":{"timeline":{"limit":2,"types":["m.room.message"]}}}'), token=bob)
+        timeline = initial["rooms"]["join"][room_id]["timeline"]
+        assert [e["event_id"] for e in timeline["events"]] == messages[2:] and timeline["limited"] is True
+
+
+async def test_a_newly_joined_room_comes_with_its_full_state(database_dsn: str, tmp_path: Path) -> None:
+    """The first incremental sync after a join gives the room whole: its state before the
+    timeline and the timeline together hold the room's entire current state."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "PUT", f"rooms/{room_id}/state/m.room.name", {"name": "Lounge"}, token=alice)
+        await _ok(client, "PUT", f"rooms/{room_id}/state/m.room.topic", {"topic": "chat"}, token=alice)
+        for i in range(12):
+            await _ok(client, "PUT", f"rooms/{room_id}/send/m.room.message/j{i}", {"body": str(i)}, token=alice)
+        mark = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+
+        synced = await _ok(client, "GET", f"sync?since={mark}", token=bob)
+        room = synced["rooms"]["join"][room_id]
+        state = {(e["type"], e["state_key"]): e["event_id"] for e in room["state"]["events"]}
+        timeline = room["timeline"]["events"]
+        assert (timeline[-1]["type"], timeline[-1]["state_key"], timeline[-1]["content"]["membership"]) == (
+            "m.room.member", BOB, "join")
+        state.update({(e["type"], e["state_key"]): e["event_id"] for e in timeline if "state_key" in e})
+        current = await _ok(client, "GET", f"rooms/{room_id}/state", token=bob)
+        assert state == {(e["type"], e["state_key"]): e["event_id"] for e in current}
+        assert ("m.room.name", "") in {(e["type"], e["state_key"]) for e in room["state"]["events"]}
+        assert room["summary"]["m.joined_member_count"] == 2
+
+        # The next incremental sync is quiet again.
+        again = await _ok(client, "GET", f"sync?since={synced['next_batch']}&timeout=0", token=bob)
+        assert room_id not in again["rooms"]["join"]
