@@ -92,7 +92,9 @@ class RegistrationHandler:
         initial_device_display_name: str | None,
         inhibit_login: bool,
         ip: str | None,
+        is_guest: bool = False,
     ) -> RegistrationResult:
+        """Create an account; a guest (``is_guest``) has no password and always gets a login."""
         password_hash = None if password is None else await self._hasher.hash(password)
         login_token: str | None = None
         new_login: NewLogin | None = None
@@ -105,14 +107,19 @@ class RegistrationHandler:
             user_id = self.user_id_for(username if username is not None else secrets.token_hex(6))
             localpart = user_id[1:].partition(":")[0]
             created = await self._accounts.register_user(
-                user_id, password_hash=password_hash, displayname=localpart, login=new_login, now_ms=now_ms
+                user_id,
+                password_hash=password_hash,
+                displayname=localpart,
+                login=new_login,
+                now_ms=now_ms,
+                is_guest=is_guest,
             )
             if created:
                 break
         else:
             raise user_in_use()
         self._ratelimiter.record(("register", ip), self._clock())
-        logger.info("registered %s", user_id)
+        logger.info("registered %s%s", "guest " if is_guest else "", user_id)
         if new_login is None or login_token is None:
             return RegistrationResult(user_id, None)
         return RegistrationResult(user_id, LoginResult(user_id, new_login.device_id, login_token))

@@ -82,11 +82,12 @@ def _register_user_txn(
     displayname: str | None,
     login: NewLogin | None,
     now_ms: int,
+    is_guest: bool,
 ) -> bool:
     txn.execute(
-        "INSERT INTO users (user_id, password_hash, created_ts) VALUES (%s, %s, %s) "
+        "INSERT INTO users (user_id, password_hash, created_ts, is_guest) VALUES (%s, %s, %s, %s) "
         "ON CONFLICT (user_id) DO NOTHING RETURNING user_id",
-        (user_id, password_hash, now_ms),
+        (user_id, password_hash, now_ms, is_guest),
     )
     if txn.fetchone() is None:
         return False
@@ -149,10 +150,11 @@ class AccountStore:
         displayname: str | None,
         login: NewLogin | None,
         now_ms: int,
+        is_guest: bool = False,
     ) -> bool:
         """Create the user with its profile (and device and token); False when the ID is taken."""
         return await self._db.run_interaction(
-            "register_user", _register_user_txn, user_id, password_hash, displayname, login, now_ms
+            "register_user", _register_user_txn, user_id, password_hash, displayname, login, now_ms, is_guest
         )
 
     async def add_login(self, user_id: str, login: NewLogin, now_ms: int) -> list[bytes]:

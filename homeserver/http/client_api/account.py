@@ -7,7 +7,7 @@ open, the rate limit, the username (``M_INVALID_USERNAME``, ``M_USER_IN_USE``,
 before any user-interactive auth), then the ``m.login.dummy`` UIA stage.
 """
 
-# tests: tests/integration/test_client_accounts.py, tests/integration/test_client_nio.py
+# tests: tests/integration/test_client_accounts.py, tests/integration/test_client_nio.py, tests/integration/test_client_guest.py
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from homeserver.http.client_api._base import (
     empty,
     optional_bool,
     optional_string,
+    parse_optional_json_object,
     query_string,
     required_string,
 )
@@ -91,7 +92,7 @@ def register_account_servlets(
     async def post_register(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         kind = query_string(request, "kind") or "user"
         if kind == "guest":
-            raise MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest accounts are not available on this server")
+            return await register_guest(request)
         if kind != "user":
             raise invalid_param("kind must be 'user' or 'guest'")
         if not config.enable_registration:
@@ -156,6 +157,33 @@ def register_account_servlets(
         session.set_result(response)
         session.params = None  # forget the password
         return 200, response
+
+    async def register_guest(request: Request) -> tuple[int, Any]:
+        # The spec: every body field but initial_device_display_name is ignored and
+        # the server picks the device ID; no user-interactive auth, no password.
+        if not config.allow_guest_access:
+            raise MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest access is disabled")
+        body = parse_optional_json_object(request)
+        ip = client_ip(request)
+        registration.check_ratelimit(ip)
+        result = await registration.register(
+            username=None,
+            password=None,
+            device_id=None,
+            initial_device_display_name=optional_string(
+                body, "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
+            ),
+            inhibit_login=False,
+            ip=ip,
+            is_guest=True,
+        )
+        assert result.login is not None
+        return 200, {
+            "user_id": result.user_id,
+            "home_server": server_name,
+            "access_token": result.login.access_token,
+            "device_id": result.login.device_id,
+        }
 
     async def get_register_available(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         if not config.enable_registration:
