@@ -143,3 +143,39 @@ async def test_guests_join_only_can_join_rooms(database_dsn: str, tmp_path: Path
         bob = await client.register_ok("bob")
         bob_join = await client.request("POST", f"join/{quote(closed_room)}", {}, token=bob["access_token"])
         assert bob_join.status == 200, bob_join
+
+
+async def test_guest_upgrades_with_its_access_token(database_dsn: str, tmp_path: Path) -> None:
+    async with running_server(database_dsn, tmp_path, allow_guest_access=True) as (hs, client):
+        guest = await _guest(client)
+        guest_token = guest["access_token"]
+        localpart = guest["user_id"][1:].partition(":")[0]
+        alice = await client.register_ok("alice")
+        # Only a guest's token upgrades, and only to the guest's own user ID.
+        not_guest = await client.register("bob", guest_access_token=alice["access_token"])
+        assert not_guest.status == 403 and not_guest.errcode == "M_FORBIDDEN"
+        unknown = await client.register(localpart, guest_access_token="trb_nonsense")
+        assert unknown.status == 401 and unknown.errcode == "M_UNKNOWN_TOKEN"
+        other_name = await client.register("carol", guest_access_token=guest_token)
+        assert other_name.status == 400 and other_name.errcode == "M_INVALID_PARAM"
+        wrong_type = await client.register(localpart, guest_access_token=5)
+        assert wrong_type.status == 400 and wrong_type.errcode == "M_BAD_JSON"
+        assert (await client.login("carol")).status == 403
+        row = await AccountStore(hs.process.db).get_user(guest["user_id"])
+        assert row is not None and row.is_guest
+        # With its own localpart (or none), the guest becomes a full account.
+        upgraded = await client.register(localpart, "newpass", guest_access_token=guest_token, device_id="LAPTOP")
+        assert upgraded.status == 200, upgraded
+        assert upgraded.body["user_id"] == guest["user_id"] and upgraded.body["device_id"] == "LAPTOP"
+        row = await AccountStore(hs.process.db).get_user(guest["user_id"])
+        assert row is not None and not row.is_guest and row.password_hash is not None
+        # The old token now belongs to a full account (its cached guest flag is gone), as does the new one.
+        for token in (guest_token, upgraded.body["access_token"]):
+            whoami = await client.request("GET", "account/whoami", token=token)
+            assert whoami.status == 200 and whoami.body["is_guest"] is False, whoami
+            created = await client.request("POST", "createRoom", {}, token=token)
+            assert created.status == 200, created
+        assert (await client.login(localpart, "newpass")).status == 200
+        # A second upgrade finds no guest left.
+        again = await client.register(None, "pw2", guest_access_token=guest_token)
+        assert again.status == 403 and again.errcode == "M_FORBIDDEN"

@@ -19,7 +19,7 @@ import attrs
 from twisted.web.server import Request
 
 from homeserver.config import HomeserverConfig
-from homeserver.handlers.auth import Auth, client_ip
+from homeserver.handlers.auth import MAX_TOKEN_LENGTH, Auth, client_ip
 from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.login import LOGIN_TYPE_PASSWORD, LoginHandler, invalid_credentials, user_from_identifier
 from homeserver.handlers.register import RegistrationHandler
@@ -110,6 +110,14 @@ def register_account_servlets(
             inhibit_login=optional_bool(body, "inhibit_login", False),
         )
         optional_bool(body, "refresh_token", False)  # accepted; access tokens here do not expire
+        # The spec: a guest upgrades its account by registering with its access token.
+        guest_token = optional_string(body, "guest_access_token", max_length=MAX_TOKEN_LENGTH)
+        guest_user_id: str | None = None
+        if guest_token is not None:
+            guest = await auth.get_user_by_access_token(guest_token)
+            if not guest.is_guest:
+                raise forbidden("guest_access_token is not a guest account's token")
+            guest_user_id = guest.user_id
         auth_dict = body.get("auth")
         # A session that already registered answers with its user again (the
         # username it took is not "in use" for it). Otherwise each parameter
@@ -122,7 +130,11 @@ def register_account_servlets(
         if prior is not None and isinstance(prior.params, RegisterParams):
             wanted = prior.params.filled_from(given)
             prior.params = wanted
-        if wanted.username is not None:
+        if guest_user_id is not None:
+            # As Synapse: the upgraded account keeps the guest's user ID.
+            if wanted.username is not None and registration.user_id_for(wanted.username) != guest_user_id:
+                raise invalid_param("An upgraded guest keeps its user ID: username must be its localpart")
+        elif wanted.username is not None:
             await registration.check_username_available(wanted.username)
         session = await uia.check(
             auth_dict, operation="register", flows=REGISTER_FLOWS, user_id=None, params=given if given.any() else None
@@ -138,14 +150,25 @@ def register_account_servlets(
             # The spec makes it optional in the body; like Synapse, an account needs one.
             raise missing_param("Missing params: password")
         try:
-            result = await registration.register(
-                username=wanted.username,
-                password=password,
-                device_id=wanted.device_id,
-                initial_device_display_name=wanted.initial_device_display_name,
-                inhibit_login=wanted.inhibit_login,
-                ip=ip,
-            )
+            if guest_user_id is not None:
+                result = await registration.upgrade_guest(
+                    user_id=guest_user_id,
+                    password=password,
+                    device_id=wanted.device_id,
+                    initial_device_display_name=wanted.initial_device_display_name,
+                    inhibit_login=wanted.inhibit_login,
+                    ip=ip,
+                )
+                auth.invalidate_token_hashes(result.stale_token_hashes)
+            else:
+                result = await registration.register(
+                    username=wanted.username,
+                    password=password,
+                    device_id=wanted.device_id,
+                    initial_device_display_name=wanted.initial_device_display_name,
+                    inhibit_login=wanted.inhibit_login,
+                    ip=ip,
+                )
         except MatrixError:
             if session.has_result:  # a concurrent request of this session registered first
                 return 200, session.result
