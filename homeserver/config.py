@@ -668,6 +668,7 @@ class HomeserverConfig:
     log_level: str = "INFO"
     log_format: str = "text"
     enable_registration: bool = False
+    allow_guest_access: bool = False
     default_room_version: str = "12"
     shutdown_grace_period: timedelta = timedelta(seconds=10)
     bcrypt_rounds: int = 12
@@ -774,6 +775,7 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         log_level=s.get("log_level", lambda p, v: _expect_choice(p, str(v).upper(), LOG_LEVELS), "INFO"),
         log_format=s.get("log_format", lambda p, v: _expect_choice(p, v, LOG_FORMATS), "text"),
         enable_registration=s.get("enable_registration", _expect_bool, False),
+        allow_guest_access=s.get("allow_guest_access", _expect_bool, False),
         default_room_version=s.get("default_room_version", room_version, "12"),
         shutdown_grace_period=s.get("shutdown_grace_period", parse_duration, timedelta(seconds=10)),
         bcrypt_rounds=s.get("bcrypt_rounds", lambda p, v: _expect_int(p, v, 4, 31), 12),

@@ -14,7 +14,7 @@ processes over the ``caches`` stream (``revoked_hooks`` on the revoking side,
 ``TokenCacheInvalidation`` on the others).
 """
 
-# tests: tests/unit/handlers/test_auth.py, tests/integration/test_client_accounts.py
+# tests: tests/unit/handlers/test_auth.py, tests/integration/test_client_accounts.py, tests/integration/test_client_guest.py
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import logging
 import secrets
 import string
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, TypeVar
 
 import attrs
@@ -46,6 +46,62 @@ DEFAULT_TOKEN_CACHE_SIZE: Final = 10_000
 # How often a device's last_seen_ts/ip is written while it keeps making requests.
 LAST_SEEN_INTERVAL_SECONDS: Final = 300.0
 _DEVICE_ID_ALPHABET: Final = string.ascii_uppercase
+
+
+# The servlets a guest account may use: the spec's list for the guest access module
+# (state and history reads, sending m.room.message, joining and leaving, typing,
+# receipts, profile, presence, to-device, devices and keys), plus those Synapse
+# also lets guests call (capabilities, joined_rooms, logout). A servlet mapped to
+# a (path parameter, values) pair is open to guests only for those values. Any
+# other authenticated servlet answers a guest 403 M_GUEST_ACCESS_FORBIDDEN.
+GUEST_SERVLETS: Final[Mapping[str, tuple[str, frozenset[str]] | None]] = {
+    "client_sync": None,
+    "client_events_stream": None,
+    "client_initial_sync": None,
+    "client_room_initial_sync": None,
+    "client_room_state": None,
+    "client_room_state_event": None,
+    "client_room_event": None,
+    "client_room_context": None,
+    "client_room_messages": None,
+    "client_room_members": None,
+    "client_room_send": ("event_type", frozenset({"m.room.message"})),
+    "client_join": None,
+    "client_room_membership": ("action", frozenset({"join", "leave"})),
+    "client_room_typing": None,
+    "client_room_receipt": None,
+    "client_room_read_markers": None,
+    "client_profile": None,
+    "client_profile_field": None,
+    "client_profile_field_update": None,
+    "client_presence": None,
+    "client_presence_put": None,
+    "client_whoami": None,
+    "client_send_to_device": None,
+    "client_devices": None,
+    "client_device": None,
+    "client_device_update": None,
+    "client_keys_upload": None,
+    "client_keys_query": None,
+    "client_keys_claim": None,
+    "client_keys_changes": None,
+    "client_capabilities": None,
+    "client_joined_rooms": None,
+    "client_logout": None,
+    "client_logout_all": None,
+}
+
+
+def guest_may_use(servlet: str, path_params: Mapping[str, str]) -> bool:
+    """Whether a guest may call ``servlet`` with these path parameters (``GUEST_SERVLETS``)."""
+    if servlet not in GUEST_SERVLETS:
+        return False
+    narrowed = GUEST_SERVLETS[servlet]
+    return narrowed is None or path_params.get(narrowed[0]) in narrowed[1]
+
+
+def guest_access_forbidden() -> MatrixError:
+    return MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest access not allowed")
 
 
 @attrs.frozen
@@ -179,6 +235,9 @@ class Auth:
         if token is None:
             raise missing_token()
         owner = await self._lookup(token)
+        # The router names the servlet on the request; one allow-list decides for guests.
+        if owner.is_guest and not guest_may_use(getattr(request, "servlet", ""), getattr(request, "path_params", {})):
+            raise guest_access_forbidden()
         await self._note_seen(owner, client_ip(request))
         return Requester(owner.user_id, owner.device_id, owner.token_id, owner.is_guest)
 

@@ -6,9 +6,11 @@ user IDs (``M_INVALID_USERNAME``) and against existing accounts
 account, its profile (display name = localpart), device and access token are
 written in one transaction. Whether registration is open, the ``kind`` of
 account and the user-interactive auth are checked by the servlet first.
+Guest accounts are made the same way with no password (``is_guest``), and
+``upgrade_guest`` gives one a password, making it a full account.
 """
 
-# tests: tests/unit/handlers/test_validation.py, tests/integration/test_client_accounts.py
+# tests: tests/unit/handlers/test_validation.py, tests/integration/test_client_accounts.py, tests/integration/test_client_guest.py
 
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ class LoginResult:
 class RegistrationResult:
     user_id: str
     login: LoginResult | None
+    # After a guest upgrade: the hashes of the account's earlier tokens, to drop from caches.
+    stale_token_hashes: tuple[bytes, ...] = ()
 
 
 def user_in_use() -> MatrixError:
@@ -49,6 +53,16 @@ def user_in_use() -> MatrixError:
 def localpart_from_username(username: str) -> str:
     """The localpart a requested username maps to: the username, lowercased."""
     return username.lower()
+
+
+def _new_login(
+    device_id: str | None, display_name: str | None, ip: str | None, inhibit_login: bool
+) -> tuple[NewLogin | None, str | None]:
+    """The device and token a registration creates (and the usable token); none with ``inhibit_login``."""
+    if inhibit_login:
+        return None, None
+    token = generate_access_token()
+    return NewLogin(device_id or generate_device_id(), display_name, hash_access_token(token), ip), token
 
 
 class RegistrationHandler:
@@ -92,27 +106,52 @@ class RegistrationHandler:
         initial_device_display_name: str | None,
         inhibit_login: bool,
         ip: str | None,
+        is_guest: bool = False,
     ) -> RegistrationResult:
+        """Create an account; a guest (``is_guest``) has no password and always gets a login."""
         password_hash = None if password is None else await self._hasher.hash(password)
-        login_token: str | None = None
-        new_login: NewLogin | None = None
-        if not inhibit_login:
-            device_id = device_id or generate_device_id()
-            login_token = generate_access_token()
-            new_login = NewLogin(device_id, initial_device_display_name, hash_access_token(login_token), ip)
+        new_login, login_token = _new_login(device_id, initial_device_display_name, ip, inhibit_login)
         now_ms = int(self._clock() * 1000)
         for _ in range(1 if username is not None else _RANDOM_LOCALPART_TRIES):
             user_id = self.user_id_for(username if username is not None else secrets.token_hex(6))
             localpart = user_id[1:].partition(":")[0]
             created = await self._accounts.register_user(
-                user_id, password_hash=password_hash, displayname=localpart, login=new_login, now_ms=now_ms
+                user_id,
+                password_hash=password_hash,
+                displayname=localpart,
+                login=new_login,
+                now_ms=now_ms,
+                is_guest=is_guest,
             )
             if created:
                 break
         else:
             raise user_in_use()
         self._ratelimiter.record(("register", ip), self._clock())
-        logger.info("registered %s", user_id)
+        logger.info("registered %s%s", "guest " if is_guest else "", user_id)
         if new_login is None or login_token is None:
             return RegistrationResult(user_id, None)
         return RegistrationResult(user_id, LoginResult(user_id, new_login.device_id, login_token))
+
+    async def upgrade_guest(
+        self,
+        *,
+        user_id: str,
+        password: str,
+        device_id: str | None,
+        initial_device_display_name: str | None,
+        inhibit_login: bool,
+        ip: str | None,
+    ) -> RegistrationResult:
+        """Make guest ``user_id`` a full account (spec: ``guest_access_token``); ``M_USER_IN_USE`` if it is not a guest."""
+        password_hash = await self._hasher.hash(password)
+        new_login, login_token = _new_login(device_id, initial_device_display_name, ip, inhibit_login)
+        stale = await self._accounts.upgrade_guest(
+            user_id, password_hash=password_hash, login=new_login, now_ms=int(self._clock() * 1000)
+        )
+        if stale is None:
+            raise user_in_use()
+        self._ratelimiter.record(("register", ip), self._clock())
+        logger.info("upgraded guest %s", user_id)
+        login = None if new_login is None or login_token is None else LoginResult(user_id, new_login.device_id, login_token)
+        return RegistrationResult(user_id, login, tuple(stale))

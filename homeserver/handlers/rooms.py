@@ -7,7 +7,7 @@ Events core errors become ``MatrixError``s here (``AuthError`` -> 403
 parse and serialise. It does not know the timeline (messages.py) or sync.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_membership.py, tests/integration/test_federation_outbound.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_membership.py, tests/integration/test_federation_outbound.py, tests/integration/test_client_guest.py
 
 from __future__ import annotations
 
@@ -547,6 +547,8 @@ class RoomHandler:
         else:
             room_id = await self.resolve_room(room_id_or_alias)
         user_id = requester.user_id
+        if requester.is_guest:
+            await self._check_guest_can_join(room_id)
         if remote is not None and not await self._server_in_room(room_id):
             invite = await remote.pending_invite(room_id, user_id)
             if invite is not None:
@@ -567,6 +569,17 @@ class RoomHandler:
                 return room_id
         await self.update_membership(requester, room_id, user_id, C.JOIN, extra=content)
         return room_id
+
+    async def _check_guest_can_join(self, room_id: str) -> None:
+        """403 ``M_FORBIDDEN`` unless the room's ``m.room.guest_access`` is ``can_join``.
+
+        As Synapse: a room this server is not in has no state to read here, so
+        a guest cannot join it.
+        """
+        state = await self._current_state_events(room_id, [(C.GUEST_ACCESS, "")])
+        event = state.get((C.GUEST_ACCESS, ""))
+        if event is None or event.content.get("guest_access") != "can_join":
+            raise forbidden("Guest access is not allowed in this room")
 
     async def _invite_remote(
         self,

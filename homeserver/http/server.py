@@ -64,6 +64,9 @@ class TributaryRequest(Request):
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_too_large: bool = False
+    # The servlet routed to and its path parameters (set by JsonRouter); auth checks guests against them.
+    servlet: str = ""
+    path_params: Mapping[str, str] = {}
     _received_bytes: int = 0
 
     def gotLength(self, length: int | None) -> None:
@@ -225,6 +228,9 @@ class JsonRouter(Resource):
                 raise MatrixError(400, "M_INVALID_PARAM", "Path parameters must be percent-encoded UTF-8") from None
             check_path_params(params)
             set_log_context(servlet=route.servlet)
+            if isinstance(request, TributaryRequest):
+                request.servlet = route.servlet
+                request.path_params = params
             gauge = self._metrics.in_flight.labels(servlet=route.servlet)
             gauge.inc()
             try:

@@ -82,11 +82,12 @@ def _register_user_txn(
     displayname: str | None,
     login: NewLogin | None,
     now_ms: int,
+    is_guest: bool,
 ) -> bool:
     txn.execute(
-        "INSERT INTO users (user_id, password_hash, created_ts) VALUES (%s, %s, %s) "
+        "INSERT INTO users (user_id, password_hash, created_ts, is_guest) VALUES (%s, %s, %s, %s) "
         "ON CONFLICT (user_id) DO NOTHING RETURNING user_id",
-        (user_id, password_hash, now_ms),
+        (user_id, password_hash, now_ms, is_guest),
     )
     if txn.fetchone() is None:
         return False
@@ -97,6 +98,23 @@ def _register_user_txn(
     if login is not None:
         _add_login_txn(txn, user_id, login, now_ms)
     return True
+
+
+def _upgrade_guest_txn(
+    txn: Transaction, user_id: str, password_hash: str, login: NewLogin | None, now_ms: int
+) -> list[bytes] | None:
+    txn.execute(
+        "UPDATE users SET password_hash = %s, is_guest = FALSE WHERE user_id = %s AND is_guest AND NOT deactivated "
+        "RETURNING user_id",
+        (password_hash, user_id),
+    )
+    if txn.fetchone() is None:
+        return None
+    txn.execute("SELECT token_sha256 FROM access_tokens WHERE user_id = %s", (user_id,))
+    hashes = [bytes(row[0]) for row in txn.fetchall()]
+    if login is not None:
+        hashes.extend(_add_login_txn(txn, user_id, login, now_ms))
+    return hashes
 
 
 def _login_txn(txn: Transaction, user_id: str, login: NewLogin, now_ms: int) -> list[bytes]:
@@ -149,10 +167,23 @@ class AccountStore:
         displayname: str | None,
         login: NewLogin | None,
         now_ms: int,
+        is_guest: bool = False,
     ) -> bool:
         """Create the user with its profile (and device and token); False when the ID is taken."""
         return await self._db.run_interaction(
-            "register_user", _register_user_txn, user_id, password_hash, displayname, login, now_ms
+            "register_user", _register_user_txn, user_id, password_hash, displayname, login, now_ms, is_guest
+        )
+
+    async def upgrade_guest(
+        self, user_id: str, *, password_hash: str, login: NewLogin | None, now_ms: int
+    ) -> list[bytes] | None:
+        """Make guest ``user_id`` a full account with this password (and a new login).
+
+        Returns the hashes of the user's tokens from before, whose cached owner still
+        says guest; None when ``user_id`` is not a live guest (already upgraded).
+        """
+        return await self._db.run_interaction(
+            "upgrade_guest", _upgrade_guest_txn, user_id, password_hash, login, now_ms
         )
 
     async def add_login(self, user_id: str, login: NewLogin, now_ms: int) -> list[bytes]:

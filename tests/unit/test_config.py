@@ -33,6 +33,7 @@ def test_minimal_config_takes_defaults() -> None:
     assert config.database.url is None
     assert config.redis.enabled is False
     assert config.enable_registration is False
+    assert config.allow_guest_access is False
     assert config.default_room_version == "12"
     assert config.effective_signing_key_path == Path("/etc/tributary/data/example.org.signing.key")
 
@@ -101,6 +102,7 @@ def test_full_config() -> None:
         ({"server_name": "h", "shutdown_grace_period": 10}, "shutdown_grace_period: expected a duration with a unit"),
         ({"server_name": "h", "public_baseurl": "matrix.org"}, "public_baseurl: expected an http:// or https:// URL"),
         ({"server_name": "h", "enable_registration": 1}, "enable_registration: expected true or false, got 1"),
+        ({"server_name": "h", "allow_guest_access": "yes"}, "allow_guest_access: expected true or false"),
         ({"server_name": "h", "federation_sender": {"max_pdus_per_transaction": 51}},
          "federation_sender.max_pdus_per_transaction: expected an integer 1-50, got 51"),
         ({"server_name": "h", "federation_sender": {"backoff": {"initial": "1h", "max": "10m"}}},

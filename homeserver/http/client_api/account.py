@@ -7,7 +7,7 @@ open, the rate limit, the username (``M_INVALID_USERNAME``, ``M_USER_IN_USE``,
 before any user-interactive auth), then the ``m.login.dummy`` UIA stage.
 """
 
-# tests: tests/integration/test_client_accounts.py, tests/integration/test_client_nio.py
+# tests: tests/integration/test_client_accounts.py, tests/integration/test_client_nio.py, tests/integration/test_client_guest.py
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import attrs
 from twisted.web.server import Request
 
 from homeserver.config import HomeserverConfig
-from homeserver.handlers.auth import Auth, client_ip
+from homeserver.handlers.auth import MAX_TOKEN_LENGTH, Auth, client_ip
 from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.login import LOGIN_TYPE_PASSWORD, LoginHandler, invalid_credentials, user_from_identifier
 from homeserver.handlers.register import RegistrationHandler
@@ -36,6 +36,7 @@ from homeserver.http.client_api._base import (
     empty,
     optional_bool,
     optional_string,
+    parse_optional_json_object,
     query_string,
     required_string,
 )
@@ -91,7 +92,7 @@ def register_account_servlets(
     async def post_register(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         kind = query_string(request, "kind") or "user"
         if kind == "guest":
-            raise MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest accounts are not available on this server")
+            return await register_guest(request)
         if kind != "user":
             raise invalid_param("kind must be 'user' or 'guest'")
         if not config.enable_registration:
@@ -109,6 +110,14 @@ def register_account_servlets(
             inhibit_login=optional_bool(body, "inhibit_login", False),
         )
         optional_bool(body, "refresh_token", False)  # accepted; access tokens here do not expire
+        # The spec: a guest upgrades its account by registering with its access token.
+        guest_token = optional_string(body, "guest_access_token", max_length=MAX_TOKEN_LENGTH)
+        guest_user_id: str | None = None
+        if guest_token is not None:
+            guest = await auth.get_user_by_access_token(guest_token)
+            if not guest.is_guest:
+                raise forbidden("guest_access_token is not a guest account's token")
+            guest_user_id = guest.user_id
         auth_dict = body.get("auth")
         # A session that already registered answers with its user again (the
         # username it took is not "in use" for it). Otherwise each parameter
@@ -121,7 +130,11 @@ def register_account_servlets(
         if prior is not None and isinstance(prior.params, RegisterParams):
             wanted = prior.params.filled_from(given)
             prior.params = wanted
-        if wanted.username is not None:
+        if guest_user_id is not None:
+            # As Synapse: the upgraded account keeps the guest's user ID.
+            if wanted.username is not None and registration.user_id_for(wanted.username) != guest_user_id:
+                raise invalid_param("An upgraded guest keeps its user ID: username must be its localpart")
+        elif wanted.username is not None:
             await registration.check_username_available(wanted.username)
         session = await uia.check(
             auth_dict, operation="register", flows=REGISTER_FLOWS, user_id=None, params=given if given.any() else None
@@ -137,14 +150,25 @@ def register_account_servlets(
             # The spec makes it optional in the body; like Synapse, an account needs one.
             raise missing_param("Missing params: password")
         try:
-            result = await registration.register(
-                username=wanted.username,
-                password=password,
-                device_id=wanted.device_id,
-                initial_device_display_name=wanted.initial_device_display_name,
-                inhibit_login=wanted.inhibit_login,
-                ip=ip,
-            )
+            if guest_user_id is not None:
+                result = await registration.upgrade_guest(
+                    user_id=guest_user_id,
+                    password=password,
+                    device_id=wanted.device_id,
+                    initial_device_display_name=wanted.initial_device_display_name,
+                    inhibit_login=wanted.inhibit_login,
+                    ip=ip,
+                )
+                auth.invalidate_token_hashes(result.stale_token_hashes)
+            else:
+                result = await registration.register(
+                    username=wanted.username,
+                    password=password,
+                    device_id=wanted.device_id,
+                    initial_device_display_name=wanted.initial_device_display_name,
+                    inhibit_login=wanted.inhibit_login,
+                    ip=ip,
+                )
         except MatrixError:
             if session.has_result:  # a concurrent request of this session registered first
                 return 200, session.result
@@ -156,6 +180,33 @@ def register_account_servlets(
         session.set_result(response)
         session.params = None  # forget the password
         return 200, response
+
+    async def register_guest(request: Request) -> tuple[int, Any]:
+        # The spec: every body field but initial_device_display_name is ignored and
+        # the server picks the device ID; no user-interactive auth, no password.
+        if not config.allow_guest_access:
+            raise MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest access is disabled")
+        body = parse_optional_json_object(request)
+        ip = client_ip(request)
+        registration.check_ratelimit(ip)
+        result = await registration.register(
+            username=None,
+            password=None,
+            device_id=None,
+            initial_device_display_name=optional_string(
+                body, "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
+            ),
+            inhibit_login=False,
+            ip=ip,
+            is_guest=True,
+        )
+        assert result.login is not None
+        return 200, {
+            "user_id": result.user_id,
+            "home_server": server_name,
+            "access_token": result.login.access_token,
+            "device_id": result.login.device_id,
+        }
 
     async def get_register_available(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         if not config.enable_registration:

@@ -15,6 +15,7 @@ from homeserver.handlers.auth import (
     access_token_from_request,
     generate_access_token,
     generate_device_id,
+    guest_may_use,
     hash_access_token,
 )
 from storage.kernel.errors import MatrixError
@@ -166,3 +167,14 @@ async def test_long_and_odd_passwords_keep_all_their_characters() -> None:
     for odd in ["\x00nul", "lone \ud800 surrogate", "ünïcödé 😀"]:
         assert await hasher.verify(odd, await hasher.hash(odd))
     assert not await hasher.verify("\x00nul", await hasher.hash("\x00nuL"))
+
+
+def test_guest_servlets_are_an_allow_list_narrowed_by_path_parameters() -> None:
+    assert guest_may_use("client_sync", {})
+    assert not guest_may_use("client_create_room", {})
+    assert not guest_may_use("", {})
+    assert guest_may_use("client_room_send", {"room": "!r:hs", "event_type": "m.room.message", "txn_id": "1"})
+    assert not guest_may_use("client_room_send", {"room": "!r:hs", "event_type": "m.room.encrypted", "txn_id": "1"})
+    assert not guest_may_use("client_room_send", {})
+    assert guest_may_use("client_room_membership", {"action": "leave"})
+    assert not guest_may_use("client_room_membership", {"action": "invite"})
