@@ -206,6 +206,8 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
                 fed.keyring.get_verify_key,
             )
             fed.on_remote_up(origin)
+            if "room_id" in params:  # every endpoint that names a room obeys its server ACL
+                await fed.acl.check(origin, params["room_id"])
             return await handler(origin, request, params, content)
 
         router.register([method], pattern, wrapped, servlet)
@@ -218,11 +220,9 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
         return 200, await fed.transactions.on_send(origin, p["txn_id"], body_object(body, "a transaction"))
 
     async def make_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.make_join(origin, p["room_id"], p["user_id"], versions(request))
 
     async def send_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body_object(body))
 
     async def get_event(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
@@ -233,15 +233,12 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
         return query_required(request.args or {}, "event_id", is_valid_event_id, "event ID")
 
     async def state_ids(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.history.state_ids(origin, p["room_id"], event_id_arg(request))
 
     async def state(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.history.state(origin, p["room_id"], event_id_arg(request))
 
     async def backfill(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         query = request.args or {}
         limit = query_int(query, "limit", default=10, minimum=1, maximum=MAX_BACKFILL)
         starts = query_list(query, "v", is_valid_event_id, "event ID")
@@ -251,27 +248,21 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
 
     async def missing(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         request_body = missing_events_body(body, is_valid_event_id)
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.history.get_missing_events(origin, p["room_id"], request_body)
 
     async def make_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.make_leave(origin, p["room_id"], p["user_id"])
 
     async def send_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.send_leave(origin, p["room_id"], p["event_id"], body_object(body))
 
     async def invite(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.on_invite(origin, p["room_id"], p["event_id"], invite_body(body))
 
     async def make_knock(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.make_knock(origin, p["room_id"], p["user_id"], versions(request))
 
     async def send_knock(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check(origin, p["room_id"])
         return 200, await fed.membership.send_knock(origin, p["room_id"], p["event_id"], body_object(body))
 
     async def profile(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
