@@ -15,47 +15,23 @@ import time
 from collections.abc import Iterator
 from urllib.parse import quote
 
-import attrs
 import pytest
-import yaml
 from signedjson.key import generate_signing_key
 
 from homeserver.federation.client import FederationClient, HttpResponseError
 from homeserver.federation.keys import parse_key_response
-from tests.conftest import scratch_database
 from tests.federation_peer import Behaviour, FederationPeer
-from tests.harness import TributaryProcess, free_port
-from tests.integration.test_client_support import Client
+from tests.integration.test_federation_peer import Tributary, running_tributary
 from tests.twisted_plugin import reactor, run_sync
 
-FED = {"verify_certificates": False, "ip_range_whitelist": ["127.0.0.0/8"]}
 LIMITS = {"request_timeout": "1s", "tls_timeout": "1s", "key_fetch_timeout": "20s", "key_query_timeout": "1s",
           "key_query_max_servers": 4, "rc_key_query": {"per_second": 0.001, "burst_count": 6}}
 
 
-@attrs.frozen
-class Tributary:
-    process: TributaryProcess
-    server_name: str
-    client: Client
-
-
 @pytest.fixture(scope="module")
 def tributary(postgres_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tributary]:
-    tmp_path = tmp_path_factory.mktemp("tributary")
-    fed_port = free_port()
-    server_name = f"127.0.0.1:{fed_port}"
-    with scratch_database(postgres_template) as dsn:
-        proc = TributaryProcess.configure(tmp_path, database_url=dsn, server_name=server_name, extra={
-            "federation": FED, "federation_limits": LIMITS, "log_level": "WARNING"})
-        config = yaml.safe_load(proc.config_path.read_text())
-        config["listeners"].append({"type": "http", "port": fed_port, "tls": True, "resources": ["federation", "keys"]})
-        proc.config_path.write_text(yaml.safe_dump(config))
-        proc.start()
-        try:
-            yield Tributary(proc, server_name, Client(proc.base_url))
-        finally:
-            assert proc.stop() == 0, proc.output[-5000:]
+    with running_tributary(postgres_template, tmp_path_factory.mktemp("tributary"), federation_limits=LIMITS) as running:
+        yield running
 
 
 @pytest.fixture

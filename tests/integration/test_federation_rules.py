@@ -12,16 +12,13 @@ from typing import Any
 from urllib.parse import quote as _quote
 
 import pytest
-import yaml
 
 from homeserver.events import EventTemplate, build_pdu, get_room_version, select_auth_event_ids, sign_pdu
 from homeserver.events import constants as C
 from homeserver.federation.client import HttpResponseError
-from tests.conftest import scratch_database
 from tests.federation_peer import FederationPeer
-from tests.harness import TributaryProcess, free_port
 from tests.integration.test_client_support import Client
-from tests.integration.test_federation_peer import FED, Tributary, make_peer, started_peer
+from tests.integration.test_federation_peer import Tributary, make_peer, running_tributary, started_peer
 from tests.twisted_plugin import eventually, reactor
 
 __all__ = ["make_peer"]
@@ -36,22 +33,10 @@ def quote(value: str) -> str:
 
 @pytest.fixture(scope="module")
 def tributary(postgres_template: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tributary]:
-    tmp_path = tmp_path_factory.mktemp("tributary")
-    fed_port = free_port()
-    server_name = f"127.0.0.1:{fed_port}"
     limits = {"per_room": UNLIMITED, "per_user": UNLIMITED, "per_issuer": UNLIMITED,
               "per_origin": {"per_second": 0.001, "burst_count": INVITES_PER_ORIGIN}}
-    with scratch_database(postgres_template) as dsn:
-        proc = TributaryProcess.configure(tmp_path, database_url=dsn, server_name=server_name,
-                                          extra={"federation": FED, "log_level": "WARNING", "rc_invites": limits})
-        config = yaml.safe_load(proc.config_path.read_text())
-        config["listeners"].append({"type": "http", "port": fed_port, "tls": True, "resources": ["federation", "keys"]})
-        proc.config_path.write_text(yaml.safe_dump(config))
-        proc.start()
-        try:
-            yield Tributary(proc, server_name, Client(proc.base_url))
-        finally:
-            assert proc.stop() == 0, proc.output[-5000:]
+    with running_tributary(postgres_template, tmp_path_factory.mktemp("tributary"), rc_invites=limits) as running:
+        yield running
 
 
 async def _room(tributary: Tributary, user: str, **create: Any) -> tuple[str, str]:
