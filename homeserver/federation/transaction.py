@@ -148,26 +148,43 @@ class TransactionHandler:
         logger.info("TX [%s] %s: %d PDUs, %d EDUs", origin, txn_id, len(pdus), len(edus))
         results: dict[str, dict[str, str]] = {}
         # Rooms are independent: each room's PDUs are handled together, the rooms side by side.
-        by_room: dict[object, list[object]] = {}
+        by_room: dict[str, list[dict[str, Any]]] = {}
         for pdu in pdus:
-            by_room.setdefault(pdu.get("room_id") if isinstance(pdu, dict) else None, []).append(pdu)
+            # Anything without a room ID string has no room or ID to report it under: dropped.
+            if isinstance(pdu, dict) and isinstance(pdu.get("room_id"), str):
+                by_room.setdefault(pdu["room_id"], []).append(pdu)
 
-        async def handle_room(room_pdus: list[object]) -> None:
+        async def handle_room(room_id: str, room_pdus: list[dict[str, Any]]) -> None:
+            if not is_valid_room_id(room_id):
+                return  # a room ID no lookup should see
+            identifier = await self._store.get_room_version(room_id)
+            if identifier is None:
+                logger.warning("TX [%s] %d PDUs for unknown room %s dropped", origin, len(room_pdus), room_id)
+                return
+            room_version = get_room_version(identifier)
+            # The room's version and server ACL are looked up once for all of its PDUs.
+            if self._acl is not None and not await self._acl.allows(origin, room_id):
+                logger.warning("TX [%s] %d PDUs for %s dropped: the room's server ACL denies the origin",
+                               origin, len(room_pdus), room_id)
+                for pdu in room_pdus:
+                    event_id = _event_id_guess(room_version, pdu)
+                    if event_id is not None:
+                        results[event_id] = {"error": "M_FORBIDDEN: the room's server ACL denies this server"}
+                return
             verified: list[FrozenEvent] = []
-            room_version: RoomVersion | None = None
             for pdu in room_pdus:
-                event_id, error, checked = await self._verify_pdu(origin, pdu)
-                if checked is not None:
-                    room_version, event = checked
+                event_id, error, event = await self._verify_pdu(origin, room_version, pdu)
+                if event is not None:
                     verified.append(event)
                 elif event_id is not None:
                     results[event_id] = {"error": error} if error else {}
-            if room_version is not None and verified:
+            if verified:
                 for event_id, error in (await self._handle_room_events(origin, room_version, verified)).items():
                     results[event_id] = {"error": error} if error else {}
 
         try:
-            await gatherResults([Deferred.fromCoroutine(handle_room(p)) for p in by_room.values()], consumeErrors=True)
+            await gatherResults([Deferred.fromCoroutine(handle_room(r, p)) for r, p in by_room.items()],
+                                consumeErrors=True)
         except FirstError as e:
             e.subFailure.raiseException()
         for edu in edus:
@@ -175,29 +192,17 @@ class TransactionHandler:
         return {"pdus": results}
 
     async def _verify_pdu(
-        self, origin: str, pdu: object
-    ) -> tuple[str | None, str | None, tuple[RoomVersion, FrozenEvent] | None]:
-        """(event ID, error, None) for a PDU refused here, or (ID, None, (room version, event))
-        for one that is well-formed, correctly signed and from a server the room lets in."""
-        if not isinstance(pdu, dict) or not is_valid_room_id(pdu.get("room_id")):
-            # Unidentifiable (or a room ID no lookup should see): nothing to report it under.
-            return None, None, None
-        room_id = pdu["room_id"]
-        identifier = await self._store.get_room_version(room_id)
-        if identifier is None:
-            logger.warning("TX [%s] PDU for unknown room %s dropped", origin, room_id)
-            return None, None, None
-        room_version = get_room_version(identifier)
-        if self._acl is not None and not await self._acl.allows(origin, room_id):
-            logger.warning("TX [%s] PDU for %s dropped: the room's server ACL denies the origin", origin, room_id)
-            return _event_id_guess(room_version, pdu), "M_FORBIDDEN: the room's server ACL denies this server", None
+        self, origin: str, room_version: RoomVersion, pdu: dict[str, Any]
+    ) -> tuple[str | None, str | None, FrozenEvent | None]:
+        """(event ID, error, None) for a PDU refused here, or (ID, None, event) for one that is
+        well-formed and correctly signed (its room is known and lets the origin in)."""
         try:
             event = await parse_and_verify(self._keyring, room_version, pdu)
         except EventsError as e:
-            logger.warning("TX [%s] PDU in %s failed verification: %s", origin, room_id, e)
+            logger.warning("TX [%s] PDU failed verification: %s", origin, e)
             self._metrics.pdus.labels(outcome="invalid").inc()
             return _event_id_guess(room_version, pdu), f"verification failed: {e}", None
-        return event.event_id, None, (room_version, event)
+        return event.event_id, None, event
 
     async def _handle_room_events(self, origin: str, room_version: RoomVersion,
                                   events: list[FrozenEvent]) -> dict[str, str | None]:

@@ -310,3 +310,16 @@ async def test_a_pdu_with_1300_prev_events_is_rejected_and_not_stored(server: Se
     assert [stored_event_count(server.dsn, i) for i in ids] == [0, 0, 1]
     after = row_counts(server.dsn)
     assert after["events"] == before["events"] + 1
+
+
+async def test_pdus_whose_room_id_is_not_a_string_are_dropped_not_a_500(server: Server,
+                                                                        make_peer: list[FederationPeer]) -> None:
+    """A transaction's PDUs are grouped by room before anything else; a room ID that is a list
+    or an object (unhashable) or a number is no room: the PDU is dropped, the transaction is
+    answered 200 and nothing is written."""
+    peer, [origin] = await started_peer(make_peer, 1)
+    before = row_counts(server.dsn)
+    pdus = [{"room_id": ["!a:b"], "type": "m.room.message"}, {"room_id": {"x": 1}}, {"room_id": 7}, "not a pdu"]
+    result = await peer.send_transaction(origin, server.tributary.server_name, "odd-rooms", pdus)
+    assert result == {"pdus": {}}, result
+    assert row_counts(server.dsn) == {**before, "received_transactions": before["received_transactions"] + 1}
