@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
+from homeserver.events.identifiers import is_valid_room_id
 from storage.kernel.errors import forbidden
 
 ACL_KEY = (C.SERVER_ACL, "")
@@ -106,8 +107,8 @@ class ServerAcls:
 
     async def acl_content(self, room_id: str) -> Mapping[str, Any] | None:
         """The content of the room's current ``m.room.server_acl``, or None when it has none."""
-        if "\x00" in room_id:
-            return None  # not a room ID (PostgreSQL refuses NUL): the endpoint's own checks answer
+        if not is_valid_room_id(room_id):
+            return None  # not a room ID (an EDU's content may name anything): no room, no ACL
         ids = await self._store.get_current_state_for_keys(room_id, [ACL_KEY])
         event_id = ids.get(ACL_KEY)
         if event_id is None:
