@@ -6,7 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
-DATA_DIR ?= data
+# `make run PORT=8018`: a second instance, client API on 8018 and metrics on 9018, with its
+# own data directory (data-8018) so that it has its own embedded database.
+PORT ?=
+DATA_DIR ?= $(if $(PORT),data-$(PORT),data)
 PYTEST_ARGS ?=
 
 .PHONY: run test services lint typecheck bench clean interop
@@ -26,15 +29,17 @@ $(TEST_STAMP): pyproject.toml | $(VENV)/bin/python
 	@touch $(TEST_STAMP) $(RUN_STAMP)
 
 run: $(RUN_STAMP)
-	$(VENV)/bin/tributary run --data-dir $(DATA_DIR)
+	$(VENV)/bin/tributary run --data-dir $(DATA_DIR) $(if $(PORT),--port $(PORT))
 
 # PostgreSQL and Redis running; Prometheus, nginx and docker-compose installed (from
 # Debian's packages) for the observability and deployment tests; Java and the
-# PostgreSQL JDBC driver for the Spark reports.
+# PostgreSQL JDBC driver for the Spark reports; Chromium and chromedriver for the
+# operator console test. Installing needs root (or sudo): see README.md.
 services:
 	@bash .ci/ensure-services.sh
 	@bash .ci/install-observability.sh
 	@bash .ci/install-spark.sh
+	@bash .ci/install-browser.sh
 
 test: $(TEST_STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -46,10 +51,11 @@ typecheck: $(TEST_STAMP)
 # federating on loopback: join by alias, invite, chat and backfill both ways (not part of
 # `make test`; see docs/federation.md, "Testing against another homeserver").
 # SYNAPSE_VERSION=1.2.3 pins a release; the default upgrades to the newest on every run.
+# It needs the test extra (matrix-nio with its e2e extra, for the encrypted DM).
 SYNAPSE_VENV := .venv-synapse
 SYNAPSE_VERSION ?=
 
-interop: $(RUN_STAMP)
+interop: $(TEST_STAMP)
 	@bash .ci/ensure-services.sh || echo "interop: no PostgreSQL; Tributary will use its embedded database"
 	@test -x $(SYNAPSE_VENV)/bin/python || $(PYTHON) -m venv $(SYNAPSE_VENV)
 	$(SYNAPSE_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade \

@@ -7,7 +7,7 @@ in flight and the one request the loop is carrying out for it. The loop
 happens — new PDUs, a wake-up, a store read's result, the destination's
 answer — and carries out the actions returned, in order.
 
-Rules: at most one *request* (``ReadOutbox``, ``BeginCatchUp``,
+Rules: at most one *request* (``ReadOutbox``, ``ReadDeviceLists``, ``BeginCatchUp``,
 ``ReadCatchUpRooms``, ``ReadCatchUpEvents``, ``EndCatchUp``,
 ``SendTransaction``, ``PersistPosition``, ``PersistRetry``) is outstanding at a
 time, and the loop answers each with exactly one call (its result method, or
@@ -36,7 +36,16 @@ import attrs
 from federation_sender.backoff import HEALTHY, Jitter, RetryState, is_unhealthy, policy_from_config
 from federation_sender.catch_up import CatchUpChunk, CatchUpRoom, plan_chunks
 from federation_sender.config import FederationSenderConfig
-from federation_sender.queue import TO_DEVICE_EDU_TYPE, Added, Edu, PendingPdu, PerDestinationQueue, PlannedTransaction
+from federation_sender.queue import (
+    DATABASE_EDU_TYPES,
+    DEVICE_LIST_EDU_TYPE,
+    TO_DEVICE_EDU_TYPE,
+    Added,
+    Edu,
+    PendingPdu,
+    PerDestinationQueue,
+    PlannedTransaction,
+)
 
 # A destination whose loop raised waits this long before going on, doubling per crash in a row.
 SUPERVISION_FIRST_DELAY_MS: Final = 1_000
@@ -112,6 +121,14 @@ class ReadOutbox:
 
 
 @attrs.frozen
+class ReadDeviceLists:
+    """Up to ``limit`` device-list updates above the destination's ``device_lists_position``
+    (the newest per local user sharing a room with it) → ``on_device_lists_read``."""
+
+    limit: int
+
+
+@attrs.frozen
 class BeginCatchUp:
     """``store.begin_catch_up`` → ``on_catch_up_begun(catch_up_from, last_successful)``."""
 
@@ -156,7 +173,8 @@ class PersistPosition:
     """After the destination answered ``txn_id``: record ``refusals`` (``destination_pdu_errors``),
     then in one database transaction advance ``last_successful_stream_ordering`` to
     ``advance_to`` (None: unchanged), clear the backoff if ``clear_retry``, delete outbox rows
-    up to ``to_device_upto`` → ``on_persisted``."""
+    up to ``to_device_upto``, advance ``device_lists_position`` to ``device_lists_upto``
+    → ``on_persisted``."""
 
     txn_id: str
     advance_to: int | None
@@ -164,6 +182,7 @@ class PersistPosition:
     to_device_upto: int | None
     refusals: tuple[Refusal, ...] = ()
     completed_rooms: tuple[tuple[str, int], ...] = ()
+    device_lists_upto: int | None = None
 
 
 @attrs.frozen
@@ -174,7 +193,7 @@ class PersistRetry:
 
 
 Request: TypeAlias = (
-    ReadOutbox | BeginCatchUp | ReadCatchUpRooms | ReadCatchUpEvents | EndCatchUp | SendTransaction
+    ReadOutbox | ReadDeviceLists | BeginCatchUp | ReadCatchUpRooms | ReadCatchUpEvents | EndCatchUp | SendTransaction
     | PersistPosition | PersistRetry
 )
 
@@ -294,6 +313,9 @@ class Destination:
         self._resume: PersistPosition | None = None
         # To-device messages read for the next transaction.
         self._outbox: tuple[OutboxMessage, ...] | None = None
+        # Device-list updates read for the next transaction, and the stream position they cover.
+        self._device_lists: tuple[Edu, ...] | None = None
+        self._device_lists_upto: int | None = None
         # Catch-up progress: where it began (destinations.catch_up_from, None: not begun),
         # destinations.last_successful_stream_ordering as last read or written, the rooms
         # finished since it began (their missed events start there), the planned transactions,
@@ -344,6 +366,7 @@ class Destination:
         return (
             self._step is None and self._resume is None and not self._queue.has_work() and self._queue.retry.healthy
             and self._crashes == 0 and not self._retry_dirty and self._outbox is None
+            and self._device_lists is None
         )
 
     # --- events from outside -----------------------------------------------------------------
@@ -377,6 +400,20 @@ class Destination:
         """To-device messages for this destination wait in the outbox."""
         self._queue.outbox_pending = True
         return self._next(now_ms)
+
+    def on_device_lists_wake(self, now_ms: int) -> list[Action]:
+        """A local user sharing a room with it changed devices: the change is on the device_lists
+        stream, above this destination's position, until a transaction carrying it is accepted.
+        Kept as a flag even while backing off with no queue: nothing piles up in memory."""
+        self._queue.device_lists_pending = True
+        return self._next(now_ms)
+
+    def on_device_lists_found(self, now_ms: int) -> list[Action]:
+        """Start-up: device-list changes wait above its position; woken at the bounded rate."""
+        self._queue.device_lists_pending = True
+        if self._queue.retry.backing_off(now_ms):
+            return self._next(now_ms)  # woken when the backoff ends
+        return [QueueWake()]
 
     def on_catch_up_found(self, now_ms: int, *, startup: bool) -> list[Action]:
         """The database says this destination has rows above its acknowledged position.
@@ -451,6 +488,8 @@ class Destination:
             self._retry_dirty = True
         elif isinstance(step, ReadOutbox):
             self._queue.outbox_pending = True
+        elif isinstance(step, ReadDeviceLists):
+            self._queue.device_lists_pending = True
         self._crashes += 1
         delay = min(SUPERVISION_FIRST_DELAY_MS * 2 ** (self._crashes - 1), SUPERVISION_MAX_DELAY_MS)
         self._resting_until = now_ms + delay
@@ -463,6 +502,19 @@ class Destination:
         if len(messages) >= step.limit:
             self._queue.outbox_pending = True  # more may wait
         self._outbox = tuple(messages)
+        return self._next(now_ms)
+
+    def on_device_lists_read(
+        self, updates: Sequence[Mapping[str, Any]], upto: int | None, more: bool, now_ms: int
+    ) -> list[Action]:
+        """``updates``: ``m.device_list_update`` contents, in stream order; ``upto``: the position
+        they cover (None: nothing to move it to); ``more``: the read stopped at its limit."""
+        self._answer(ReadDeviceLists)
+        if more:
+            self._queue.device_lists_pending = True
+        if updates:
+            self._device_lists = tuple(Edu(DEVICE_LIST_EDU_TYPE, content) for content in updates)
+            self._device_lists_upto = upto
         return self._next(now_ms)
 
     def on_catch_up_begun(self, catch_up_from: int, last_successful: int, now_ms: int) -> list[Action]:
@@ -550,9 +602,11 @@ class Destination:
             # (the room's latest events may have moved); keep only its EDUs.
             self._queue.retained = None
             self._forget_catch_up_plan()
-            self._queue.put_back_edus([e for e in txn.edus if e.edu_type != TO_DEVICE_EDU_TYPE])
+            self._queue.put_back_edus([e for e in txn.edus if e.edu_type not in DATABASE_EDU_TYPES])
             if txn.to_device_upto is not None:
                 self._queue.outbox_pending = True
+            if txn.device_lists_upto is not None:
+                self._queue.device_lists_pending = True
         return actions + self._next(now_ms)
 
     def on_persisted(self, now_ms: int) -> list[Action]:
@@ -572,8 +626,9 @@ class Destination:
             # starts every room again from catch_up_from (the receiver drops what it has by ID).
             self._done_rooms.update(txn.completed_rooms)
         persist = PersistPosition(txn.txn_id, txn.advance_to, clear_retry, txn.to_device_upto, refusals,
-                                  txn.completed_rooms)
-        if persist.advance_to is None and not clear_retry and persist.to_device_upto is None and not refusals:
+                                  txn.completed_rooms, txn.device_lists_upto)
+        if (persist.advance_to is None and not clear_retry and persist.to_device_upto is None and not refusals
+                and persist.device_lists_upto is None):
             return self._next(now_ms)
         return self._begin(persist)
 
@@ -604,6 +659,11 @@ class Destination:
             if room > 0:
                 queue.outbox_pending = False
                 return self._begin(ReadOutbox(room))
+        if queue.device_lists_pending and self._device_lists is None:
+            room = max_edus - min(queue.pending_edu_count + len(self._outbox or ()), max_edus)
+            if room > 0:
+                queue.device_lists_pending = False
+                return self._begin(ReadDeviceLists(room))
         return self._build(now_ms)
 
     def _build(self, now_ms: int) -> list[Action]:
@@ -621,8 +681,11 @@ class Destination:
             orderings = [p.stream_ordering for p in pdus if p.stream_ordering is not None]
             advance = max(orderings) if orderings else None
         outbox, self._outbox = self._outbox or (), None
-        edus = queue.take_edus(self._config.max_edus_per_transaction - len(outbox))
+        device_lists, self._device_lists = self._device_lists or (), None
+        device_lists_upto, self._device_lists_upto = self._device_lists_upto, None
+        edus = queue.take_edus(self._config.max_edus_per_transaction - len(outbox) - len(device_lists))
         edus.extend(Edu(TO_DEVICE_EDU_TYPE, message.content) for message in outbox)
+        edus.extend(device_lists)
         if not pdus and not edus and advance is None:
             return []
         return self._send(PlannedTransaction(
@@ -631,6 +694,7 @@ class Destination:
             edus=tuple(edus),
             advance_to=advance,
             to_device_upto=outbox[-1].stream_id if outbox else None,
+            device_lists_upto=device_lists_upto,
             catch_up=catch_up,
             completed_rooms=completed,
         ))

@@ -12,8 +12,10 @@ destination backs off, PDUs and EDUs wait in memory. Once its retry interval
 grows past the catch-up threshold, or more than ``max_pending_pdus`` PDUs
 wait, the PDUs and the lossy EDUs (typing, receipts, presence) are dropped and
 the destination is flagged to catch up: ``destination_rooms`` still says what
-it missed. Device-list updates are kept, and to-device messages never live
-here: they wait in the ``device_federation_outbox`` table until accepted.
+it missed. To-device messages and device-list updates never live here: they
+are read for each transaction from the database (the ``device_federation_outbox``
+table; the ``device_lists`` stream above ``destinations.device_lists_position``)
+and stay there until a transaction carrying them is accepted.
 """
 
 # tests: tests/unit/federation_sender/test_queue.py
@@ -35,6 +37,10 @@ JsonDict = dict[str, Any]
 LOSSY_EDU_TYPES = frozenset({"m.typing", "m.receipt", "m.presence"})
 # Read from the outbox table for each transaction, never held here.
 TO_DEVICE_EDU_TYPE = "m.direct_to_device"
+# Read from the device_lists stream for each transaction, never held here.
+DEVICE_LIST_EDU_TYPE = "m.device_list_update"
+# EDUs a transaction carries from the database: dropped with it, read again.
+DATABASE_EDU_TYPES = frozenset({TO_DEVICE_EDU_TYPE, DEVICE_LIST_EDU_TYPE})
 
 
 @attrs.frozen
@@ -71,6 +77,9 @@ class PlannedTransaction:
     advance_to: int | None = None
     # The to-device outbox rows it carries (delete up to this stream ID once accepted).
     to_device_upto: int | None = None
+    # The device_lists stream position its device-list updates cover (``device_lists_position``
+    # once accepted; None: it carries none).
+    device_lists_upto: int | None = None
     catch_up: bool = False
     # Catch-up: the rooms this transaction finishes, with their destination_rooms positions.
     completed_rooms: tuple[tuple[str, int], ...] = ()
@@ -123,6 +132,8 @@ class PerDestinationQueue:
         self.skipped_upto = 0
         # The to-device outbox may hold messages for this destination.
         self.outbox_pending = False
+        # The device_lists stream may hold changes above this destination's position.
+        self.device_lists_pending = False
         # A transaction that failed, resent as it was (same ID) before anything else.
         self.retained: PlannedTransaction | None = None
 
@@ -156,6 +167,7 @@ class PerDestinationQueue:
         """Whether a transmission loop has anything to do (catch-up may find nothing)."""
         return bool(
             self.retained or self.pdus or self._edus or self._keyed_edus or self.catching_up or self.outbox_pending
+            or self.device_lists_pending
         )
 
     # --- building transactions -------------------------------------------------------
@@ -236,9 +248,11 @@ class PerDestinationQueue:
         dropped = len(self.pdus)
         if self.retained is not None:
             dropped += len(self.retained.pdus)
-            kept = [e for e in self.retained.edus if e.edu_type not in LOSSY_EDU_TYPES | {TO_DEVICE_EDU_TYPE}]
+            kept = [e for e in self.retained.edus if e.edu_type not in LOSSY_EDU_TYPES | DATABASE_EDU_TYPES]
             if self.retained.to_device_upto is not None:
                 self.outbox_pending = True  # still in the outbox: the next transaction reads them again
+            if self.retained.device_lists_upto is not None:
+                self.device_lists_pending = True  # the position did not move: read again
             self.retained = None
             self.put_back_edus(kept)
         self.pdus.clear()

@@ -52,6 +52,7 @@ from federation_sender.core import (
     QueueWake,
     ReadCatchUpEvents,
     ReadCatchUpRooms,
+    ReadDeviceLists,
     ReadOutbox,
     Request,
     ScheduleWake,
@@ -61,8 +62,9 @@ from federation_sender.core import (
     WaitForPosition,
     pdu_errors,
 )
+from federation_sender.device_lists import plan_updates
 from federation_sender.metrics import FederationSenderMetrics
-from federation_sender.queue import Edu, PendingPdu
+from federation_sender.queue import DEVICE_LIST_EDU_TYPE, Edu, PendingPdu
 from federation_sender.store import SenderStore
 from federation_sender.transport import TransactionFailed, Transport
 from storage.kernel.background import run_in_background
@@ -74,7 +76,7 @@ logger = logging.getLogger(__name__)
 FANOUT_BATCH = 1000
 _EVERYTHING = 2**63 - 1  # the largest bigint: no stream position is above it
 _REQUESTS = (
-    ReadOutbox, BeginCatchUp, ReadCatchUpRooms, ReadCatchUpEvents, EndCatchUp, SendTransaction, PersistPosition,
+    ReadOutbox, ReadDeviceLists, BeginCatchUp, ReadCatchUpRooms, ReadCatchUpEvents, EndCatchUp, SendTransaction, PersistPosition,
     PersistRetry,
 )
 
@@ -93,6 +95,7 @@ class FederationSender:
         transport: Transport,
         clock: IReactorTime,
         current_position: Callable[[], int],
+        device_lists_position: Callable[[], int],
         metrics: FederationSenderMetrics,
         joined_servers: Callable[[str], Awaitable[set[str]]] | None = None,
         should_handle: Callable[[str], bool] = lambda destination: True,
@@ -104,6 +107,7 @@ class FederationSender:
         self._transport = transport
         self._clock = clock
         self._current_position = current_position
+        self._device_lists_position = device_lists_position
         self._metrics = metrics
         self._joined_servers = joined_servers
         self._should_handle = should_handle
@@ -121,6 +125,8 @@ class FederationSender:
         self._drivers: set[Deferred[None]] = set()
         self._timers: set[IDelayedCall] = set()
         self._position_waiters: set[str] = set()
+        # Destinations that saw device-list changes the device_lists stream had not passed yet.
+        self._device_list_waiters: set[str] = set()
 
         self._position = 0
         self._fanout_target = 0
@@ -157,6 +163,10 @@ class FederationSender:
             if self._should_handle(name):
                 dest = self._destination(name)
                 self._carry_out(dest, dest.on_outbox_found(self._now_ms()))
+        for name in await self._store.get_device_lists_destinations(self._server_name):
+            if self._should_handle(name):
+                dest = self._destination(name)
+                self._carry_out(dest, dest.on_device_lists_found(self._now_ms()))
         needing = await self._find_catch_up(startup=True)
         logger.info(
             "federation sender started at position %d: %d destinations to catch up, %d backing off",
@@ -288,7 +298,11 @@ class FederationSender:
     def send_edu(self, destinations: Iterable[str], edu_type: str, content: Mapping[str, Any],
                  key: tuple[str, ...] | None = None) -> None:
         """Queue an EDU for each destination. EDUs with the same ``key`` replace each other
-        while waiting. A destination backing off with no queue drops it."""
+        while waiting. A destination backing off with no queue drops it. A device-list update
+        is only a wake-up: what is sent is read from the device_lists stream."""
+        if edu_type == DEVICE_LIST_EDU_TYPE:
+            self.send_device_list_update(destinations, content)
+            return
         edu = Edu(edu_type, content, key)
         for name in sorted(set(destinations)):
             if name == self._server_name or not self._should_handle(name):
@@ -304,7 +318,22 @@ class FederationSender:
         self.send_edu(destinations, "m.presence", {"push": [dict(state)]}, key=("m.presence", str(state["user_id"])))
 
     def send_device_list_update(self, destinations: Iterable[str], content: Mapping[str, Any]) -> None:
-        self.send_edu(destinations, "m.device_list_update", content)
+        """A local user's devices changed (``content`` is the update; the change is on the
+        device_lists stream, and ``destinations`` have a position below it): each destination
+        reads its changes above its position for its next transaction, so an update outlives
+        backoff, catch-up and restarts like a PDU does."""
+        for name in sorted(set(destinations)):
+            if name == self._server_name or not self._should_handle(name):
+                continue
+            dest = self._destination(name)
+            self._event(dest, dest.on_device_lists_wake(self._now_ms()))
+
+    def notify_device_lists(self) -> None:
+        """The device_lists stream's position moved: destinations that saw changes beyond it read again."""
+        waiters, self._device_list_waiters = self._device_list_waiters, set()
+        for name in sorted(waiters):
+            dest = self._destination(name)  # an idle one may have been forgotten meanwhile
+            self._event(dest, dest.on_device_lists_wake(self._now_ms()))
 
     def send_receipt(self, destinations: Iterable[str], room_id: str, receipt_type: str, user_id: str,
                      event_ids: list[str], data: Mapping[str, Any]) -> None:
@@ -334,6 +363,16 @@ class FederationSender:
         dest = self._destinations.get(destination)
         if dest is not None and self._should_handle(destination):
             self._event(dest, dest.on_remote_up(self._now_ms()))
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Each destination this sender holds in memory: its queue, backoff and catch-up state
+        (the admin console shows it)."""
+        now = self._now_ms()
+        return [{"destination": name, "pending_pdus": dest.pending_pdus, "pending_edus": dest.pending_edus,
+                 "catching_up": dest.catching_up, "in_flight": dest.in_flight is not None,
+                 "backing_off": dest.retry.backing_off(now), "retry_interval": dest.retry.retry_interval,
+                 "retry_at": dest.retry.retry_at if dest.retry.retry_interval else None}
+                for name, dest in sorted(self._destinations.items())]
 
     # --- carrying out actions ------------------------------------------------------------------
 
@@ -443,6 +482,13 @@ class FederationSender:
                 rows = await self._store.get_outbox(name, limit)
                 messages = [OutboxMessage(r.stream_id, json.loads(r.messages_json)) for r in rows]
                 return dest.on_outbox_read(messages, self._now_ms())
+            case ReadDeviceLists(limit=limit):
+                upto = self._device_lists_position()
+                changes, ahead = await self._store.get_device_list_updates(name, self._server_name, upto, limit)
+                if ahead:
+                    self._device_list_waiters.add(name)
+                batch = plan_updates(changes, upto=upto, limit=limit)
+                return dest.on_device_lists_read(batch.contents, batch.upto, batch.more, self._now_ms())
             case BeginCatchUp():
                 start, last = await self._store.begin_catch_up(name)
                 logger.info("TX [%s] catching up from %d", name, start)
@@ -482,7 +528,8 @@ class FederationSender:
                     await self._store.record_pdu_errors(name, {r.event_id: r.error for r in step.refusals},
                                                         self._now_ms())
                 await self._store.mark_sent(name, step.advance_to, reset_retry=step.clear_retry,
-                                            to_device_upto=step.to_device_upto)
+                                            to_device_upto=step.to_device_upto,
+                                            device_lists_upto=step.device_lists_upto)
                 return dest.on_persisted(self._now_ms())
             case PersistRetry(retry=retry):
                 await self._store.set_retry(name, retry.retry_last_ts, retry.retry_interval, retry.failure_ts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from storage.stores.federation_sender import CatchUpData, DestinationRow, FanoutEvent, OutboxRow
+from storage.stores.federation_sender import CatchUpData, DestinationRow, DeviceListRow, FanoutEvent, OutboxRow
 
 
 class SenderStore(Protocol):
@@ -27,7 +27,8 @@ class SenderStore(Protocol):
     ) -> None: ...
 
     async def mark_sent(
-        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None
+        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None,
+        device_lists_upto: int | None = None,
     ) -> None: ...
 
     async def record_pdu_errors(self, destination: str, errors: Mapping[str, str], now_ms: int) -> None: ...
@@ -47,3 +48,9 @@ class SenderStore(Protocol):
     async def get_outbox(self, destination: str, limit: int) -> list[OutboxRow]: ...
 
     async def get_outbox_destinations(self) -> list[str]: ...
+
+    async def get_device_list_updates(
+        self, destination: str, local_server: str, upto: int, limit: int
+    ) -> tuple[list[DeviceListRow], bool]: ...
+
+    async def get_device_lists_destinations(self, local_server: str) -> list[str]: ...

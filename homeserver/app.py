@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 from prometheus_client import CollectorRegistry, GCCollector, Info, PlatformCollector, ProcessCollector
@@ -44,13 +44,17 @@ from twisted.web.server import Request
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender
 from homeserver import __version__
+from homeserver.admin.console import register_console
+from homeserver.admin.servlets import AdminApi
+from homeserver.admin.tasks import TaskTracker
 from homeserver.config import MAIN_INSTANCE, ConfigError, HomeserverConfig, ListenerConfig
 from homeserver.events import FrozenEvent
 from homeserver.federation.acl import ServerAcls
-from homeserver.federation.devices import FederationDeviceHandler
+from homeserver.federation.devices import FederationDeviceHandler, FederationKeyClient
 from homeserver.federation.edus import register_edu_handlers
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.sender_transport import client_transport
+from homeserver.federation.directory import register_federation_directory_servlets
 from homeserver.federation.servlets import (
     FederationServices,
     build_federation_client,
@@ -64,16 +68,26 @@ from homeserver.handlers.event_persistence import EventPersister, PersistenceMet
 from homeserver.handlers.federation_edus import EduSink, OutboundEdus
 from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.presence import SyncTracker
+from homeserver.handlers.push import PushActionsEvaluator, PushersHandler
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.handlers.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.typing import ReplicatedTyping
 from homeserver.http.client import register_versions
 from homeserver.http.client_api import register_client_api_servlets
+from homeserver.http.client_api.push import register_push_servlets
+from homeserver.http.client_api.media import register_legacy_download_for_federation, register_media_servlets
 from homeserver.http.client_api.sync import register_room_api_servlets
+from homeserver.federation.media import register_federation_media_servlets
+from homeserver.media.metrics import MediaMetrics
+from homeserver.media.preview import UrlPreviewer
+from homeserver.media.remote import RemoteMediaFetcher
+from homeserver.media.repository import MediaRepository, start_media_retention
+from homeserver.media.storage import LocalDiskStorage
+from storage.stores.media import MediaStore
 from homeserver.http.metrics import HttpMetrics
 from homeserver.http.server import Handler, JsonRouter, make_site
-from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key
+from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key, load_tls_options
 from homeserver.metrics import ReactorMetrics, ReactorTickMonitor
 from homeserver.roles import MAIN, RoleContext, RoleHook, Stoppable, WorkerRole, known_roles, load_role
 from homeserver.routing.federation import (
@@ -99,15 +113,18 @@ from storage.kernel.background import register_metrics as register_background_me
 from storage.kernel.background import run_in_background
 from storage.metrics import StorageMetrics, StreamMetrics
 from storage.notifier import Notifier
-from storage.prepare import check_server_name, prepare_database
+from storage.prepare import apply_migrations, check_server_name, current_schema_version, prepare_database
 from storage.stores.e2e import E2eStore
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
 from storage.stores.federation_sender import FederationSenderStore
+from storage.stores.push import PushStore
 from storage.stores.remote_invites import RemoteInviteStore
 from storage.streams import STREAMS, StreamName, create_id_generator
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def new_registry() -> CollectorRegistry:
@@ -168,6 +185,10 @@ class Services:
     writers: Writers
     outbound: Outbound
     sync_tracker: SyncTracker
+    # A remote server is up (it contacted us, or an admin reset its backoff): send to it now.
+    remote_up: Callable[[str], None]
+    # The media repository, on the one process that serves media (homeserver/media/).
+    media: MediaRepository | None = None
 
 
 @attrs.frozen
@@ -250,6 +271,11 @@ class HomeServer:
         # /_tributary/replication/...: what other processes ask of this one (routing/internal_api.py).
         self.internal_router = JsonRouter(self.http_metrics)
         self.internal_api = InternalApiServer(self.internal_router, config.worker_replication_secret)
+        # /_synapse/admin/... (the main process only; homeserver/admin/), on listeners with the
+        # client or admin resource, and the operator console on those with the admin resource.
+        self.admin_router = JsonRouter(self.http_metrics)
+        self.console_router = JsonRouter(self.http_metrics)
+        self.admin_tasks = TaskTracker()
         self.persistence_metrics = PersistenceMetrics.create(self.registry)
         self.stream_metrics = StreamMetrics.create(self.registry)
         self.reactor_monitor = ReactorTickMonitor(reactor, ReactorMetrics.create(self.registry))
@@ -261,6 +287,8 @@ class HomeServer:
         # that failed half way is kept here so that stop() still closes it.
         self._process: Process | None = None
         self._opened: Storage | None = None
+        # What ``with_database`` applied (``NNNN_name``), for the tools to report.
+        self.last_migrations: tuple[str, ...] = ()
 
     @property
     def process(self) -> Process:
@@ -286,7 +314,9 @@ class HomeServer:
         if services.outbound.sender is not None:
             await services.outbound.sender.start()
         self._register_servlets(storage, streams, services)
-        jobs = await self._start_jobs(storage, replication)
+        jobs = await self._start_jobs(storage, streams, replication)
+        if services.media is not None:
+            jobs += (start_media_retention(services.media, self.reactor),)
         self._process = Process(storage=storage, streams=streams, replication=replication, services=services,
                                 internal_client=internal_client, jobs=jobs)
         for listener in self.listeners:
@@ -298,8 +328,8 @@ class HomeServer:
             __version__, self.instance_name, self.role.name,
         )
 
-    async def _open_storage(self) -> Storage:
-        """The database, migrated and checked against the server name, and the signing key."""
+    async def _open_database(self) -> tuple[Database, EmbeddedPostgres | None]:
+        """The database (the embedded one started first when there is no ``database.url``), connected."""
         dsn = self.config.database.url
         embedded = None
         if dsn is None:
@@ -313,6 +343,11 @@ class HomeServer:
             max_connections=self.config.database.max_connections,
         )
         db.start()
+        return db, embedded
+
+    async def _open_storage(self) -> Storage:
+        """The database, migrated and checked against the server name, and the signing key."""
+        db, embedded = await self._open_database()
         storage = Storage(db=db, embedded=embedded, signing_key=load_or_create_signing_key(
             self.config.effective_signing_key_path))
         self._opened = storage
@@ -322,6 +357,32 @@ class HomeServer:
         self.storage_metrics.migrations_applied.inc(applied)
         await check_server_name(db, self.config.server_name)
         return storage
+
+    async def migrate(self) -> tuple[tuple[str, ...], int]:
+        """``tributary migrate``: apply pending migrations and close the database again; nothing
+        listens, nothing else starts. Returns the migrations applied (``NNNN_name``) and the
+        schema version the database is at now."""
+
+        async def migrate(db: Database) -> tuple[tuple[str, ...], int]:
+            return self.last_migrations, await current_schema_version(db)
+
+        return await self.with_database(migrate)
+
+    async def with_database(self, use: Callable[[Database], Awaitable[T]]) -> T:
+        """For command-line tools (``migrate``, ``register-user``): open the database, apply
+        pending migrations (kept in ``last_migrations``), check the server name, run ``use``,
+        close it all again. Nothing listens and no service starts."""
+        db, embedded = await self._open_database()
+        try:
+            await db.check_connection()
+            applied = await apply_migrations(db)
+            self.last_migrations = tuple(f"{m.version:04d}_{m.name}" for m in applied)
+            await check_server_name(db, self.config.server_name)
+            return await use(db)
+        finally:
+            await deferToThread(db.close)
+            if embedded is not None:
+                await deferToThread(embedded.stop)
 
     async def _build_streams(self, db: Database) -> Streams:
         """One ID generator per stream, writing the streams the layout gives this process."""
@@ -407,6 +468,7 @@ class HomeServer:
             store=events_store, loader=loader, stream_ids=generators[StreamName.EVENTS], server_name=config.server_name,
             instance_name=self.instance_name, metrics=self.persistence_metrics,
             backfill_ids=generators[StreamName.BACKFILL],
+            push=PushActionsEvaluator(config.server_name),
         )
         creator_options: dict[str, Any] = dict(
             loader=loader, store=events_store, server_name=config.server_name, signing_key=storage.signing_key,
@@ -452,6 +514,9 @@ class HomeServer:
             events_store=events_store, loader=loader, room_events=room_events, accounts=accounts,
             remote_invites=remote_invites, remote=federation.membership, backfill=federation.backfill.backfill,
             edus=outbound.edus, sync_metrics=SyncMetrics.create(self.registry), directory=queries,
+            public_rooms_client=client,
+            remote_keys=FederationKeyClient(client),
+            search_all_users=config.user_directory.search_all_users,
         )
         local_writers = rooms.local_writers(accounts)
         writers = build_writers(local_writers, layout, internal_client)
@@ -473,7 +538,24 @@ class HomeServer:
 
         return Services(events_store=events_store, persister=persister, room_events=room_events, accounts=accounts,
                         federation=federation, rooms=rooms, writers=writers, outbound=outbound,
-                        sync_tracker=SyncTracker(reactor, report_user_sync))
+                        sync_tracker=SyncTracker(reactor, report_user_sync), remote_up=on_remote_up,
+                        media=self._build_media(db, client) if self.serves_media else None)
+
+    @property
+    def serves_media(self) -> bool:
+        """The media repository runs in one process: the ``media_repository`` worker when the layout
+        has one, else the main process (docs/media.md)."""
+        if self.config.media_worker is not None:
+            return self.instance_name == self.config.media_worker
+        return self.layout.is_main
+
+    def _build_media(self, db: Database, client: Any) -> MediaRepository:
+        media_metrics = MediaMetrics.create(self.registry)
+        return MediaRepository(
+            config=self.config.media, server_name=self.config.server_name, store=MediaStore(db),
+            storage=LocalDiskStorage(self.config.media_store_path, self.reactor), remote=RemoteMediaFetcher(client),
+            reactor=self.reactor, metrics=media_metrics,
+        )
 
     def _build_outbound(self, db: Database, generators: Mapping[StreamName, StreamIdGenerator],
                         store: EventsStore, loader: EventLoader, internal_client: InternalApiClient | None,
@@ -505,10 +587,13 @@ class HomeServer:
                 metrics=FederationSenderMetrics.create(self.registry),
                 joined_servers=room_servers,
                 should_handle=layout.sends_to,
+                device_lists_position=generators[StreamName.DEVICE_LISTS].get_current_token,
             )
             running = sender
             events.add_position_listener(lambda stream, instance, old, new: running.notify_new_events(
                 events.get_current_token()))
+            generators[StreamName.DEVICE_LISTS].add_position_listener(
+                lambda stream, instance, old, new: running.notify_device_lists())
             forward = sender.forward
             if layout.is_main:
                 sink = sender
@@ -527,6 +612,7 @@ class HomeServer:
                 server_name=config.server_name, sink=sink, joined_servers=room_servers,
                 sharing_servers=store.get_servers_sharing_rooms, add_to_outbox=sender_store.add_to_outbox,
                 clock_ms=lambda: int(self.reactor.seconds() * 1000),
+                note_device_list_change=sender_store.note_device_list_change,
             )
         return Outbound(sender=sender, edus=edus, forward=forward, sink=sink)
 
@@ -562,7 +648,8 @@ class HomeServer:
             handler.add_clear_user_sync_listener(clear_user_sync)
         connect_streams(handler, {str(name): generator for name, generator in streams.generators.items()})
 
-    async def _start_jobs(self, storage: Storage, replication: ReplicationService | None) -> tuple[Stoppable, ...]:
+    async def _start_jobs(self, storage: Storage, streams: Streams,
+                          replication: ReplicationService | None) -> tuple[Stoppable, ...]:
         """The role's own hook, and, on the main process, the hooks of roles that must run
         somewhere when no worker of theirs is configured (periodic jobs)."""
         hooks: list[RoleHook] = [] if self.role.start is None else [self.role.start]
@@ -578,11 +665,18 @@ class HomeServer:
                 replication.handler.add_federation_ack_listener(listener)
 
         context = RoleContext(config=self.config, instance_name=self.instance_name, reactor=self.reactor,
-                              db=storage.db, on_federation_ack=on_federation_ack)
+                              db=storage.db, on_federation_ack=on_federation_ack, registry=self.registry,
+                              streams={str(name): g for name, g in streams.generators.items()})
         return tuple([await hook(context) for hook in hooks])
 
     def _register_servlets(self, storage: Storage, streams: Streams, services: Services) -> None:
-        """The client and federation servlets this process's role serves."""
+        """The client and federation servlets this process's role serves (and, on the main
+        process, the admin API)."""
+        if self.layout.is_main:
+            admin = AdminApi(config=self.config, db=storage.db, reactor=self.reactor, accounts=services.accounts,
+                             rooms=services.rooms, remote_up=services.remote_up, tasks=self.admin_tasks)
+            admin.register(self.admin_router)
+            register_console(self.console_router, admin_only=admin.admin_only, status=self.console_status)
         if self.role.servlets == "none":
             return
         accounts, rooms = services.accounts, services.rooms
@@ -590,6 +684,11 @@ class HomeServer:
         register_versions(router)
         register_client_api_servlets(router, self.config, accounts, services.writers)
         register_room_api_servlets(router, rooms, accounts, services.writers, services.sync_tracker)
+        events = streams.generators[StreamName.EVENTS]
+        pushers = PushersHandler(PushStore(storage.db), clock_ms=lambda: int(self.reactor.seconds() * 1000),
+                                 current_position=events.get_max_position)
+        register_push_servlets(router, auth=accounts.auth, account_data=accounts.account_data, pushers=pushers,
+                               client_events=rooms.client_events, writers=services.writers)
         register_federation_servlets(
             _RoleRouter(self.federation_router, self.role),
             services.federation,
@@ -598,15 +697,66 @@ class HomeServer:
             devices=FederationDeviceHandler(
                 server_name=self.config.server_name, store=E2eStore(storage.db), e2e=rooms.e2e,
                 devices=accounts.devices.get_devices,
-                device_list_position=streams.generators[StreamName.DEVICE_LISTS].get_current_token,
             ),
         )
+        register_federation_directory_servlets(_RoleRouter(self.federation_router, self.role), services.federation,
+                                               rooms.directory, rooms.hierarchy)
+        media = services.media
+        if media is not None:
+            previewer = UrlPreviewer(self.config.media.url_preview, self.reactor, media.metrics,
+                                     media.store_preview_image)
+            register_media_servlets(self.router, admin_router=self.admin_router, auth=accounts.auth, repo=media,
+                                    previewer=previewer)
+            register_federation_media_servlets(self.federation_router, services.federation, media)
+            register_legacy_download_for_federation(self.federation_router, repo=media)
+
+    def console_status(self) -> dict[str, Any]:
+        """What the operator console shows beyond the admin API: every process of the layout
+        with the streams it writes and their positions as this process knows them,
+        replication connections, and this process's federation sender queues."""
+        process = self.process
+        generators = process.streams.generators
+        names = [MAIN_INSTANCE, *self.config.workers]
+        processes = []
+        for name in names:
+            app = "main" if name == MAIN_INSTANCE else self.config.workers[name].app
+            writes = sorted(str(stream) for stream, g in generators.items() if name in g.writers)
+            positions = {str(stream): g.get_position(name) for stream, g in sorted(generators.items())
+                         if name in g.writers}
+            processes.append({"name": name, "app": app, "writes": writes, "positions": positions})
+        replication = process.replication
+        connections: list[dict[str, Any]] = []
+        transport = "none"
+        if replication is not None:
+            if replication.redis is not None:
+                transport = "redis"
+                connections.append({"transport": "redis", "peer": "(every process, on the server's channel)"})
+            if replication.server is not None:
+                transport = "tcp" if transport == "none" else transport + "+tcp"
+                connections += [{"transport": "tcp", "peer": protocol.peer_name or "(handshaking)"}
+                                for protocol in sorted(replication.server.connections,
+                                                       key=lambda p: p.peer_name or "")]
+            if replication.client is not None:
+                transport = "tcp"
+                connections.append({"transport": "tcp", "peer": "main process"})
+        sender = process.services.outbound.sender
+        return {
+            "server_name": self.config.server_name,
+            "version": __version__,
+            "process": self.instance_name,
+            "uptime_seconds": None if self.started_at is None else round(time.monotonic() - self.started_at, 1),
+            "processes": processes,
+            "streams": {str(stream): g.get_current_token() for stream, g in sorted(generators.items())},
+            "replication": {"transport": transport, "connections": connections},
+            "sender": [] if sender is None else sender.snapshot(),
+        }
 
     def _listen(self, listener: ListenerConfig) -> None:
         if listener.type == "replication":
             return  # opened by start_replication
         root = self._root_resource(listener)
-        site = make_site(root)
+        # Media uploads may be larger than the JSON bodies of every other endpoint.
+        site = make_site(root, large_bodies=((b"/_matrix/media/",), self.config.media.max_upload_size))
         for address in listener.bind_addresses:
             if listener.tls:
                 context = self._tls_context()
@@ -629,21 +779,20 @@ class HomeServer:
             # A listener without the client resource serves no client API paths.
             main = self.router if "client" in listener.resources else self.federation_router
             internal = self.internal_router if "replication" in listener.resources else None
+            admin = self.admin_router if {"client", "admin"} & set(listener.resources) else None
+            console = self.console_router if "admin" in listener.resources else None
             return RootResource(main, HealthResource(self) if "health" in listener.resources else None, federation,
-                                internal)
+                                internal, admin=admin, console=console)
         raise ValueError(f"{listener.type} listeners are served by the replication package")
 
     def _tls_context(self) -> Any:
-        # Imported here: pyOpenSSL costs a quarter of a second at start-up,
-        # which processes without a TLS listener need not pay.
-        from twisted.internet import ssl
-
+        # load_tls_options imports pyOpenSSL, which costs a quarter of a second at start-up,
+        # only when called: processes without a TLS listener need not pay.
         cert_path = self.config.effective_tls_certificate_path
         key_path = self.config.effective_tls_private_key_path
         if self.config.tls_certificate_path is None:
             ensure_self_signed_certificate(cert_path, key_path, self.config.server_name)
-        pem = cert_path.read_bytes() + b"\n" + key_path.read_bytes()
-        return ssl.PrivateCertificate.loadPEM(pem).options()
+        return load_tls_options(cert_path, key_path)
 
     # --- stop -----------------------------------------------------------------------
 
@@ -659,15 +808,31 @@ class HomeServer:
             if stopped is not None:
                 await stopped
         self.ports.clear()
+        if self._process is not None:
+            # Long-polls (/sync, /events) answer now with what they have, instead of holding
+            # the shutdown until their timeouts.
+            self._process.streams.notifier.shut_down()
         grace = self.config.shutdown_grace_period.total_seconds()
-        if self.router.in_flight:
-            logger.info("waiting up to %.0fs for %d requests in flight", grace, self.router.in_flight)
-            drained = self.router.wait_drained()
+        # The client API's requests, and the admin API's (a room deletion writes for a while).
+        for router in (self.router, self.admin_router):
+            if not router.in_flight:
+                continue
+            logger.info("waiting up to %.0fs for %d requests in flight", grace, router.in_flight)
+            drained = router.wait_drained()
             drained.addTimeout(grace, self.reactor)
             try:
                 await drained
             except Exception:
-                logger.warning("%d requests still in flight after %.0fs; stopping anyway", self.router.in_flight, grace)
+                logger.warning("%d requests still in flight after %.0fs; stopping anyway", router.in_flight, grace)
+        if self.admin_tasks.running:
+            logger.info("waiting up to %.0fs for %d admin tasks", grace, self.admin_tasks.running)
+            idle = Deferred.fromCoroutine(self.admin_tasks.wait_idle())
+            idle.addTimeout(grace, self.reactor)
+            try:
+                await idle
+            except Exception:
+                logger.warning("%d admin tasks still running after %.0fs; stopping anyway", self.admin_tasks.running,
+                               grace)
         process, self._process = self._process, None
         if process is not None:
             await self._stop_process(process)
@@ -682,7 +847,14 @@ class HomeServer:
         """What runs, in reverse order of starting; the database stays open for ``stop``."""
         services, replication = process.services, process.replication
         for job in process.jobs:
-            job.stop()
+            stopped = job.stop()
+            if isinstance(stopped, Deferred):
+                # e.g. the pusher records the push in flight before the database closes.
+                stopped.addTimeout(self.config.shutdown_grace_period.total_seconds() or 1.0, self.reactor)
+                try:
+                    await stopped
+                except Exception:
+                    logger.warning("%r did not stop in time", job)
         syncing = services.sync_tracker.stop()
         if replication is not None and not self.layout.writes(StreamName.PRESENCE):
             replication.handler.send_clear_user_sync()  # the presence writer forgets our users
@@ -731,16 +903,26 @@ class RootResource(Resource):
     to the federation router (when this listener serves them) and everything else to the JSON router."""
 
     def __init__(self, router: JsonRouter, health: Resource | None, federation: JsonRouter | None = None,
-                 internal: JsonRouter | None = None) -> None:
+                 internal: JsonRouter | None = None, *, admin: JsonRouter | None = None,
+                 console: Resource | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._router = router
         self._health = health
         self._federation = federation
         self._internal = internal
+        self._admin = admin
+        self._console = console
 
     def getChildWithDefault(self, path: bytes, request: Request) -> Resource:
         if path == b"health" and self._health is not None and not request.postpath:
             return self._health
+        rest = request.postpath or []
+        if self._admin is not None and (
+                (path == b"_synapse" and rest[:1] == [b"admin"])
+                or (path == b"_matrix" and rest[:3] in ([b"client", b"v3", b"admin"], [b"client", b"r0", b"admin"]))):
+            return self._admin
+        if self._console is not None and path == b"_tributary" and rest[:1] == [b"console"]:
+            return self._console
         if path == b"_tributary" and self._internal is not None:
             return self._internal
         if (self._federation is not None and path == b"_matrix" and request.postpath

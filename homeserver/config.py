@@ -22,13 +22,15 @@ import attrs
 import yaml
 
 from federation_sender.config import BackoffConfig, CatchUpConfig, FederationSenderConfig
+from homeserver.media.config import MediaConfig, RateLimitSpec, UrlPreviewConfig
+from homeserver.media.rules import ThumbnailSpec
 from replication.config import DEFAULT_REDIS_URL, RedisConfig, ReplicationConfig
 from storage.config import EMBEDDED_BINARIES, DatabaseConfig, EmbeddedDatabaseConfig
 
 T = TypeVar("T")
 
 LISTENER_TYPES: Final = ("http", "metrics", "replication")
-HTTP_RESOURCES: Final = ("client", "federation", "keys", "replication", "health")
+HTTP_RESOURCES: Final = ("client", "federation", "keys", "replication", "health", "admin")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS: Final = ("text", "json")
 
@@ -252,6 +254,33 @@ def _redis(path: str, raw: object) -> RedisConfig:
 
 
 @attrs.frozen
+class ServerNoticesConfig:
+    """``server_notices``: who sends admin notices (``/_synapse/admin/v1/send_server_notice``)."""
+
+    system_mxid_localpart: str
+    system_mxid_display_name: str | None = None
+    room_name: str = "Server Notices"
+
+
+def _server_notices(path: str, raw: object) -> ServerNoticesConfig:
+    s = _Section(path, raw)
+
+    def localpart(p: str, v: object) -> str:
+        text = _expect_str(p, v)
+        if not re.fullmatch(r"[a-z0-9._=/+-]+", text):
+            raise ConfigError(p, f"expected a user ID localpart (a-z, 0-9, ._=-/+), got {_describe(v)}")
+        return text
+
+    result = ServerNoticesConfig(
+        system_mxid_localpart=s.require("system_mxid_localpart", localpart),
+        system_mxid_display_name=s.get("system_mxid_display_name", _expect_str, None),
+        room_name=s.get("room_name", _expect_str, "Server Notices"),
+    )
+    s.finish()
+    return result
+
+
+@attrs.frozen
 class FederationConfig:
     verify_certificates: bool = True
     ip_range_whitelist: tuple[str, ...] = ()
@@ -259,21 +288,51 @@ class FederationConfig:
     trusted_key_servers: tuple[str, ...] = ()
 
 
+def _cidrs(p: str, v: object) -> tuple[str, ...]:
+    from ipaddress import ip_network
+
+    out = []
+    for i, item in enumerate(_expect_list(p, v)):
+        text = _expect_str(f"{p}[{i}]", item)
+        try:
+            ip_network(text, strict=False)
+        except ValueError:
+            raise ConfigError(f"{p}[{i}]", f"expected an IP range such as '127.0.0.0/8', got {_describe(item)}") from None
+        out.append(text)
+    return tuple(out)
+
+
+@attrs.frozen
+class PushConfig:
+    # Private and loopback ranges push gateways may be reached at anyway (refused by default:
+    # a pusher's URL is any URL a user gives).
+    ip_range_whitelist: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class UserDirectoryConfig:
+    # POST /user_directory/search finds every local user, not only those who share a room
+    # with the searcher or are in a public room.
+    search_all_users: bool = False
+
+
+def _user_directory(path: str, raw: object) -> UserDirectoryConfig:
+    s = _Section(path, raw)
+    result = UserDirectoryConfig(search_all_users=s.get("search_all_users", _expect_bool, False))
+    s.finish()
+    return result
+
+
+def _push(path: str, raw: object) -> PushConfig:
+    s = _Section(path, raw)
+    result = PushConfig(ip_range_whitelist=s.get("ip_range_whitelist", _cidrs, ()))
+    s.finish()
+    return result
+
+
 def _federation(path: str, raw: object) -> FederationConfig:
     s = _Section(path, raw)
-
-    def cidrs(p: str, v: object) -> tuple[str, ...]:
-        from ipaddress import ip_network
-
-        out = []
-        for i, item in enumerate(_expect_list(p, v)):
-            text = _expect_str(f"{p}[{i}]", item)
-            try:
-                ip_network(text, strict=False)
-            except ValueError:
-                raise ConfigError(f"{p}[{i}]", f"expected an IP range such as '127.0.0.0/8', got {_describe(item)}") from None
-            out.append(text)
-        return tuple(out)
+    cidrs = _cidrs
 
     def server_names(p: str, v: object) -> tuple[str, ...]:
         return tuple(_expect_server_name(f"{p}[{i}]", item) for i, item in enumerate(_expect_list(p, v)))
@@ -494,8 +553,101 @@ def _federation_limits(path: str, raw: object) -> FederationLimitsConfig:
     return FederationLimitsConfig(**values)
 
 
+_SIZE_RE = re.compile(r"^(\d+)\s*([KMG]?)B?$", re.I)
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def parse_size(path: str, value: object) -> int:
+    """A byte count: an integer, or a string such as "512K", "50M", "1G" (powers of 1024)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value.strip())
+        if match and int(match.group(1)) > 0:
+            return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    raise ConfigError(path, f"expected a positive size in bytes (e.g. 1048576, '512K', '50M'), got {_describe(value)}")
+
+
+def _positive_duration(p: str, v: object) -> timedelta:
+    value = parse_duration(p, v)
+    if value <= timedelta(0):
+        raise ConfigError(p, "expected a positive duration")
+    return value
+
+
+def _optional_duration(p: str, v: object) -> timedelta | None:
+    """A positive duration, or the string "never" (None)."""
+    if v == "never":
+        return None
+    return _positive_duration(p, v)
+
+
+def _media(path: str, raw: object, path_value: Callable[[str, object], Path]) -> MediaConfig:
+    s, d = _Section(path, raw), MediaConfig()
+
+    def sizes(p: str, v: object) -> tuple[ThumbnailSpec, ...]:
+        out = []
+        for i, item in enumerate(_expect_list(p, v)):
+            t = _Section(f"{p}[{i}]", item)
+            spec = ThumbnailSpec(
+                width=t.require("width", lambda q, x: _expect_int(q, x, 1, 4096)),
+                height=t.require("height", lambda q, x: _expect_int(q, x, 1, 4096)),
+                method=t.get("method", lambda q, x: _expect_choice(q, x, ("crop", "scale")), "scale"),
+            )
+            t.finish()
+            out.append(spec)
+        if not out:
+            raise ConfigError(p, "expected at least one thumbnail size")
+        return tuple(out)
+
+    def rate(p: str, v: object) -> RateLimitSpec:
+        r = _Section(p, v)
+        result = RateLimitSpec(
+            per_second=r.get("per_second", _expect_positive_number, d.rc_upload.per_second),
+            burst_count=r.get("burst_count", lambda q, x: _expect_int(q, x, 1, 1_000_000), d.rc_upload.burst_count),
+        )
+        r.finish()
+        return result
+
+    def preview(p: str, v: object) -> UrlPreviewConfig:
+        u, ud = _Section(p, v), UrlPreviewConfig()
+        result = UrlPreviewConfig(
+            enabled=u.get("enabled", _expect_bool, ud.enabled),
+            ip_range_blacklist=u.get("ip_range_blacklist", _cidrs, ud.ip_range_blacklist),
+            ip_range_whitelist=u.get("ip_range_whitelist", _cidrs, ud.ip_range_whitelist),
+            max_spider_size=u.get("max_spider_size", parse_size, ud.max_spider_size),
+            timeout=u.get("timeout", _positive_duration, ud.timeout),
+            cache_duration=u.get("cache_duration", _positive_duration, ud.cache_duration),
+        )
+        u.finish()
+        return result
+
+    result = MediaConfig(
+        store_path=s.get("store_path", path_value, None),
+        max_upload_size=s.get("max_upload_size", parse_size, d.max_upload_size),
+        max_image_pixels=s.get("max_image_pixels", lambda p, v: _expect_int(p, v, 1, 1_000_000_000),
+                               d.max_image_pixels),
+        thumbnail_sizes=s.get("thumbnail_sizes", sizes, d.thumbnail_sizes),
+        dynamic_thumbnails=s.get("dynamic_thumbnails", _expect_bool, d.dynamic_thumbnails),
+        rc_upload=s.get("rc_upload", rate, d.rc_upload),
+        max_pending_uploads=s.get("max_pending_uploads", lambda p, v: _expect_int(p, v, 1, 10_000),
+                                  d.max_pending_uploads),
+        unused_expiration_time=s.get("unused_expiration_time", _positive_duration, d.unused_expiration_time),
+        max_remote_media_size=s.get("max_remote_media_size", parse_size, d.max_remote_media_size),
+        remote_media_timeout=s.get("remote_media_timeout", _positive_duration, d.remote_media_timeout),
+        remote_media_lifetime=s.get("remote_media_lifetime", _optional_duration, d.remote_media_lifetime),
+        local_media_lifetime=s.get("local_media_lifetime", _optional_duration, d.local_media_lifetime),
+        url_preview=s.get("url_preview", preview, d.url_preview),
+        freeze_unauthenticated_media=s.get("freeze_unauthenticated_media", _expect_bool,
+                                           d.freeze_unauthenticated_media),
+    )
+    s.finish()
+    return result
+
+
 # Worker roles the launcher knows (issue 9 makes them pluggable; the names are fixed here).
-WORKER_APPS: Final = ("generic", "event_persister", "federation_sender", "background")
+WORKER_APPS: Final = ("generic", "event_persister", "federation_sender", "background", "media_repository",
+                      "pusher")
 # Streams whose writer is configurable in ``stream_writers``.
 WRITABLE_STREAMS: Final = ("events", "typing", "receipts", "presence", "to_device", "account_data")
 MAIN_INSTANCE: Final = "master"
@@ -625,6 +777,10 @@ def _check_worker_layout(config: HomeserverConfig) -> None:
     if config.workers and config.database.url is None:
         raise ConfigError("database.url", "workers share one PostgreSQL database: set database.url "
                                           "(the embedded database serves a single process only)")
+    media_workers = [name for name, worker in config.workers.items() if worker.app == "media_repository"]
+    if len(media_workers) > 1:
+        raise ConfigError(f"workers.{media_workers[1]}.app",
+                          f"only one media_repository worker is supported, got {', '.join(media_workers)}")
     for name, worker in config.workers.items():
         if worker.app == "event_persister" and name not in config.stream_writers.get("events", ()):
             raise ConfigError(f"workers.{name}.app", f"{name!r} is an event_persister but not in stream_writers.events")
@@ -632,6 +788,10 @@ def _check_worker_layout(config: HomeserverConfig) -> None:
             raise ConfigError(
                 f"workers.{name}.app", f"{name!r} is a federation_sender but not in federation_sender_instances"
             )
+    pushers = sorted(name for name, worker in config.workers.items() if worker.app == "pusher")
+    if len(pushers) > 1:
+        # Each would deliver every notification: users would get every push twice.
+        raise ConfigError(f"workers.{pushers[1]}.app", f"only one pusher worker may run; {', '.join(pushers)} are")
     if config.workers and MAIN_INSTANCE not in config.instance_map:
         raise ConfigError(
             "instance_map",
@@ -665,6 +825,8 @@ class HomeserverConfig:
     database: DatabaseConfig = DatabaseConfig()
     federation: FederationConfig = FederationConfig()
     federation_limits: FederationLimitsConfig = FederationLimitsConfig()
+    push: PushConfig = PushConfig()
+    user_directory: UserDirectoryConfig = UserDirectoryConfig()
     log_level: str = "INFO"
     log_format: str = "text"
     enable_registration: bool = False
@@ -674,6 +836,14 @@ class HomeserverConfig:
     bcrypt_rounds: int = 12
     rc_message: RateLimit = RateLimit(0.2, 10)
     rc_registration: RateLimit = RateLimit(0.17, 3)
+    # Admin API requests per admin (docs/admin.md).
+    rc_admin: RateLimit = RateLimit(10.0, 100)
+    # Shared-secret registration (/_synapse/admin/v1/register): off unless set.
+    registration_shared_secret: str | None = None
+    # /register needs a registration token (m.login.registration_token) made with the admin API.
+    registration_requires_token: bool = False
+    # Server notices (docs/admin.md); None: off.
+    server_notices: ServerNoticesConfig | None = None
     rc_login: LoginRateLimits = LoginRateLimits()
     rc_joins: JoinRateLimits = JoinRateLimits()
     rc_invites: InviteRateLimits = InviteRateLimits()
@@ -688,6 +858,20 @@ class HomeserverConfig:
     stream_writers: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
     federation_sender_instances: tuple[str, ...] = ()
     workers: Mapping[str, WorkerConfig] = attrs.field(factory=dict)
+    media: MediaConfig = MediaConfig()
+
+    @property
+    def media_store_path(self) -> Path:
+        """Where the local media storage provider keeps its files."""
+        return self.media.store_path or self.data_dir / "media"
+
+    @property
+    def media_worker(self) -> str | None:
+        """The ``media_repository`` worker, if the layout has one (it then serves all media)."""
+        for name, worker in self.workers.items():
+            if worker.app == "media_repository":
+                return name
+        return None
 
     @property
     def redis(self) -> RedisConfig:
@@ -713,6 +897,13 @@ class HomeserverConfig:
 
 def _safe_file_name(server_name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.\-]", "_", server_name)
+
+
+def _secret(path: str, value: object) -> str:
+    text = _expect_str(path, value)
+    if len(text) < 16:
+        raise ConfigError(path, "expected a secret of at least 16 characters (e.g. from `openssl rand -hex 32`)")
+    return text
 
 
 def parse_config(raw: object, *, config_path: Path | None = None, data_dir_override: Path | None = None) -> HomeserverConfig:
@@ -751,7 +942,7 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
 
     def room_version(p: str, v: object) -> str:
         text = str(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else None
-        return _expect_choice(p, text, ("10", "11", "12"))
+        return _expect_choice(p, text, tuple(str(n) for n in range(1, 13)))
 
     server_name = s.require("server_name", _expect_server_name)
     data_dir = s.get("data_dir", path_value, base / "data")
@@ -772,6 +963,8 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         database=s.get("database", _database, DatabaseConfig()),
         federation=s.get("federation", _federation, FederationConfig()),
         federation_limits=s.get("federation_limits", _federation_limits, FederationLimitsConfig()),
+        push=s.get("push", _push, PushConfig()),
+        user_directory=s.get("user_directory", _user_directory, UserDirectoryConfig()),
         log_level=s.get("log_level", lambda p, v: _expect_choice(p, str(v).upper(), LOG_LEVELS), "INFO"),
         log_format=s.get("log_format", lambda p, v: _expect_choice(p, v, LOG_FORMATS), "text"),
         enable_registration=s.get("enable_registration", _expect_bool, False),
@@ -781,6 +974,10 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         bcrypt_rounds=s.get("bcrypt_rounds", lambda p, v: _expect_int(p, v, 4, 31), 12),
         rc_message=s.get("rc_message", _rate_limit(RateLimit(0.2, 10)), RateLimit(0.2, 10)),
         rc_registration=s.get("rc_registration", _rate_limit(RateLimit(0.17, 3)), RateLimit(0.17, 3)),
+        rc_admin=s.get("rc_admin", _rate_limit(RateLimit(10.0, 100)), RateLimit(10.0, 100)),
+        registration_shared_secret=s.get("registration_shared_secret", _secret, None),
+        registration_requires_token=s.get("registration_requires_token", _expect_bool, False),
+        server_notices=s.get("server_notices", _server_notices, None),
         rc_login=s.get("rc_login", _grouped_rate_limits(LoginRateLimits), LoginRateLimits()),
         rc_joins=s.get("rc_joins", _grouped_rate_limits(JoinRateLimits), JoinRateLimits()),
         rc_invites=s.get("rc_invites", _grouped_rate_limits(InviteRateLimits), InviteRateLimits()),
@@ -796,6 +993,7 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         stream_writers=s.get("stream_writers", _stream_writers, {}),
         federation_sender_instances=s.get("federation_sender_instances", _instance_names, ()),
         workers=s.get("workers", _workers, {}),
+        media=s.get("media", lambda p, v: _media(p, v, path_value), MediaConfig()),
     )
     _check_worker_layout(config)
     if not config.allow_unauthenticated_replication:
@@ -891,6 +1089,10 @@ redis:
   # url: "redis://127.0.0.1:6379/0"
 
 log_level: INFO
+
+# Uploaded files and thumbnails live under data_dir/media (docs/media.md).
+# media:
+#   max_upload_size: 50M
 
 # Anyone who can reach the client listener may create an account.
 enable_registration: {"true" if enable_registration else "false"}

@@ -15,6 +15,7 @@ import os
 import secrets
 import string
 from pathlib import Path
+from typing import Any
 
 from signedjson.key import generate_signing_key, read_signing_keys, write_signing_keys
 from signedjson.types import SigningKey
@@ -92,3 +93,17 @@ def ensure_self_signed_certificate(cert_path: Path, key_path: Path, server_name:
         )
     cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     logger.info("generated a self-signed TLS certificate for %s in %s", host, cert_path)
+
+
+def load_tls_options(cert_path: Path, key_path: Path) -> Any:
+    """Twisted ``CertificateOptions`` for a listener, from PEM files, built from ``cryptography``
+    objects (pyOpenSSL's own X509 and PKey types are deprecated)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    from twisted.internet.ssl import CertificateOptions
+
+    certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    private_key = load_pem_private_key(key_path.read_bytes(), password=None)
+    # Twisted's annotations still name pyOpenSSL's types; pyOpenSSL takes these since 24.3.
+    options: Any = CertificateOptions
+    return options(privateKey=private_key, certificate=certificate)

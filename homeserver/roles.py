@@ -29,14 +29,16 @@ does not change.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Final, Protocol
 
 import attrs
+from prometheus_client import CollectorRegistry
 
 from homeserver.config import HomeserverConfig
 from storage.database import Database
+from storage.id_generators import StreamIdGenerator
 
 ENTRY_POINT_GROUP: Final = "tributary.workers"
 
@@ -53,6 +55,8 @@ MAIN_ONLY_SERVLETS: Final = frozenset({
     "client_device_delete",
     "client_delete_devices",
     "client_keys_upload",
+    "client_keys_device_signing_upload",  # UIA sessions, and the device_lists stream
+    "client_keys_signatures_upload",
     "client_3pid_request_token",
     "client_register_request_token",
     "client_password_request_token",
@@ -64,7 +68,9 @@ MAIN_ONLY_SERVLETS: Final = frozenset({
 
 
 class Stoppable(Protocol):
-    def stop(self) -> None: ...
+    """What a role hook started; ``stop`` may return a Deferred that fires once it has stopped."""
+
+    def stop(self) -> object: ...
 
 
 @attrs.frozen
@@ -77,6 +83,10 @@ class RoleContext:
     db: Database
     # Subscribe to FEDERATION_ACK (sender instance, federation stream position) from replication.
     on_federation_ack: Callable[[Callable[[str, int], None]], None]
+    # The process's metrics registry, and its stream ID generators by stream name (positions
+    # and position listeners, local or fed by replication).
+    registry: CollectorRegistry = attrs.field(factory=CollectorRegistry)
+    streams: Mapping[str, StreamIdGenerator] = attrs.field(factory=dict)
 
 
 RoleHook = Callable[[RoleContext], Awaitable[Stoppable]]
@@ -87,7 +97,8 @@ class WorkerRole:
     name: str
     description: str
     resources: frozenset[str] = frozenset({"health"})
-    # "all": every servlet; "worker": all but MAIN_ONLY_SERVLETS; "none".
+    # "all": every servlet; "worker": all but MAIN_ONLY_SERVLETS; "media": the media servlets
+    # (names starting ``media_``: homeserver/http/client_api/media.py, homeserver/federation/media.py); "none".
     servlets: str = "none"
     streams: frozenset[str] = frozenset()
     sends_federation: bool = False
@@ -99,6 +110,8 @@ class WorkerRole:
             return True
         if self.servlets == "worker":
             return servlet not in MAIN_ONLY_SERVLETS
+        if self.servlets == "media":
+            return servlet.startswith("media_")
         return False
 
 

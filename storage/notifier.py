@@ -40,6 +40,8 @@ class Notifier:
         self._clock = clock
         self._waiters: dict[str, set[_Waiter]] = {}
         self._generators: dict[str, StreamIdGenerator] = {}
+        # Set by ``shut_down``: the process is stopping, so nobody waits any more.
+        self.closed = False
 
     def add_stream(self, generator: StreamIdGenerator) -> None:
         """Follow a stream: its position changes wake its waiters."""
@@ -88,6 +90,8 @@ class Notifier:
             raise ValueError("a waiter must follow at least one stream")
         if condition():
             return succeed(True)
+        if self.closed:
+            return succeed(False)
         waiter = _Waiter(followed, condition)
 
         def cancel(_: Deferred[bool]) -> None:
@@ -99,6 +103,14 @@ class Notifier:
         for stream_name in followed:
             self._waiters.setdefault(stream_name, set()).add(waiter)
         return waiter.deferred
+
+    def shut_down(self) -> None:
+        """The process is stopping: fire every waiter now, as a timeout would (False unless its
+        condition holds), and answer later waits at once; long-polls then end without waiting."""
+        self.closed = True
+        for waiter in {w for waiters in self._waiters.values() for w in waiters}:
+            self._remove(waiter)  # cancels its timer too
+            self._time_out(waiter)
 
     def _time_out(self, waiter: _Waiter) -> None:
         waiter.timer = None

@@ -111,6 +111,14 @@ async def prepare_database(db: Database) -> int:
 
     Raises SchemaError when the database is newer than the code.
     """
+    return len(await apply_migrations(db))
+
+
+async def apply_migrations(db: Database) -> tuple[Migration, ...]:
+    """Apply every pending migration; return those this call applied, in order.
+
+    Raises SchemaError when the database is newer than the code.
+    """
     migrations = load_migrations()
     newest_known = migrations[-1].version if migrations else 0
     current = await current_schema_version(db)
@@ -119,14 +127,14 @@ async def prepare_database(db: Database) -> int:
             f"the database schema is at version {current}, but this Tributary only knows up to "
             f"{newest_known}: it was used by a newer release. Run that release (or newer) instead."
         )
-    applied = 0
+    applied: list[Migration] = []
     for migration in migrations:
         if migration.version <= current:
             continue
         if await db.run_interaction(f"migration_{migration.version:04d}", _apply_txn, migration):
             logger.info("applied schema migration %04d_%s", migration.version, migration.name)
-            applied += 1
-    return applied
+            applied.append(migration)
+    return tuple(applied)
 
 
 def _check_server_name_txn(txn: Transaction, server_name: str) -> None:

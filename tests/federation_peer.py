@@ -60,7 +60,7 @@ from homeserver.federation.auth import authenticate_request
 from homeserver.federation.client import FederationClient
 from homeserver.federation.keys import Keyring, server_key_response
 from storage.kernel.errors import MatrixError
-from homeserver.keys import ensure_self_signed_certificate
+from homeserver.keys import ensure_self_signed_certificate, load_tls_options
 
 logger = logging.getLogger(__name__)
 
@@ -262,8 +262,6 @@ class FederationPeer:
 
     async def start(self, n: int) -> list[str]:
         """Start ``n`` more virtual servers; return their names (``127.0.0.1:<port>``)."""
-        from twisted.internet import ssl
-
         if self._tmp is None:
             self._tmp = Path(tempfile.mkdtemp(prefix="federation-peer-"))
         names = []
@@ -271,8 +269,7 @@ class FederationPeer:
             index = len(self._servers)
             cert_path, key_path = self._tmp / f"{index}.crt", self._tmp / f"{index}.key"
             ensure_self_signed_certificate(cert_path, key_path, LOOPBACK)
-            pem = cert_path.read_bytes() + b"\n" + key_path.read_bytes()
-            tls_options = ssl.PrivateCertificate.loadPEM(pem).options()
+            tls_options = load_tls_options(cert_path, key_path)
             # A key ID of its own: a later peer may get the same port, so the same server name,
             # and a server that cached the earlier key under the same ID would refuse the new one.
             signing_key = generate_signing_key(f"peer{index}_{secrets.token_hex(4)}")

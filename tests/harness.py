@@ -238,13 +238,16 @@ class Nginx:
     process: subprocess.Popen[str] | None = None
 
     @classmethod
-    def for_workers(cls, directory: Path, *, main_port: int, generic_port: int) -> Nginx:
+    def for_workers(cls, directory: Path, *, main_port: int, generic_port: int,
+                    media_port: int | None = None) -> Nginx:
+        """``media_port``: the media_repository worker's client listener (the main process's when None)."""
         directory.mkdir(parents=True, exist_ok=True)
         port = free_port()
         text = (REPO_ROOT / "docker" / "nginx.conf").read_text(encoding="utf-8")
         replacements = {
             "server main:8008;": f"server 127.0.0.1:{main_port};",
             "server generic1:8008;": f"server 127.0.0.1:{generic_port};",
+            "server media1:8008;": f"server 127.0.0.1:{media_port or main_port};",
             "listen 8080;": f"listen 127.0.0.1:{port};",
             "pid /tmp/nginx.pid;": f"pid {directory}/nginx.pid;",
             "access_log /dev/stdout;": f"access_log {directory}/access.log;",

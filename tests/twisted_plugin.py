@@ -8,6 +8,7 @@ sync fixtures use ``run_sync`` for async set-up.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -35,6 +36,10 @@ def run_sync(coro: Coroutine[Any, Any, T] | Deferred[T], timeout: float = DEFAUL
     """Run a Twisted coroutine (or wait for a Deferred) on the reactor's loop; return its result."""
     _ensure_running()
     loop = reactor._asyncioEventloop
+    # A test that ran ``asyncio.run`` (nio in a worker-layout test) leaves no current loop
+    # behind; code that asks asyncio for "the" loop (nio's clients) must find the reactor's,
+    # also in the synchronous start of the coroutine below.
+    asyncio.set_event_loop(loop)
     deferred = coro if isinstance(coro, Deferred) else Deferred.fromCoroutine(coro)
     deferred.addTimeout(timeout, reactor)
     future = deferred.asFuture(loop)

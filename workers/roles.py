@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Final
 
 from homeserver.roles import WorkerRole
-from workers.pruning import start_pruning
+from workers.background import start_background
+from workers.pusher import start_pusher
 
 GENERIC: Final = WorkerRole(
     name="generic",
@@ -40,8 +41,25 @@ FEDERATION_SENDER: Final = WorkerRole(
 
 BACKGROUND: Final = WorkerRole(
     name="background",
-    description="Periodic jobs (pruning stream tables: workers/pruning.py), taken off the main process.",
+    description="Periodic jobs (pruning stream tables: workers/pruning.py) and the user directory's updater "
+                "(workers/background.py), taken off the main process.",
     resources=frozenset({"replication", "health"}),
-    start=start_pruning,
+    start=start_background,
     main_runs_without_worker=True,
+)
+
+PUSHER: Final = WorkerRole(
+    name="pusher",
+    description="Delivers notifications to push gateways (workers/pusher.py), taken off the main process.",
+    resources=frozenset({"replication", "health"}),
+    start=start_pusher,
+    main_runs_without_worker=True,
+)
+
+MEDIA_REPOSITORY: Final = WorkerRole(
+    name="media_repository",
+    description="The media repository: uploads, downloads, thumbnails, remote media, URL previews and the media "
+                "admin API (docs/media.md); the main process then serves none of it.",
+    resources=frozenset({"client", "federation", "replication", "health"}),
+    servlets="media",
 )

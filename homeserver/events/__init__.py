@@ -1,7 +1,7 @@
 """Matrix events, rooms and state: the pure core (no I/O, no clock, no database).
 
-Room versions 10-12, canonical JSON, content/reference hashes and IDs, redaction,
-signing and verification, the authorization rules, state resolution v2 / v2.1, the
+Room versions 1-12, canonical JSON, content/reference hashes and IDs, redaction,
+signing and verification, the authorization rules, state resolution v1 / v2 / v2.1, the
 event builder, ``/createRoom`` templates and history visibility. Persistence lives in
 ``storage/``; this package is what it and the HTTP handlers call. See docs/events.md.
 """
@@ -25,8 +25,10 @@ from homeserver.events.auth import (
 from homeserver.events.builder import (
     EventTemplate,
     build_pdu,
+    EdgeHashes,
     compute_depth,
     create_local_event,
+    edge_hashes_of,
     select_auth_event_ids,
     select_prev_events,
     sign_pdu,
@@ -45,6 +47,7 @@ from homeserver.events.errors import (
 from homeserver.events.event import FrozenEvent, StateKey, make_event, parse_pdu
 from homeserver.events.hashing import (
     compute_content_hash,
+    assign_event_id,
     compute_event_id,
     compute_reference_hash,
     create_event_id_from_room_id,
@@ -57,6 +60,7 @@ from homeserver.events.room_creation import (
     parse_create_room_request,
 )
 from homeserver.events.room_versions import (
+    ALL_ROOM_VERSIONS,
     DEFAULT_ROOM_VERSION,
     KNOWN_ROOM_VERSIONS,
     RoomVersion,
@@ -76,11 +80,13 @@ from homeserver.events.state_res import auth_chain, resolve_state
 from homeserver.events.visibility import can_see_event
 
 __all__ = [
+    "ALL_ROOM_VERSIONS",
     "CREATOR_POWER_LEVEL",
     "DEFAULT_ROOM_VERSION",
     "KNOWN_ROOM_VERSIONS",
     "AuthError",
     "CreateRoomRequest",
+    "EdgeHashes",
     "EventTemplate",
     "EventTooLarge",
     "EventsError",
@@ -99,6 +105,7 @@ __all__ = [
     "StateMap",
     "UnsupportedRoomVersion",
     "add_hashes_and_signature",
+    "assign_event_id",
     "auth_chain",
     "auth_state_from_auth_events",
     "auth_types_for",
@@ -115,6 +122,7 @@ __all__ = [
     "compute_reference_hash",
     "create_event_id_from_room_id",
     "create_local_event",
+    "edge_hashes_of",
     "encode_canonical",
     "get_named_level",
     "get_room_version",

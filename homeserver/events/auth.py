@@ -1,10 +1,13 @@
-"""The authorization rules of room versions 10, 11 and 12, as pure functions.
+"""The authorization rules of room versions 1 to 12, as pure functions.
 
 ``check_auth_rules`` decides one event against a state map (the event's auth events,
 the state before it, or the current state: the three checks on receipt of a PDU);
 ``check_auth_events_list`` applies the state-independent rules about the event's own
 ``auth_events`` list. Rule numbers in comments are those of the room version 11 page
-(v12 numbers are one higher from rule 2 on). Signatures are not checked here: the
+(v12 numbers are one higher from rule 2 on). Where versions differ, the code asks the
+``RoomVersion``'s flags (``special_case_aliases_auth``, ``strict_integer_power_levels``,
+``knock_join_rule``, ...), never the version's number; ``power_level_value`` is the one
+place that reads a power level, strings included where the version allows them. Signatures are not checked here: the
 "validly signed by the homeserver of join_authorised_via_users_server" rule is enforced
 by ``signing.required_signers``.
 """
@@ -13,6 +16,7 @@ by ``signing.required_signers``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Set
 from typing import Final
 
@@ -42,6 +46,33 @@ _NAMED_LEVEL_DEFAULTS: Final[Mapping[str, int]] = {
     # server-server "Definitions" once said 50 (matrix-spec issue 1187).
     "invite": 0,
 }
+
+
+ALIASES: Final = "m.room.aliases"
+
+_STRING_LEVEL: Final = re.compile(r"[ \t\n\r\f\v]*[+-]?[0-9]{1,20}[ \t\n\r\f\v]*")
+"""v1-v9 "m.room.power_levels events accept values as strings": base 10, optional sign,
+leading zeroes and surrounding whitespace allowed (bounded, so ``int()`` stays cheap)."""
+
+
+def power_level_value(room_version: RoomVersion, value: object) -> int | None:
+    """A power level as the room version reads it: an integer, or (v1-v9) a string holding
+    one (``" +050 "`` is 50); ``None`` for anything else."""
+    if is_int(value):
+        return value
+    if (
+        not room_version.strict_integer_power_levels
+        and isinstance(value, str)
+        and len(value) <= 64
+        and value.isascii()
+        and _STRING_LEVEL.fullmatch(value) is not None
+    ):
+        return int(value)
+    return None
+
+
+def _level(pl_event: FrozenEvent, value: object) -> int | None:
+    return power_level_value(pl_event.room_version, value)
 
 
 # --- auth events selection -------------------------------------------------------
@@ -78,7 +109,7 @@ def auth_types_for(
             token = signed.get("token") if isinstance(signed, Mapping) else None
             if isinstance(token, str):
                 keys.append((C.THIRD_PARTY_INVITE, token))
-        authoriser = content.get(C.AUTHORISING_USER)
+        authoriser = content.get(C.AUTHORISING_USER) if room_version.restricted_join_rule else None
         if isinstance(authoriser, str) and (C.MEMBER, authoriser) not in keys:
             keys.append((C.MEMBER, authoriser))
     return keys
@@ -173,6 +204,11 @@ def _pl_content(state: StateMap) -> JsonMapping | None:
     return None if pl is None else pl.content
 
 
+def _pl_level(state: StateMap, value: object) -> int | None:
+    pl = state.get((C.POWER_LEVELS, ""))
+    return None if pl is None else _level(pl, value)
+
+
 def get_user_power_level(room_version: RoomVersion, user_id: str, state: StateMap) -> int:
     """A user's power level in ``state`` (v12 creators: ``CREATOR_POWER_LEVEL``)."""
     create = state.get((C.CREATE, ""))
@@ -183,11 +219,11 @@ def get_user_power_level(room_version: RoomVersion, user_id: str, state: StateMa
     if content is not None:
         users = content.get("users")
         if isinstance(users, Mapping):
-            level = users.get(user_id)
-            if is_int(level):
+            level = _pl_level(state, users.get(user_id))
+            if level is not None:
                 return level
-        default = content.get("users_default")
-        return default if is_int(default) else 0
+        default = _pl_level(state, content.get("users_default"))
+        return 0 if default is None else default
     # No power levels event: the creator has 100, everyone else 0.
     if create is not None and user_id in room_creators(room_version, create):
         return 100
@@ -200,8 +236,8 @@ def get_named_level(state: StateMap, name: str) -> int:
     content = _pl_content(state)
     if content is None:
         return default
-    value = content.get(name)
-    return value if is_int(value) else default
+    value = _pl_level(state, content.get(name))
+    return default if value is None else value
 
 
 def get_send_level(state: StateMap, event_type: str, is_state_event: bool) -> int:
@@ -210,8 +246,8 @@ def get_send_level(state: StateMap, event_type: str, is_state_event: bool) -> in
     if content is not None:
         events = content.get("events")
         if isinstance(events, Mapping):
-            level = events.get(event_type)
-            if is_int(level):
+            level = _pl_level(state, events.get(event_type))
+            if level is not None:
                 return level
     return get_named_level(state, "state_default" if is_state_event else "events_default")
 
@@ -260,6 +296,14 @@ def check_auth_rules(room_version: RoomVersion, event: FrozenEvent, auth_events:
     ):
         raise AuthError("room is not federated and the sender is from another server")
 
+    if event.type == ALIASES and room_version.special_case_aliases_auth:
+        # v1-v5 rule 4: a server may set the aliases of its own domain, whatever its power.
+        if event.state_key is None:
+            raise AuthError("m.room.aliases needs a state_key")
+        if event.state_key != server_name_of(event.sender):
+            raise AuthError("m.room.aliases state_key must be the sender's server name")
+        return
+
     if event.type == C.MEMBER:
         _check_membership(room_version, event, create, auth_events)
         return
@@ -288,6 +332,16 @@ def check_auth_rules(room_version: RoomVersion, event: FrozenEvent, auth_events:
 
     if event.type == C.POWER_LEVELS:
         _check_power_levels(room_version, event, create, auth_events, sender_level)
+        return
+
+    if event.type == C.REDACTION and room_version.redaction_auth_rule:
+        # v1, v2 rule 11: the redact level, or a redaction of an event from the same server.
+        if sender_level >= get_named_level(auth_events, "redact"):
+            return
+        redacts = event.redacts
+        if redacts is not None and server_name_of(redacts) == server_name_of(event.event_id):
+            return
+        raise AuthError("redacting another server's event needs the redact level")
 
 
 def _check_create(room_version: RoomVersion, event: FrozenEvent) -> None:
@@ -319,6 +373,26 @@ def _user_can_invite(room_version: RoomVersion, user_id: str, state: StateMap) -
     ) >= get_named_level(state, "invite")
 
 
+def restricted_join_rules(room_version: RoomVersion) -> frozenset[str]:
+    """Join rules under which ``join_authorised_via_users_server`` can admit a join."""
+    rules = set()
+    if room_version.restricted_join_rule:
+        rules.add(C.RESTRICTED)
+    if room_version.knock_restricted_join_rule:
+        rules.add(C.KNOCK_RESTRICTED)
+    return frozenset(rules)
+
+
+def _knock_rules(room_version: RoomVersion) -> frozenset[str]:
+    """Join rules that allow knocking (none before v7)."""
+    rules = set()
+    if room_version.knock_join_rule:
+        rules.add(C.JR_KNOCK)
+    if room_version.knock_restricted_join_rule:
+        rules.add(C.KNOCK_RESTRICTED)
+    return frozenset(rules)
+
+
 def _check_membership(
     room_version: RoomVersion, event: FrozenEvent, create: FrozenEvent, state: StateMap
 ) -> None:
@@ -348,11 +422,11 @@ def _check_membership(
         if sender_membership == C.BAN:
             raise AuthError(f"{sender} is banned from the room")
         join_rule = _join_rule(state)
-        if join_rule in (C.JR_INVITE, C.JR_KNOCK):
+        if join_rule == C.JR_INVITE or (join_rule == C.JR_KNOCK and room_version.knock_join_rule):
             if target_membership in (C.INVITE, C.JOIN):
                 return
             raise AuthError(f"join rule is {join_rule} and {sender} is not invited")
-        if join_rule in (C.RESTRICTED, C.KNOCK_RESTRICTED):
+        if join_rule in restricted_join_rules(room_version):
             if target_membership in (C.JOIN, C.INVITE):
                 return
             authoriser = content.get(C.AUTHORISING_USER)
@@ -379,7 +453,9 @@ def _check_membership(
 
     if membership == C.LEAVE:
         if sender == target:
-            if sender_membership in (C.INVITE, C.JOIN, C.KNOCK):
+            if sender_membership in (C.INVITE, C.JOIN) or (
+                sender_membership == C.KNOCK and room_version.knock_join_rule
+            ):
                 return
             raise AuthError(f"{sender} cannot leave from membership {sender_membership!r}")
         if sender_membership != C.JOIN:
@@ -401,9 +477,9 @@ def _check_membership(
             return
         raise AuthError("ban needs the ban level and a higher level than the target")
 
-    if membership == C.KNOCK:
+    if membership == C.KNOCK and room_version.knock_join_rule:
         join_rule = _join_rule(state)
-        if join_rule not in (C.JR_KNOCK, C.KNOCK_RESTRICTED):
+        if join_rule not in _knock_rules(room_version):
             raise AuthError(f"join rule {join_rule!r} does not allow knocking")
         if sender != target:
             raise AuthError("cannot knock on behalf of another user")
@@ -451,12 +527,19 @@ def _check_third_party_invite(
 _LEVEL_NAMES: Final = ("users_default", "events_default", "state_default", "ban", "redact", "kick", "invite")
 
 
-def _int_or_none(value: JsonValue | None) -> int | None:
-    return value if is_int(value) else None
-
-
 def _int_map(value: JsonValue | None) -> Mapping[str, JsonValue]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _changed_level(room_version: RoomVersion, what: str, value: JsonValue | None) -> int | None:
+    """A level taking part in a change: absent is ``None``; present but not a level rejects
+    (v10+ already refused such content up front; before, only the values that change matter)."""
+    if value is None:
+        return None
+    level = power_level_value(room_version, value)
+    if level is None:
+        raise AuthError(f"power level {what} is not an integer: {value!r}")
+    return level
 
 
 def _check_power_levels(
@@ -466,22 +549,24 @@ def _check_power_levels(
     state: StateMap,
     sender_level: int,
 ) -> None:
-    """Rule 9 (v12: 10): m.room.power_levels."""
+    """Rule 9 (v1: 10, v12: 10): m.room.power_levels."""
     new = event.content
-    for name in _LEVEL_NAMES:
-        if name in new and not is_int(new[name]):
-            raise AuthError(f"power level '{name}' must be an integer, got {new[name]!r}")
-    for name in ("events", "notifications"):
-        if name in new:
-            value = new[name]
-            if not isinstance(value, Mapping) or not all(is_int(v) for v in value.values()):
-                raise AuthError(f"power levels '{name}' must be an object of integers")
+    maps = ("events", "notifications") if room_version.notifications_power_levels else ("events",)
+    if room_version.strict_integer_power_levels:
+        for name in _LEVEL_NAMES:
+            if name in new and not is_int(new[name]):
+                raise AuthError(f"power level '{name}' must be an integer, got {new[name]!r}")
+        for name in maps:
+            if name in new:
+                value = new[name]
+                if not isinstance(value, Mapping) or not all(is_int(v) for v in value.values()):
+                    raise AuthError(f"power levels '{name}' must be an object of integers")
     if "users" in new:
         users = new["users"]
         if not isinstance(users, Mapping):
             raise AuthError("power levels 'users' must be an object")
         for user_id, level in users.items():
-            if not is_valid_user_id(user_id) or not is_int(level):
+            if not is_valid_user_id(user_id) or power_level_value(room_version, level) is None:
                 raise AuthError(f"power levels 'users' entry {user_id!r}: {level!r} is invalid")
         if room_version.privileged_creators:
             listed = room_creators(room_version, create) & set(users)
@@ -494,20 +579,22 @@ def _check_power_levels(
     old = current.content
 
     for name in _LEVEL_NAMES:
-        old_value, new_value = _int_or_none(old.get(name)), _int_or_none(new.get(name))
-        if old_value == new_value:
+        if old.get(name) == new.get(name):
             continue
+        old_value = _changed_level(room_version, repr(name), old.get(name))
+        new_value = _changed_level(room_version, repr(name), new.get(name))
         if old_value is not None and old_value > sender_level:
             raise AuthError(f"cannot change '{name}' from {old_value}: above sender's level {sender_level}")
         if new_value is not None and new_value > sender_level:
             raise AuthError(f"cannot set '{name}' to {new_value}: above sender's level {sender_level}")
 
-    for name in ("events", "notifications"):
+    for name in maps:
         old_map, new_map = _int_map(old.get(name)), _int_map(new.get(name))
         for key in set(old_map) | set(new_map):
-            old_value, new_value = _int_or_none(old_map.get(key)), _int_or_none(new_map.get(key))
-            if old_value == new_value:
+            if old_map.get(key) == new_map.get(key):
                 continue
+            old_value = _changed_level(room_version, f"{name}[{key!r}]", old_map.get(key))
+            new_value = _changed_level(room_version, f"{name}[{key!r}]", new_map.get(key))
             if old_value is not None and old_value > sender_level:
                 raise AuthError(f"cannot change {name}[{key!r}] from {old_value}: above sender's level")
             if new_value is not None and new_value > sender_level:
@@ -515,9 +602,10 @@ def _check_power_levels(
 
     old_users, new_users = _int_map(old.get("users")), _int_map(new.get("users"))
     for user_id in set(old_users) | set(new_users):
-        old_value, new_value = _int_or_none(old_users.get(user_id)), _int_or_none(new_users.get(user_id))
-        if old_value == new_value:
+        if old_users.get(user_id) == new_users.get(user_id):
             continue
+        old_value = _changed_level(room_version, f"users[{user_id!r}]", old_users.get(user_id))
+        new_value = _changed_level(room_version, f"users[{user_id!r}]", new_users.get(user_id))
         if old_value is not None and user_id != event.sender and old_value >= sender_level:
             raise AuthError(f"cannot change the level of {user_id} ({old_value}): not below sender's")
         if new_value is not None and new_value > sender_level:

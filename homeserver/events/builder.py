@@ -19,6 +19,7 @@ from homeserver.events import constants as C
 from homeserver.events.auth import auth_types_for
 from homeserver.events.canonical import JsonDict, JsonMapping, freeze, thaw
 from homeserver.events.event import FrozenEvent, StateKey, make_event
+from homeserver.events.hashing import assign_event_id, edge_hash
 from homeserver.events.room_versions import RoomVersion
 from homeserver.events.signing import add_hashes_and_signature
 
@@ -70,6 +71,33 @@ def select_auth_event_ids(
     return [current_state[k] for k in keys if k in current_state]
 
 
+EdgeHashes = Mapping[str, Mapping[str, str]]
+"""Event ID -> its ``{"sha256": reference hash}``: what v1/v2 events cite beside each ID."""
+
+
+def edge_hashes_of(room_version: RoomVersion, events: Iterable[FrozenEvent]) -> dict[str, dict[str, str]]:
+    """``EdgeHashes`` for ``events`` (empty unless the version's edges carry hashes)."""
+    if not room_version.event_ids_are_origin_assigned:
+        return {}
+    return {e.event_id: edge_hash(room_version, e.pdu) for e in events}
+
+
+def format_edges(room_version: RoomVersion, event_ids: Iterable[str], hashes: EdgeHashes) -> list[object]:
+    """``prev_events``/``auth_events`` in the version's format: IDs (v3+) or ``[id, hashes]`` (v1, v2).
+
+    Raises ``ValueError`` when a v1/v2 edge's hash is not in ``hashes`` (a caller bug:
+    it must load the events it cites).
+    """
+    if not room_version.event_ids_are_origin_assigned:
+        return list(event_ids)
+    edges: list[object] = []
+    for event_id in event_ids:
+        if event_id not in hashes:
+            raise ValueError(f"no reference hash given for {event_id}, which a v1/v2 event must cite with one")
+        edges.append([event_id, dict(hashes[event_id])])
+    return edges
+
+
 def build_pdu(
     room_version: RoomVersion,
     template: EventTemplate,
@@ -80,17 +108,21 @@ def build_pdu(
     auth_event_ids: list[str],
     depth: int,
     origin_server_ts: int,
+    edge_hashes: EdgeHashes | None = None,
 ) -> JsonDict:
-    """The unsigned PDU dict (no hashes or signatures yet).
+    """The unsigned PDU dict (no hashes or signatures yet; in v1/v2 no ``event_id`` yet either:
+    ``sign_pdu`` assigns it).
 
-    ``room_id`` is ``None`` only for a v12 create event.
+    ``room_id`` is ``None`` only for a v12 create event. ``edge_hashes`` must cover every
+    prev and auth event in room versions 1 and 2 (see ``edge_hashes_of``).
     """
+    hashes = edge_hashes or {}
     pdu: JsonDict = {
         "type": template.type,
         "sender": sender,
         "content": thaw(template.content),
-        "prev_events": list(prev_event_ids),
-        "auth_events": list(auth_event_ids),
+        "prev_events": format_edges(room_version, prev_event_ids, hashes),
+        "auth_events": format_edges(room_version, auth_event_ids, hashes),
         "depth": depth,
         "origin_server_ts": origin_server_ts,
     }
@@ -109,11 +141,14 @@ def build_pdu(
 def sign_pdu(
     room_version: RoomVersion, pdu: Mapping[str, object], server_name: str, signing_key: SigningKey
 ) -> FrozenEvent:
-    """Hash and sign a PDU we built, then ``make_event`` it.
+    """Hash and sign a PDU we built, then ``make_event`` it. In room versions 1 and 2 a PDU
+    without an ``event_id`` first gets one of ``server_name`` (``assign_event_id``).
 
     Raises ``EventTooLarge`` when the signed event is over 65,536 bytes of canonical JSON
     (or a size-limited key is over 255 bytes): the client API answers ``M_TOO_LARGE``.
     """
+    if room_version.event_ids_are_origin_assigned and "event_id" not in pdu:
+        pdu = {**pdu, "event_id": assign_event_id(pdu, server_name)}
     signed = add_hashes_and_signature(room_version, pdu, server_name, signing_key)
     signed.setdefault("signatures", {})
     return make_event(room_version, signed)
@@ -130,10 +165,12 @@ def create_local_event(
     origin_server_ts: int,
     server_name: str,
     signing_key: SigningKey,
+    edge_hashes: EdgeHashes | None = None,
 ) -> FrozenEvent:
     """Everything the event builder does, in order: prev_events (≤10) from the forward
     extremities (event ID -> depth), depth, auth_events from the current state, then
-    hash, sign and enforce the size limit. The auth rules are the caller's next step."""
+    hash, sign and enforce the size limit. The auth rules are the caller's next step.
+    ``edge_hashes``: see ``build_pdu`` (needed in room versions 1 and 2 only)."""
     prev_event_ids = select_prev_events(forward_extremities)
     pdu = build_pdu(
         room_version,
@@ -144,5 +181,6 @@ def create_local_event(
         auth_event_ids=select_auth_event_ids(room_version, template, sender, current_state),
         depth=compute_depth(forward_extremities[e] for e in prev_event_ids),
         origin_server_ts=origin_server_ts,
+        edge_hashes=edge_hashes,
     )
     return sign_pdu(room_version, pdu, server_name, signing_key)

@@ -18,7 +18,7 @@ class UnsupportedRoomVersion(EventsError):
     """The room version is not one we implement (HTTP: 400 ``M_UNSUPPORTED_ROOM_VERSION``)."""
 
     def __init__(self, version: object) -> None:
-        super().__init__(f"unsupported room version {version!r}; supported: 10, 11, 12")
+        super().__init__(f"unsupported room version {version!r}; supported: 1 to 12")
         self.version = version
 
 

@@ -1,7 +1,8 @@
 """The immutable event type and ``make_event``, the only way to build one from a PDU.
 
-``make_event`` checks a PDU against the event format of room versions 10-12 (field
-types, strict canonical JSON, size limits) and computes its event ID, so a malformed
+``make_event`` checks a PDU against the event format of its room version (field types,
+strict canonical JSON, size limits, the shape of ``prev_events``/``auth_events`` and, in
+v1/v2, the ``event_id`` the PDU carries) and computes or reads its event ID, so a malformed
 federation PDU becomes an ``InvalidEvent`` and never a crash further in. It does not
 check hashes, signatures or the auth rules: see ``signing`` and ``auth``.
 """
@@ -106,11 +107,11 @@ class FrozenEvent:
 
     @property
     def prev_event_ids(self) -> tuple[str, ...]:
-        return _str_tuple(self.pdu["prev_events"])
+        return _edge_ids(self.pdu["prev_events"])
 
     @property
     def auth_event_ids(self) -> tuple[str, ...]:
-        return _str_tuple(self.pdu["auth_events"])
+        return _edge_ids(self.pdu["auth_events"])
 
     @property
     def depth(self) -> int:
@@ -166,9 +167,10 @@ def _str(value: JsonValue) -> str:
     return value
 
 
-def _str_tuple(value: JsonValue) -> tuple[str, ...]:
+def _edge_ids(value: JsonValue) -> tuple[str, ...]:
+    """Event IDs of ``prev_events``/``auth_events``: plain IDs (v3+) or ``[id, hashes]`` pairs (v1, v2)."""
     assert isinstance(value, tuple)
-    return tuple(_str(v) for v in value)
+    return tuple(_str(v[0]) if isinstance(v, tuple) else _str(v) for v in value)
 
 
 def _require(
@@ -193,14 +195,27 @@ def _check_id_size(key: str, value: str) -> None:
         raise InvalidEvent(f"PDU key '{key}' holds a NUL character")
 
 
-def _check_event_id_list(pdu: Mapping[str, object], key: str) -> None:
+def _check_edge_id(key: str, item: object) -> str:
+    if not isinstance(item, str) or not item.startswith("$"):
+        raise InvalidEvent(f"PDU key '{key}' must hold event IDs, got {str(item)[:80]!r}")
+    _check_id_size(key, item)
+    if not is_valid_event_id(item):
+        raise InvalidEvent(f"PDU key '{key}' holds {item[:80]!r}, not a valid event ID")
+    return item
+
+
+def _check_event_id_list(room_version: RoomVersion, pdu: Mapping[str, object], key: str) -> None:
+    """Plain event IDs (v3+), or ``[event_id, {"sha256": hash}]`` pairs (v1, v2)."""
     ids = _require(pdu, key, (list, tuple), "an array of event IDs")
     for item in ids:
-        if not isinstance(item, str) or not item.startswith("$"):
-            raise InvalidEvent(f"PDU key '{key}' must hold event IDs, got {str(item)[:80]!r}")
-        _check_id_size(key, item)
-        if not is_valid_event_id(item):
-            raise InvalidEvent(f"PDU key '{key}' holds {item[:80]!r}, not a valid event ID")
+        if not room_version.event_ids_are_origin_assigned:
+            _check_edge_id(key, item)
+            continue
+        if not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[1], Mapping):
+            raise InvalidEvent(f"PDU key '{key}' must hold [event_id, hashes] pairs, got {str(item)[:80]!r}")
+        _check_edge_id(key, item[0])
+        if not all(isinstance(h, str) for h in item[1].values()):
+            raise InvalidEvent(f"PDU key '{key}': the hashes of {str(item[0])[:80]!r} must be strings")
 
 
 def validate_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> None:
@@ -217,8 +232,13 @@ def validate_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> None:
     depth = _require(pdu, "depth", int, "an integer")
     if not 0 <= depth <= C.MAX_DEPTH:
         raise InvalidEvent(f"PDU depth {depth} is outside [0, {C.MAX_DEPTH}]")
-    _check_event_id_list(pdu, "prev_events")
-    _check_event_id_list(pdu, "auth_events")
+    _check_event_id_list(room_version, pdu, "prev_events")
+    _check_event_id_list(room_version, pdu, "auth_events")
+    if room_version.event_ids_are_origin_assigned:
+        event_id = _require(pdu, "event_id", str, "a string")
+        _check_edge_id("event_id", event_id)
+        if ":" not in event_id:
+            raise InvalidEvent(f"PDU event_id {event_id[:80]!r} has no server name (room versions 1 and 2)")
 
     hashes = _require(pdu, "hashes", Mapping, "an object")
     if not isinstance(hashes.get("sha256"), str):
@@ -273,8 +293,9 @@ def make_event(
     """Validate ``pdu`` for ``room_version`` and return it as a ``FrozenEvent``.
 
     Raises ``InvalidEvent`` (``EventTooLarge`` for size limits) for a malformed PDU.
-    The event ID is computed from the reference hash unless ``trusted_event_id`` is
-    given, which is only for events re-loaded from our own database.
+    The event ID is the PDU's own ``event_id`` in room versions 1 and 2, else computed
+    from the reference hash, unless ``trusted_event_id`` is given, which is only for
+    events re-loaded from our own database.
     """
     if not isinstance(pdu, Mapping):
         raise InvalidEvent(f"a PDU must be a JSON object, got {type(pdu).__name__}")

@@ -78,9 +78,12 @@ def required_signers(event: FrozenEvent) -> frozenset[str]:
     The sender's server, except for an invite created from a third-party invite; plus,
     for a membership event with ``join_authorised_via_users_server``, that user's server
     (auth rule "must be validly signed by the homeserver of the user ID denoted by the
-    key"). Event IDs carry no server in v4+, so no signature is needed for them.
+    key"); plus, in room versions 1 and 2, the server named by the event ID (v3+ event
+    IDs name no server).
     """
     servers: set[str] = set()
+    if event.room_version.event_ids_are_origin_assigned:
+        servers.add(server_name_of(event.event_id))
     content = event.content
     if not (
         event.type == C.MEMBER
@@ -88,7 +91,7 @@ def required_signers(event: FrozenEvent) -> frozenset[str]:
         and "third_party_invite" in content
     ):
         servers.add(server_name_of(event.sender))
-    if event.type == C.MEMBER:
+    if event.type == C.MEMBER and event.room_version.restricted_join_rule:
         authoriser = content.get(C.AUTHORISING_USER)
         if isinstance(authoriser, str) and is_valid_user_id(authoriser):
             servers.add(server_name_of(authoriser))
@@ -106,7 +109,7 @@ def verify_event_signatures(event: FrozenEvent, keys: KeyRing) -> None:
     """Raise ``SignatureError`` unless every required server validly signed ``event``.
 
     For each server in ``required_signers(event)``: its ed25519 signatures for which
-    ``keys`` has a key valid at the event's ``origin_server_ts`` are checked; at least
+    ``keys`` has a key (from v5 on: valid at the event's ``origin_server_ts``) are checked; at least
     one must exist and all of them must verify. Works on full and redacted copies alike.
     """
     message = _signed_bytes(event.room_version, event)
@@ -123,7 +126,7 @@ def verify_event_signatures(event: FrozenEvent, keys: KeyRing) -> None:
             key = server_keys.get(key_id)
             if key is None:
                 continue
-            if key.valid_until_ts < ts:
+            if event.room_version.enforce_key_validity and key.valid_until_ts < ts:
                 raise SignatureError(
                     f"key {server} {key_id} was valid until {key.valid_until_ts}, "
                     f"before the event's origin_server_ts {ts} ({event.event_id})"

@@ -1,4 +1,5 @@
-"""State resolution v2 (room versions 10, 11) and its v12 revision, as one pure function.
+"""State resolution v1 (room version 1), v2 (versions 2-11) and v2's v12 revision, as one
+pure function.
 
 ``resolve_state`` takes the state sets to merge (maps of (type, state_key) -> event ID)
 and an ``event_map`` holding the events it may need: every event in the state sets and
@@ -11,6 +12,7 @@ events). It never fetches anything; a missing state-set event is a
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 
@@ -120,6 +122,8 @@ def resolve_state(
     """
     if not state_sets:
         return {}
+    if room_version.state_res is StateResAlgorithm.V1:
+        return resolve_state_v1(room_version, state_sets, event_map)
     unconflicted, conflicted_keys = _split(state_sets)
     if not conflicted_keys:
         return dict(unconflicted)
@@ -308,3 +312,69 @@ class _Resolver:
                 continue
             state[key] = event_id
         return state
+
+
+# --- state resolution v1 (room version 1) ------------------------------------------------
+
+_V1_AUTH_TYPES: tuple[str, ...] = (C.POWER_LEVELS, C.JOIN_RULES, C.MEMBER)
+"""The order in which v1 resolves conflicts among the events that affect authorization."""
+
+
+def _sha1(event_id: str) -> str:
+    return hashlib.sha1(event_id.encode("utf-8")).hexdigest()
+
+
+def resolve_state_v1(
+    room_version: RoomVersion, state_sets: Sequence[Mapping[StateKey, str]], event_map: EventMap
+) -> dict[StateKey, str]:
+    """Room version 1's algorithm, step by step as its spec page gives it.
+
+    R starts as the union of the states minus every key on which they disagree (a key
+    present in only some states is not a conflict in v1). Then, for the conflicted
+    ``m.room.power_levels``, ``m.room.join_rules`` and ``m.room.member`` keys, in that order:
+    sort the candidates by ascending depth, then descending ``sha1(event_id)``; take the
+    first, then each next one while it passes the auth rules against R. Every other
+    conflicted key takes the candidate with the highest depth (then lowest sha1) that
+    passes against R (the last candidate when none does, as Synapse does).
+    """
+    candidates: dict[StateKey, set[str]] = {}
+    for state in state_sets:
+        for key, event_id in state.items():
+            candidates.setdefault(key, set()).add(event_id)
+    resolved: dict[StateKey, str] = {k: next(iter(ids)) for k, ids in candidates.items() if len(ids) == 1}
+    conflicted = {k: ids for k, ids in candidates.items() if len(ids) > 1}
+    missing = frozenset(e for ids in conflicted.values() for e in ids if e not in event_map)
+    if missing:
+        raise MissingEventsError(missing, "conflicted state events")
+
+    def allowed(event_id: str) -> bool:
+        event = event_map[event_id]
+        auth_state: dict[StateKey, FrozenEvent] = {}
+        for key in [(C.CREATE, ""), *auth_types_for_event(room_version, event)]:
+            current = resolved.get(key)
+            if current is not None and current in event_map:
+                auth_state[key] = event_map[current]
+        try:
+            check_auth_rules(room_version, event, auth_state)
+        except AuthError:
+            return False
+        return True
+
+    for event_type in _V1_AUTH_TYPES:
+        for key in sorted(k for k in conflicted if k[0] == event_type):
+            ordered = sorted(conflicted[key], key=lambda e: (event_map[e].depth, _neg_hex(_sha1(e))))
+            resolved[key] = ordered[0]
+            for event_id in ordered[1:]:
+                if not allowed(event_id):
+                    break
+                resolved[key] = event_id
+
+    for key in sorted(k for k in conflicted if k[0] not in _V1_AUTH_TYPES):
+        ordered = sorted(conflicted[key], key=lambda e: (-event_map[e].depth, _sha1(e)))
+        resolved[key] = next((e for e in ordered if allowed(e)), ordered[-1])
+    return resolved
+
+
+def _neg_hex(digest: str) -> tuple[int, ...]:
+    """Sorts hex digests in descending order when used as an ascending key."""
+    return tuple(-int(c, 16) for c in digest)

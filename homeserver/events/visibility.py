@@ -48,10 +48,15 @@ def can_see_event(
     """The spec's five rules, checked with the state at the event.
 
     ``joined_after_event``: the user's membership became ``join`` at some point after
-    the event (a user who is joined now and was not at the event qualifies). For an
+    the event (a user who is joined now and was not at the event qualifies). The user's own
+    ``leave`` event is always visible to them (as Synapse). For an
     ``m.room.history_visibility`` event, and for the user's own membership events, the
     user may see it if the state before *or* after the event would allow it.
     """
+    if event.state_key_tuple == (C.MEMBER, user_id) and event.membership == C.LEAVE:
+        # The user's own leave (a rejected invite, a retracted knock, a kick) is always theirs
+        # to see, as Synapse: otherwise the room could not disappear from their client.
+        return True
     hv_event = state_before.get((C.HISTORY_VISIBILITY, ""))
     member_event = state_before.get((C.MEMBER, user_id))
     visibilities = [_visibility_of(hv_event)]

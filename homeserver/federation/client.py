@@ -72,8 +72,22 @@ DEFAULT_IP_BLACKLIST: Final = (
 )
 
 
+@attrs.frozen
+class RawResponse:
+    """A non-JSON answer (media): status, ``Content-Type``, ``Content-Disposition`` and body."""
+
+    code: int
+    content_type: str
+    content_disposition: str
+    body: bytes
+
+
 class FederationClientError(Exception):
     """A request to another server failed before a response arrived (resolution, blacklist, network)."""
+
+
+class ResponseTooLarge(FederationClientError):
+    """The answer's body was larger than the caller allows (the read stopped there)."""
 
 
 class FederationTimeout(FederationClientError):
@@ -327,7 +341,7 @@ class _BodyReader(Protocol):
             return
         self._size += len(data)
         if self._size > self._limit:
-            self._done.errback(FederationClientError(f"{self._destination} sent a body over {self._limit} bytes"))
+            self._done.errback(ResponseTooLarge(f"{self._destination} sent a body over {self._limit} bytes"))
             if self.transport is not None:
                 self.transport.stopProducing()  # type: ignore[attr-defined]
             return
@@ -564,6 +578,35 @@ class FederationClient:
         Raises ``HttpResponseError`` for other statuses and ``FederationClientError``
         for everything that stops a response arriving.
         """
+        response, raw = await self._exchange(method, destination, path, query=query, content=content, signed=signed,
+                                             timeout=timeout, max_bytes=MAX_RESPONSE_BYTES)
+        if not 200 <= response.code < 300:
+            self._count(method, "http_error")
+            raise HttpResponseError(destination, response.code, raw)
+        self._count(method, "ok")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise FederationClientError(f"{method} {path} to {destination}: response is not JSON") from None
+
+    async def get_bytes(self, destination: str, path: str, *, query: Mapping[str, Any] | None = None,
+                        signed: bool = True, timeout: float | None = None, max_bytes: int) -> RawResponse:
+        """GET ``path`` and return the answer whatever its type (media): its status, Content-Type and
+        body. A body above ``max_bytes`` is a ``FederationClientError`` (the read stops there);
+        a status other than 2xx is an ``HttpResponseError``."""
+        response, raw = await self._exchange("GET", destination, path, query=query, content=None, signed=signed,
+                                             timeout=timeout, max_bytes=max_bytes)
+        if not 200 <= response.code < 300:
+            self._count("GET", "http_error")
+            raise HttpResponseError(destination, response.code, raw)
+        self._count("GET", "ok")
+        types = response.headers.getRawHeaders(b"Content-Type") or [b""]
+        dispositions = response.headers.getRawHeaders(b"Content-Disposition") or [b""]
+        return RawResponse(response.code, types[0].decode("latin-1"), dispositions[0].decode("latin-1"), raw)
+
+    async def _exchange(self, method: str, destination: str, path: str, *, query: Mapping[str, Any] | None,
+                        content: Any | None, signed: bool, timeout: float | None,
+                        max_bytes: int) -> tuple[IResponse, bytes]:
         uri = path
         if query:
             uri += "?" + urlencode(query, doseq=True, quote_via=quote)
@@ -587,7 +630,7 @@ class FederationClient:
         try:
             response = await within(self._agent.request(method.encode("ascii"), url, headers, body), limit,
                                     self._reactor, what)
-            raw = await within(Deferred.fromCoroutine(read_body(response, MAX_RESPONSE_BYTES, destination)),
+            raw = await within(Deferred.fromCoroutine(read_body(response, max_bytes, destination)),
                                min(limit, self._timeouts.body), self._reactor, f"reading the answer to {what}")
         except CancelledError:
             raise
@@ -600,11 +643,4 @@ class FederationClient:
         except Exception as e:
             self._count(method, "network_error")
             raise FederationClientError(f"{what} failed: {type(e).__name__}: {e}") from e
-        if not 200 <= response.code < 300:
-            self._count(method, "http_error")
-            raise HttpResponseError(destination, response.code, raw)
-        self._count(method, "ok")
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise FederationClientError(f"{method} {path} to {destination}: response is not JSON") from None
+        return response, raw

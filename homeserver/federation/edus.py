@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from homeserver.events.identifiers import server_name_of
+from homeserver.handlers.e2e_rules import parse_prev_ids, parse_stream_id
 from homeserver.handlers.presence import PRESENCE_STATES
 from homeserver.handlers.validation import is_storable_text
 from homeserver.routing.writers import (
@@ -27,6 +28,7 @@ from homeserver.routing.writers import (
     TypingWriter,
     Writers,
 )
+from storage.kernel.errors import MatrixError
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class EduHandlers:
             "m.presence": self.on_presence,
             "m.direct_to_device": self.on_direct_to_device,
             "m.device_list_update": self.on_device_list_update,
+            "m.signing_key_update": self.on_signing_key_update,
         }
 
     async def on_typing(self, origin: str, content: object) -> None:
@@ -148,12 +151,34 @@ class EduHandlers:
         user_id = _user_of(origin, body.get("user_id"))
         device_id = _text(body.get("device_id"), "device_id")
         deleted = body.get("deleted", False) is True
+        try:
+            # Without a stream ID the update cannot be placed: the receiver fetches the whole list.
+            stream_id = None if body.get("stream_id") is None else parse_stream_id(body.get("stream_id"))
+            prev_ids = parse_prev_ids(body.get("prev_id"))
+        except MatrixError as e:
+            raise EduRejected(e.error) from None
+        name = body.get("device_display_name")
+        if name is not None and (not isinstance(name, str) or len(name) > 1000 or not is_storable_text(name)):
+            name = None
         keys = body.get("keys")
         if keys is not None:
             keys = _object(keys, "keys")
             if keys.get("user_id", user_id) != user_id or keys.get("device_id", device_id) != device_id:
                 raise EduRejected("'keys' are for another user or device")
-        await self._device_lists.apply_remote_device_list_update(user_id, device_id, deleted=deleted, keys=keys)
+        await self._device_lists.apply_remote_device_list_update(
+            user_id, device_id, deleted=deleted, keys=keys, stream_id=stream_id, prev_ids=prev_ids,
+            display_name=name,
+        )
+
+
+    async def on_signing_key_update(self, origin: str, content: object) -> None:
+        body = _object(content, "m.signing_key_update content")
+        user_id = _user_of(origin, body.get("user_id"))
+        keys: dict[str, Mapping[str, Any] | None] = {}
+        for field in ("master_key", "self_signing_key"):
+            value = body.get(field)
+            keys[field] = None if value is None else _object(value, field)
+        await self._device_lists.apply_remote_signing_key_update(user_id, keys["master_key"], keys["self_signing_key"])
 
 
 def register_edu_handlers(transactions: Any, writers: Writers) -> EduHandlers:

@@ -32,9 +32,11 @@ from homeserver.events import (
     EventTemplate,
     FrozenEvent,
     RoomVersion,
+    assign_event_id,
     auth_types_for,
     build_pdu,
     compute_depth,
+    edge_hashes_of,
     get_room_version,
     make_event,
     select_auth_event_ids,
@@ -44,7 +46,13 @@ from homeserver.events import (
 from homeserver.events import constants as C
 from homeserver.events.canonical import thaw
 from homeserver.events.errors import AuthError, EventsError, InvalidEvent, SignatureError
-from homeserver.events.identifiers import server_name_of
+from homeserver.events.identifiers import is_valid_user_id, server_name_of
+from homeserver.events.restricted import (
+    allowed_room_ids,
+    authoriser_candidates,
+    choose_authoriser,
+    needs_authorisation,
+)
 from homeserver.events.redaction import prune_event_dict
 from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
 from homeserver.federation.keys import Keyring
@@ -146,8 +154,8 @@ class MembershipHandler:
         return await self.make_membership(origin, room_id, user_id, C.LEAVE, None)
 
     async def make_knock(self, origin: str, room_id: str, user_id: str, versions: Iterable[str]) -> dict[str, Any]:
-        # Every supported room version (10-12) has knocking; the join rule is checked by the
-        # auth rules run on the template (knock needs the knock or knock_restricted rule).
+        # Knocking exists from room version 7; the auth rules run on the template refuse it
+        # before that, and unless the join rule is knock (or knock_restricted, v10+).
         return await self.make_membership(origin, room_id, user_id, C.KNOCK, versions)
 
     async def make_membership(self, origin: str, room_id: str, user_id: str, membership: str,
@@ -156,7 +164,8 @@ class MembershipHandler:
         if server_name_of(user_id) != origin:
             raise forbidden(f"{origin} may not make a {membership} for {user_id}")
         room_version = await self._room_version(room_id)
-        if versions is not None and room_version.identifier not in set(versions):
+        # No ``ver`` at all means the asking server only knows room version 1 (the spec's default).
+        if versions is not None and room_version.identifier not in (set(versions) or {"1"}):
             raise MatrixError(
                 400, "M_INCOMPATIBLE_ROOM_VERSION",
                 f"room {room_id} is version {room_version.identifier}, which your server does not support",
@@ -164,22 +173,31 @@ class MembershipHandler:
             )
         if self._server_name not in await self._store.get_joined_servers(room_id):
             raise not_found(f"this server is not in room {room_id}")
-        template = EventTemplate(type=C.MEMBER, content={"membership": membership}, state_key=user_id)
-        keys = set(auth_types_for(room_version, C.MEMBER, user_id, user_id, {"membership": membership}))
+        content: dict[str, Any] = {"membership": membership}
+        if membership == C.JOIN and room_version.restricted_join_rule:
+            authoriser = await self._restricted_authoriser(room_version, room_id, user_id)
+            if authoriser is not None:
+                content[C.AUTHORISING_USER] = authoriser
+        template = EventTemplate(type=C.MEMBER, content=content, state_key=user_id)
+        keys = set(auth_types_for(room_version, C.MEMBER, user_id, user_id, content))
         keys.add((C.CREATE, ""))
         context = await self._store.get_send_context(room_id, keys)
         prevs = select_prev_events(context.forward_extremities)
+        auth_ids = select_auth_event_ids(room_version, template, user_id, context.auth_state)
         pdu = build_pdu(
             room_version, template, sender=user_id, room_id=room_id, prev_event_ids=prevs,
-            auth_event_ids=select_auth_event_ids(room_version, template, user_id, context.auth_state),
+            auth_event_ids=auth_ids,
             depth=compute_depth(context.forward_extremities[e] for e in prevs),
             origin_server_ts=self._clock_ms(),
+            edge_hashes=await self._edge_hashes(room_version, [*prevs, *auth_ids]),
         )
         pdu["origin"] = self._server_name
         # The spec answers 403 here, not a template that send_* would then refuse: run the auth
-        # rules on the template against the current state (unsigned, so placeholders for those).
+        # rules on the template against the current state (unsigned, so placeholders for those;
+        # in v1/v2 an event ID too: the joining server assigns its own).
+        placeholder_id = {"event_id": assign_event_id(pdu, origin)} if room_version.event_ids_are_origin_assigned else {}
         try:
-            candidate = make_event(room_version, {**pdu, "hashes": {"sha256": ""}, "signatures": {}})
+            candidate = make_event(room_version, {**pdu, **placeholder_id, "hashes": {"sha256": ""}, "signatures": {}})
             await check_against_state(self._loader, room_version, candidate, context.auth_state)
         except AuthError as e:
             raise forbidden(f"{user_id} may not {membership} room {room_id}: {e}") from None
@@ -204,6 +222,8 @@ class MembershipHandler:
     async def _send_membership(self, origin: str, room_id: str, event_id: str, body: object,
                                membership: str) -> dict[str, Any]:
         room_version = await self._room_version(room_id)
+        if membership == C.JOIN and room_version.restricted_join_rule:
+            body = await self._authorise_restricted_join(room_version, room_id, body)
         try:
             event = await parse_and_verify(self._keyring, room_version, body)
         except (InvalidEvent, SignatureError) as e:
@@ -234,6 +254,73 @@ class MembershipHandler:
             "auth_chain": [loaded[i].get_pdu_json() for i in sorted(chain_ids) if i in loaded],
             "members_omitted": False,
         }
+
+    async def _restricted_authoriser(self, room_version: RoomVersion, room_id: str, user_id: str) -> str | None:
+        """For a join under a restricted join rule (v8+) by a user neither invited nor joined:
+        the local user who vouches for it (``join_authorised_via_users_server``), once the
+        user meets an ``allow`` condition in a room this server is in. ``None`` when the join
+        needs no authoriser. 400 ``M_UNABLE_TO_AUTHORISE_JOIN`` when we are in none of the
+        allowed rooms (another resident may be), 403 when the user is in none of them, 400
+        ``M_UNABLE_TO_GRANT_JOIN`` when none of our users can invite."""
+        keys = [(C.CREATE, ""), (C.JOIN_RULES, ""), (C.POWER_LEVELS, ""), (C.MEMBER, user_id)]
+        state = await self._state_events(room_id, keys)
+        if not needs_authorisation(room_version, state, user_id):
+            return None
+        known = False
+        for allowed in allowed_room_ids(state):
+            if self._server_name not in await self._store.get_joined_servers(allowed):
+                continue
+            known = True
+            member = (await self._state_events(allowed, [(C.MEMBER, user_id)])).get((C.MEMBER, user_id))
+            if member is not None and member.membership == C.JOIN:
+                break
+        else:
+            if not known:
+                raise MatrixError(400, "M_UNABLE_TO_AUTHORISE_JOIN",
+                                  "this server is in none of the rooms the join rule allows")
+            raise forbidden(f"{user_id} is not a member of any of the rooms the join rule allows")
+        state.update(await self._state_events(room_id, [(C.MEMBER, u) for u in authoriser_candidates(state)]))
+        authoriser = choose_authoriser(room_version, state, self._server_name)
+        if authoriser is None:
+            raise MatrixError(400, "M_UNABLE_TO_GRANT_JOIN", "no user of this server can authorise the join")
+        return authoriser
+
+    async def _authorise_restricted_join(self, room_version: RoomVersion, room_id: str, body: object) -> object:
+        """``send_join`` of a restricted join naming one of our users: check the joiner still
+        meets the join rule, then add our signature (the auth rules need it from the authoriser's
+        server) before the usual verification. Anything else is returned unchanged."""
+        content = body.get("content") if isinstance(body, dict) else None
+        authoriser = content.get(C.AUTHORISING_USER) if isinstance(content, dict) else None
+        if not isinstance(body, dict) or not isinstance(authoriser, str) or not is_valid_user_id(authoriser):
+            return body
+        if server_name_of(authoriser) != self._server_name:
+            return body
+        sender = body.get("sender")
+        if not isinstance(sender, str):
+            return body
+        await self._restricted_authoriser(room_version, room_id, sender)
+        try:
+            redacted = prune_event_dict(room_version, body)
+            redacted.pop("unsigned", None)
+            redacted.pop("signatures", None)
+            ours = sign_json(redacted, self._server_name, self._signing_key)["signatures"][self._server_name]
+        except (TypeError, ValueError) as e:
+            raise bad_json(f"join event cannot be signed: {e}") from None
+        signatures = body.get("signatures")
+        merged = thaw(signatures) if isinstance(signatures, dict) else {}
+        merged[self._server_name] = {**(merged.get(self._server_name) or {}), **ours}
+        return {**body, "signatures": merged}
+
+    async def _state_events(self, room_id: str, keys: list[StateKey]) -> dict[StateKey, FrozenEvent]:
+        ids = await self._store.get_current_state_for_keys(room_id, keys)
+        loaded = await self._loader.load_events(set(ids.values()))
+        return {key: loaded[event_id] for key, event_id in ids.items() if event_id in loaded}
+
+    async def _edge_hashes(self, room_version: RoomVersion, event_ids: list[str]) -> dict[str, dict[str, str]]:
+        """The reference hashes room versions 1 and 2 cite beside prev and auth event IDs."""
+        if not room_version.event_ids_are_origin_assigned:
+            return {}
+        return edge_hashes_of(room_version, (await self._loader.load_events(set(event_ids))).values())
 
     def _cosign(self, room_version: RoomVersion, event: FrozenEvent) -> FrozenEvent:
         """``event`` with our signature added beside the sender's."""
@@ -314,10 +401,18 @@ class MembershipHandler:
             C.MEMBER, user_id, user_id, room_id
         ):
             raise JoinError(f"{server} sent a join template for another user or room")
-        pdu["content"] = {**{k: v for k, v in content.items() if k != "membership"}, "membership": C.JOIN}
+        new_content = {**{k: v for k, v in content.items() if k != "membership"}, "membership": C.JOIN}
+        made_content = pdu.get("content")
+        if room_version.restricted_join_rule and isinstance(made_content, dict):
+            # A restricted room's resident names the local user who authorises the join; the
+            # auth rules need it, and the resident signs the join for it in send_join.
+            authoriser = made_content.get(C.AUTHORISING_USER)
+            if isinstance(authoriser, str):
+                new_content[C.AUTHORISING_USER] = authoriser
+        pdu["content"] = new_content
         pdu["origin_server_ts"] = self._clock_ms()
-        pdu.pop("hashes", None)
-        pdu.pop("signatures", None)
+        for field in ("hashes", "signatures", "event_id"):  # v1/v2: we assign our own event ID
+            pdu.pop(field, None)
         join = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
         response = await self._client.put_json(
             server,
@@ -382,6 +477,62 @@ class MembershipHandler:
             room_version, join, is_local=True, state_before=state, destinations=servers
         )
 
+    # --- knocking on a room we are not in ------------------------------------------------
+
+    async def pending_knock(self, room_id: str, user_id: str) -> FrozenEvent | None:
+        """The knock of a local user on a room this server is not in, while it waits."""
+        return await self._invites.pending_knock(room_id, user_id)
+
+    async def knock_servers(self, room_id: str, user_id: str) -> list[str]:
+        """Where to withdraw a pending knock through (make_leave/send_leave)."""
+        return [s for s in await self._invites.knock_servers(room_id, user_id) if s != self._server_name]
+
+    async def knock_remote(self, room_id: str, user_id: str, servers: Iterable[str],
+                           content: Mapping[str, object] | None = None) -> FrozenEvent:
+        """Knock on a room this server is not in: make_knock (with our room versions), sign,
+        send_knock (v1); keep the knock and the ``knock_room_state`` for /sync ``rooms.knock``."""
+        errors: list[str] = []
+        refused = False
+        for server in dict.fromkeys(servers):
+            if server == self._server_name:
+                continue
+            try:
+                made = await self._client.get_json(
+                    server, f"/_matrix/federation/v1/make_knock/{quote_path(room_id)}/{quote_path(user_id)}",
+                    query={"ver": sorted(KNOWN_ROOM_VERSIONS)},
+                )
+                if not isinstance(made, dict) or not isinstance(made.get("event"), dict):
+                    raise JoinError(f"{server} sent a make_knock response without an event")
+                room_version = get_room_version(str(made.get("room_version", "1")))
+                if not room_version.knock_join_rule:
+                    raise JoinError(f"room version {room_version.identifier} has no knocking")
+                pdu = made["event"]
+                if (pdu.get("type"), pdu.get("state_key"), pdu.get("sender"), pdu.get("room_id")) != (
+                    C.MEMBER, user_id, user_id, room_id
+                ):
+                    raise JoinError(f"{server} sent a knock template for another user or room")
+                pdu["content"] = {**{k: v for k, v in (content or {}).items() if k != "membership"},
+                                  "membership": C.KNOCK}
+                pdu["origin_server_ts"] = self._clock_ms()
+                for field in ("hashes", "signatures", "event_id"):
+                    pdu.pop(field, None)
+                knock = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
+                response = await self._client.put_json(
+                    server,
+                    f"/_matrix/federation/v1/send_knock/{quote_path(room_id)}/{quote_path(knock.event_id)}",
+                    knock.get_pdu_json(),
+                )
+                state = response.get("knock_room_state") if isinstance(response, dict) else None
+                await self._invite_writer.record_knock(user_id, room_id, room_version.identifier, knock.event_id,
+                                                       knock.get_pdu_json(), state if isinstance(state, list) else [])
+                logger.info("[%s] %s knocked via %s", room_id, user_id, server)
+                return knock
+            except (FederationClientError, EventsError, JoinError) as e:
+                logger.warning("[%s] knocking for %s via %s failed: %s", room_id, user_id, server, e)
+                errors.append(f"{server}: {e}")
+                refused = refused or (isinstance(e, HttpResponseError) and e.code == 403)
+        raise JoinError("; ".join(errors) or "no server to knock through", forbidden=refused)
+
     # --- leaving a room we are not in (rejecting an invite) ------------------------------
 
     async def leave_remote(self, room_id: str, user_id: str, servers: Iterable[str]) -> FrozenEvent:
@@ -402,8 +553,8 @@ class MembershipHandler:
                     raise JoinError(f"{server} sent a leave template for another user")
                 pdu["content"] = {"membership": C.LEAVE}
                 pdu["origin_server_ts"] = self._clock_ms()
-                pdu.pop("hashes", None)
-                pdu.pop("signatures", None)
+                for field in ("hashes", "signatures", "event_id"):  # v1/v2: we assign our own event ID
+                    pdu.pop(field, None)
                 leave = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
                 await self._client.put_json(
                     server,
@@ -464,11 +615,13 @@ class MembershipHandler:
             keys.update(INVITE_ROOM_STATE_KEYS)
             context = await self._store.get_send_context(room_id, keys)
             prevs = select_prev_events(context.forward_extremities)
+            auth_ids = select_auth_event_ids(room_version, template, inviter, context.auth_state)
             pdu = build_pdu(
                 room_version, template, sender=inviter, room_id=room_id, prev_event_ids=prevs,
-                auth_event_ids=select_auth_event_ids(room_version, template, inviter, context.auth_state),
+                auth_event_ids=auth_ids,
                 depth=compute_depth(context.forward_extremities[e] for e in prevs),
                 origin_server_ts=self._clock_ms(),
+                edge_hashes=await self._edge_hashes(room_version, [*prevs, *auth_ids]),
             )
             invite = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
             await check_against_state(self._loader, room_version, invite, context.auth_state)

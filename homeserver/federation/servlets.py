@@ -170,6 +170,26 @@ AliasLookup = Callable[[str], Awaitable[tuple[str, str] | None]]
 """``#alias:server -> (room_id, creator)`` from the local alias directory, or None."""
 
 
+def register_authed(router: Routes, fed: FederationServices, method: str, pattern: str, handler: Authed,
+                    servlet: str, *, has_body: bool = False) -> None:
+    """Route ``method`` ``pattern`` to ``handler(origin, request, params, body)`` once the request's
+    ``X-Matrix`` signature is checked (401 otherwise) and, for a path naming a room, its server ACL."""
+
+    async def wrapped(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        content = parse_json_body(request, FEDERATION_JSON) if has_body else None
+        origin = await authenticate_request(
+            request.requestHeaders.getRawHeaders(b"Authorization"),
+            method, request.uri.decode("ascii", "replace"), fed.server_name, content,
+            fed.keyring.get_verify_key,
+        )
+        fed.on_remote_up(origin)
+        if "room_id" in params:  # every endpoint that names a room obeys its server ACL
+            await fed.acl.check(origin, params["room_id"])
+        return await handler(origin, request, params, content)
+
+    router.register([method], pattern, wrapped, servlet)
+
+
 def register_federation_servlets(router: Routes, fed: FederationServices, *,
                                  profile_lookup: ProfileLookup | None = None,
                                  alias_lookup: AliasLookup | None = None,
@@ -198,19 +218,7 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
                     "key_query_server")
 
     def authed(method: str, pattern: str, handler: Authed, servlet: str, *, has_body: bool = False) -> None:
-        async def wrapped(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-            content = parse_json_body(request, FEDERATION_JSON) if has_body else None
-            origin = await authenticate_request(
-                request.requestHeaders.getRawHeaders(b"Authorization"),
-                method, request.uri.decode("ascii", "replace"), fed.server_name, content,
-                fed.keyring.get_verify_key,
-            )
-            fed.on_remote_up(origin)
-            if "room_id" in params:  # every endpoint that names a room obeys its server ACL
-                await fed.acl.check(origin, params["room_id"])
-            return await handler(origin, request, params, content)
-
-        router.register([method], pattern, wrapped, servlet)
+        register_authed(router, fed, method, pattern, handler, servlet, has_body=has_body)
 
     def versions(request: Request) -> list[str]:
         return query_values(request.args or {}, "ver", max_length=MAX_VERSION_LENGTH)

@@ -7,7 +7,8 @@ marks it finished so stream readers can move past it -- exactly
 ``StreamIdGenerator.get_next`` of storage/id_generators.py, which the
 composition root passes in, with the writer's ``instance_name``.
 ``account_data_changed_hooks`` (for waking /sync) run after the write. Types the server manages (``m.fully_read`` in
-rooms, ``m.push_rules`` globally) are refused with 405, as the spec says.
+rooms, ``m.push_rules`` globally) are refused with 405, as the spec says;
+``m.push_rules`` is written by ``edit_push_rules`` (the ``/pushrules`` API).
 """
 
 # tests: tests/integration/test_client_accounts.py
@@ -19,7 +20,10 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
+from twisted.internet.defer import DeferredLock
+
 from homeserver.handlers.auth import Requester
+from homeserver.handlers.push_rules import apply_edit, effective_rules
 from homeserver.handlers.validation import check_event_type, check_room_id, dump_json_object
 from storage.kernel.errors import MatrixError, forbidden, not_found
 from storage.stores.account_data import AccountDataStore
@@ -39,6 +43,8 @@ class AccountDataHandler:
         self._stream_ids = stream_ids
         self._instance_name = instance_name
         self.account_data_changed_hooks: list[AccountDataChangedHook] = []
+        # Push rule edits read, change and write the whole ruleset: one at a time (they are rare).
+        self._push_rules_lock = DeferredLock()
 
     @staticmethod
     def _check_own(requester: Requester, user_id: str, verb: str) -> None:
@@ -65,6 +71,22 @@ class AccountDataHandler:
             raise MatrixError(405, "M_BAD_JSON", f"Cannot set {data_type} through this API")
         text = dump_json_object(content)
         return await self._put(user_id, room_id, data_type, text)
+
+    async def get_push_rules(self, user_id: str) -> dict[str, Any]:
+        """The user's ``global`` push ruleset: their stored ``m.push_rules`` over the defaults."""
+        text = await self._store.get(user_id, None, "m.push_rules")
+        return effective_rules(None if text is None else json.loads(text), user_id)
+
+    async def edit_push_rules(self, requester: Requester, edit: dict[str, Any]) -> None:
+        """Apply one ``/pushrules`` change (``push_rules.apply_edit``; 400/404 on a bad one) and
+        store the whole ruleset as ``m.push_rules``, the spec's account data event."""
+        await self._push_rules_lock.acquire()
+        try:
+            ruleset = await self.get_push_rules(requester.user_id)
+            changed = apply_edit(ruleset, edit)
+            await self._put(requester.user_id, None, "m.push_rules", dump_json_object({"global": changed}))
+        finally:
+            self._push_rules_lock.release()
 
     async def get_global(self, requester: Requester, user_id: str, data_type: str) -> Any:
         self._check_own(requester, user_id, "get")

@@ -13,7 +13,7 @@ allocator (see its docstring for what it does not do).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Final
 
@@ -29,10 +29,19 @@ from homeserver.handlers.login import LoginHandler
 from homeserver.handlers.profile import ProfileHandler, RemoteProfiles
 from homeserver.handlers.ratelimit import Ratelimiters
 from homeserver.handlers.register import RegistrationHandler
-from homeserver.handlers.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, UiaSessions, UserInteractiveAuth, check_dummy
+from homeserver.handlers.ui_auth import (
+    LOGIN_DUMMY,
+    LOGIN_PASSWORD,
+    LOGIN_REGISTRATION_TOKEN,
+    UiaSessions,
+    UserInteractiveAuth,
+    check_dummy,
+    registration_token_checker,
+)
 from storage.database import Database
 from storage.stores.account_data import AccountDataStore
 from storage.stores.accounts import AccountStore
+from storage.stores.admin import AdminStore
 from storage.stores.devices import DeviceStore
 from storage.stores.filters import FilterStore
 from storage.stores.profiles import ProfileStore
@@ -77,6 +86,8 @@ class AccountServices:
     profiles: ProfileHandler
     account_data: AccountDataHandler
     filters: FilterHandler
+    # Whether a registration token may be used now (GET .../registration_token/validity).
+    registration_token_valid: Callable[[str], Awaitable[bool]]
 
     @classmethod
     def build(
@@ -106,8 +117,12 @@ class AccountServices:
             ratelimiters=ratelimiters,
             clock=clock,
         )
+        tokens = AdminStore(db)
         uia = UserInteractiveAuth(
-            UiaSessions(), {LOGIN_DUMMY: check_dummy, LOGIN_PASSWORD: login.check_password_stage}, clock
+            UiaSessions(),
+            {LOGIN_DUMMY: check_dummy, LOGIN_PASSWORD: login.check_password_stage,
+             LOGIN_REGISTRATION_TOKEN: registration_token_checker(tokens.use_registration_token, clock)},
+            clock,
         )
         return cls(
             auth=auth,
@@ -129,4 +144,5 @@ class AccountServices:
                 instance_name=instance_name,
             ),
             filters=FilterHandler(FilterStore(db)),
+            registration_token_valid=lambda token: tokens.registration_token_valid(token, int(clock() * 1000)),
         )

@@ -51,7 +51,8 @@ _DEVICE_ID_ALPHABET: Final = string.ascii_uppercase
 # The servlets a guest account may use: the spec's list for the guest access module
 # (state and history reads, sending m.room.message, joining and leaving, typing,
 # receipts, profile, presence, to-device, devices and keys), plus those Synapse
-# also lets guests call (capabilities, joined_rooms, logout). A servlet mapped to
+# also lets guests call (capabilities, joined_rooms, logout, and reading media: its config,
+# downloads and thumbnails, so a guest sees the images of rooms it reads). A servlet mapped to
 # a (path parameter, values) pair is open to guests only for those values. Any
 # other authenticated servlet answers a guest 403 M_GUEST_ACCESS_FORBIDDEN.
 GUEST_SERVLETS: Final[Mapping[str, tuple[str, frozenset[str]] | None]] = {
@@ -89,6 +90,10 @@ GUEST_SERVLETS: Final[Mapping[str, tuple[str, frozenset[str]] | None]] = {
     "client_joined_rooms": None,
     "client_logout": None,
     "client_logout_all": None,
+    "media_config": None,
+    "media_config_legacy": None,
+    "media_download": None,
+    "media_thumbnail": None,
 }
 
 

@@ -11,22 +11,35 @@ lists of events down to what a user may see under the history-visibility
 rules. It reads state through the events store; it does not know HTTP.
 """
 
-# tests: tests/integration/test_client_rooms.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_ephemeral.py, tests/integration/test_client_erasure.py
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
-from homeserver.events import FrozenEvent, can_apply_redaction, can_see_event, prune_event_dict
+from homeserver.events import (
+    FrozenEvent, InvalidEvent, can_apply_redaction, can_see_event, make_event, prune_event_dict,
+)
 from homeserver.events import constants as C
 from homeserver.events.auth import auth_state_from_auth_events
 from homeserver.events.canonical import thaw
 from homeserver.events.hashing import create_event_id_from_room_id
 from homeserver.events.identifiers import server_name_of
+from homeserver.handlers.aggregations import Aggregator, Bundle
 from homeserver.handlers.event_loader import EventLoader
 from storage.stores.events import EventsStore, StateKey
 from storage.stores.timeline import TimelineStore
+
+# MSC2228 (self-destructing events): a content key holding the time (ms since the epoch) after
+# which the event is served pruned, as though redacted, to everyone.
+SELF_DESTRUCT_AFTER = "org.matrix.self_destruct_after"
+
+
+def has_expired(event: FrozenEvent, now_ms: int) -> bool:
+    """Whether the event's MSC2228 expiry time (an integer) has passed."""
+    after = event.content.get(SELF_DESTRUCT_AFTER)
+    return isinstance(after, int) and not isinstance(after, bool) and after <= now_ms
 
 
 def format_event(
@@ -37,11 +50,14 @@ def format_event(
     txn_id: str | None = None,
     include_room_id: bool = True,
     federation: bool = False,
+    expired: bool = False,
 ) -> dict[str, Any]:
     """One event in the client-server format, or with ``federation`` (a filter's
     ``event_format: federation``) the PDU itself (pruned when redacted) with its ``event_id``
-    and the same ``unsigned`` as the client format, as Synapse."""
-    pdu: Any = prune_event_dict(event.room_version, event.pdu) if redacted_because is not None else event.pdu
+    and the same ``unsigned`` as the client format, as Synapse. ``expired`` (MSC2228) prunes
+    it as a redaction would, without a ``redacted_because``."""
+    pruned = redacted_because is not None or expired
+    pdu: Any = prune_event_dict(event.room_version, event.pdu) if pruned else event.pdu
     out: dict[str, Any]
     if federation:
         out = {**thaw(pdu), "event_id": event.event_id}
@@ -68,6 +84,22 @@ def format_event(
     return out
 
 
+def _format_bundle(bundle: Bundle, now_ms: int, include_room_id: bool) -> dict[str, Any]:
+    """``unsigned.m.relations`` of one event (spec: "Server-side aggregation of child events")."""
+    out: dict[str, Any] = {}
+    if bundle.edit is not None:
+        out["m.replace"] = format_event(bundle.edit, now_ms, include_room_id=include_room_id)
+    if bundle.thread is not None:
+        out["m.thread"] = {
+            "latest_event": format_event(bundle.thread.latest, now_ms, include_room_id=include_room_id),
+            "count": bundle.thread.count,
+            "current_user_participated": bundle.thread.participated,
+        }
+    if bundle.references:
+        out["m.reference"] = {"chunk": [{"event_id": event_id} for event_id in bundle.references]}
+    return out
+
+
 def strip_event(event: FrozenEvent) -> dict[str, Any]:
     """The stripped state form used in ``invite_state``."""
     return {
@@ -86,7 +118,13 @@ class ClientEvents:
         events_store: EventsStore,
         timeline: TimelineStore,
         clock_ms: Callable[[], int],
+        erased_users: Callable[[Collection[str]], Awaitable[set[str]]] | None = None,
+        aggregator: Aggregator | None = None,
     ) -> None:
+        # Bundles relations into ``unsigned.m.relations`` (None: served without them).
+        self._aggregator = aggregator
+        # Which of some users deactivated with ``erase: true`` (None: no account store here).
+        self._erased_users = erased_users
         self._loader = loader
         self._events_store = events_store
         self._timeline = timeline
@@ -104,7 +142,10 @@ class ClientEvents:
         access_token_id: int | None = None,
         include_room_id: bool = True,
         federation: bool = False,
+        bundle_for: str | None = None,
     ) -> list[dict[str, Any]]:
+        """The client format of ``events``. With ``bundle_for`` (the requesting user), each
+        event carries its aggregations (``unsigned.m.relations``) as that user may see them."""
         if not events:
             return []
         now = self._clock_ms()
@@ -114,12 +155,14 @@ class ClientEvents:
             {rid for rids in redactions.values() for rid in rids}
         )
         out = []
+        redacted: set[str] = set()
         for event in events:
             because: dict[str, Any] | None = None
             for redaction_id in redactions.get(event.event_id, ()):
                 redaction = redaction_events.get(redaction_id)
                 if redaction is not None and await self._redaction_applies(redaction, event):
                     because = format_event(redaction, now, include_room_id=include_room_id)
+                    redacted.add(event.event_id)
                     break
             out.append(
                 format_event(
@@ -129,8 +172,20 @@ class ClientEvents:
                     txn_id=txn_ids.get(event.event_id),
                     include_room_id=include_room_id,
                     federation=federation,
+                    expired=has_expired(event, now),
                 )
             )
+        if bundle_for is not None and self._aggregator is not None:
+            user_id = bundle_for
+
+            async def visible(children: Collection[FrozenEvent]) -> list[FrozenEvent]:
+                return await self.filter_visible(user_id, children, joined_now=True)
+
+            bundles = await self._aggregator.bundle(events, user_id, visible, redacted=redacted)
+            for event, served in zip(events, out):
+                bundle = bundles.get(event.event_id)
+                if bundle is not None:
+                    served["unsigned"]["m.relations"] = _format_bundle(bundle, now, include_room_id)
         return out
 
     async def _redaction_applies(self, redaction: FrozenEvent, original: FrozenEvent) -> bool:
@@ -162,7 +217,10 @@ class ClientEvents:
     async def filter_visible(
         self, user_id: str, events: Collection[FrozenEvent], *, joined_now: bool
     ) -> list[FrozenEvent]:
-        """The events ``user_id`` may see under the history-visibility rules, order kept."""
+        """The events ``user_id`` may see under the history-visibility rules, order kept. An event
+        of an erased user (deactivated with ``erase: true``) that ``user_id`` sees without having
+        been joined when it was sent comes pruned, as though redacted (the spec's erasure:
+        "users which join the room after the erasure request are served redacted copies")."""
         if not events:
             return []
         groups = await self._events_store.get_state_groups_before([e.event_id for e in events])
@@ -177,10 +235,31 @@ class ClientEvents:
             loaded = await self._loader.load_events(set(wanted.values()))
             group_state[group] = {key: loaded[eid] for key, eid in wanted.items() if eid in loaded}
         visible = []
+        not_member_at: set[str] = set()  # events the user sees without having been joined then
         for event in events:
             event_group = groups.get(event.event_id)
             if event_group is None:
                 continue
-            if can_see_event(user_id, event, group_state[event_group], joined_after_event=joined_now):
+            state = group_state[event_group]
+            if can_see_event(user_id, event, state, joined_after_event=joined_now):
                 visible.append(event)
-        return visible
+                member = state.get((C.MEMBER, user_id))
+                if (member is None or member.membership != C.JOIN) and event.sender != user_id:
+                    not_member_at.add(event.event_id)
+        if not not_member_at or self._erased_users is None:
+            return visible
+        erased = await self._erased_users({e.sender for e in visible if e.event_id in not_member_at})
+        if not erased:
+            return visible
+        served: list[FrozenEvent] = []
+        for event in visible:
+            if event.event_id in not_member_at and event.sender in erased:
+                try:
+                    event = make_event(
+                        event.room_version, prune_event_dict(event.room_version, event.pdu),
+                        trusted_event_id=event.event_id,
+                    )
+                except InvalidEvent:
+                    continue  # cannot be served pruned: not served at all
+            served.append(event)
+        return served

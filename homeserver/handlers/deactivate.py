@@ -2,13 +2,15 @@
 
 In this order, so that nothing can undo a step already taken: the account is marked
 deactivated (login answers ``403 M_USER_DEACTIVATED``, its tokens stop resolving and
-the user ID stays taken), its devices and access tokens are deleted, the user leaves
-every room they are joined to, invited to or knocking on, and their profile
-(displayname, avatar_url) is erased. The leaves come before the profile erasure so that
-the erasure sends no profile-update joins into those rooms.
+the user ID stays taken; with ``erase: true`` it is also marked erased), its devices and
+access tokens are deleted, the user leaves every room they are joined to, invited to or
+knocking on, and, with ``erase: true`` only (as Synapse), their profile (displayname,
+avatar_url) is erased. The leaves come before the profile erasure so that the erasure
+sends no profile-update joins into those rooms. An erased user's events are served
+pruned to users who were not joined when they were sent (``ClientEvents.filter_visible``).
 """
 
-# tests: tests/integration/test_client_accounts.py
+# tests: tests/integration/test_client_accounts.py, tests/integration/test_client_erasure.py
 
 from __future__ import annotations
 
@@ -38,9 +40,9 @@ class DeactivationHandler:
         self._profiles = profiles
         self._timeline = timeline
 
-    async def deactivate(self, requester: Requester) -> None:
+    async def deactivate(self, requester: Requester, *, erase: bool) -> None:
         user_id = requester.user_id
-        await self._login.deactivate(user_id)
+        await self._login.deactivate(user_id, erase=erase)
         memberships = await self._timeline.get_rooms_for_user(user_id)
         for room_id, (membership, _) in sorted(memberships.items()):
             if membership not in LEFT_ON_DEACTIVATION:
@@ -50,5 +52,6 @@ class DeactivationHandler:
             except MatrixError as e:
                 # The account is closed already; one room that cannot be left must not stop the rest.
                 logger.warning("[%s] could not leave %s on deactivation: %s", user_id, room_id, e)
-        await self._profiles.set_displayname(requester, user_id, None)
-        await self._profiles.set_avatar_url(requester, user_id, None)
+        if erase:
+            await self._profiles.set_displayname(requester, user_id, None)
+            await self._profiles.set_avatar_url(requester, user_id, None)

@@ -3,7 +3,8 @@
 Every path that deletes devices (logout, logout/all, password change, device
 deletion) ends in ``devices_deleted``: it drops the deleted access tokens from
 the token cache and runs ``device_deleted_hooks``, where later stores (end-to-end
-keys, to-device inbox, device-list updates) clean up. The user-interactive
+keys, device-list updates) clean up; a login's new device and a rename run
+``device_changed_hooks`` (the device-list stream). The user-interactive
 auth for deletion is the servlet's business, not this handler's.
 """
 
@@ -22,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 # Called with (user_id, deleted device IDs) after the deletion has committed.
 DeviceDeletedHook = Callable[[str, Sequence[str]], Awaitable[None]]
+# Called with (user_id, device IDs) after devices were added (a login) or renamed.
+DeviceChangedHook = Callable[[str, Sequence[str]], Awaitable[None]]
 
 
 class DeviceHandler:
@@ -29,6 +32,7 @@ class DeviceHandler:
         self._store = store
         self._auth = auth
         self.device_deleted_hooks: list[DeviceDeletedHook] = []
+        self.device_changed_hooks: list[DeviceChangedHook] = []
 
     async def get_devices(self, user_id: str) -> list[DeviceRow]:
         return await self._store.get_devices(user_id)
@@ -42,6 +46,16 @@ class DeviceHandler:
     async def set_display_name(self, user_id: str, device_id: str, display_name: str | None) -> None:
         if not await self._store.set_display_name(user_id, device_id, display_name):
             raise not_found("Unknown device")
+        await self.devices_changed(user_id, [device_id])
+
+    async def devices_changed(self, user_id: str, device_ids: Sequence[str]) -> None:
+        """Tell the hooks (the device-list stream) that devices were added or renamed."""
+        for hook in self.device_changed_hooks:
+            try:
+                await hook(user_id, device_ids)
+            except Exception:
+                # The change has committed; a failing notification must not fail the request.
+                logger.exception("[%s] device_changed hook %r failed", user_id, hook)
 
     async def delete_devices(self, user_id: str, device_ids: Sequence[str]) -> DeletedDevices:
         """Delete those of ``device_ids`` that exist (unknown IDs are ignored, as the spec allows)."""

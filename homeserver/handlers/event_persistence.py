@@ -17,7 +17,9 @@ transaction, so no process sees a redaction without its effect.
 
 Local sends read the room through ``send_context``, served from a per-room
 snapshot this process keeps while it is the room's only writer (see
-``_RoomSnapshot``), so a send in a quiet room costs one transaction.
+``_RoomSnapshot``), so a send in a quiet room costs one transaction. That transaction also reads the room's
+local members and their push rules and records whom the event notifies (``push``,
+homeserver/handlers/push.py).
 """
 
 # tests: tests/integration/test_persist_events.py
@@ -53,11 +55,19 @@ from storage.stores.events import (
     StateKey,
     persist_event_txn,
 )
+from storage.stores.push import PushAction
 
 logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class PushActionsSource(Protocol):
+    """Whom a new event notifies (``homeserver/handlers/push.py``): a function the event's
+    transaction calls, whose answer it records with the event."""
+
+    def actions_txn(self, event: FrozenEvent) -> Callable[[Transaction], Sequence[PushAction]]: ...
 
 
 class StreamIdAllocator(Protocol):
@@ -136,7 +146,9 @@ class EventPersister:
         instance_name: str,
         metrics: PersistenceMetrics,
         backfill_ids: StreamIdAllocator | None = None,
+        push: PushActionsSource | None = None,
     ) -> None:
+        self._push = push
         self._store = store
         self._loader = loader
         self._stream_ids = stream_ids
@@ -349,11 +361,15 @@ class EventPersister:
             if remote_servers:
                 remote_servers = await self._acl_allowed(event, snapshot, remote_servers)
 
+        push_actions = None
+        if self._push is not None and not outlier and rejection_reason is None and not soft_failed:
+            push_actions = self._push.actions_txn(event)
         request = self._request(
             room_version,
             event,
             is_local=is_local,
             outlier=outlier,
+            push_actions=push_actions,
             rejection_reason=rejection_reason,
             state_before=state_before_group,
             state_after_delta=delta,

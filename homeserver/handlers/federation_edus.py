@@ -2,7 +2,10 @@
 
 Typing and receipts go to the remote servers joined to the room that its server
 ACL allows (``joined_servers`` filters them); presence and
-device-list changes to the remote servers sharing any room with the user;
+device-list changes to the remote servers sharing any room with the user (a
+device-list change first gives each of them a device-list position below it, if
+it has none: the sender reads the change from the device_lists stream above that
+position, so it is not lost with the process);
 to-device messages to the recipients' servers, through the outbox table so
 they survive until accepted. The handlers call this after their own write has
 succeeded; a failure here is logged and never fails the client's request
@@ -36,11 +39,15 @@ class EduSink(Protocol):
 
     def send_device_list_update(self, destinations: Iterable[str], content: Mapping[str, Any]) -> None: ...
 
+    def send_edu(self, destinations: Iterable[str], edu_type: str, content: Mapping[str, Any]) -> None: ...
+
     def wake_destination(self, destination: str) -> None: ...
 
 
 # (stream_id, instance_name, rows of (destination, message_id, messages_json), now_ms)
 AddToOutbox = Callable[[int, str, Collection[tuple[str, str, str]], int], Awaitable[None]]
+# (destinations, stream_id): a device-list change at stream_id is meant for them.
+NoteDeviceListChange = Callable[[Collection[str], int], Awaitable[None]]
 
 
 class OutboundEdus:
@@ -53,6 +60,7 @@ class OutboundEdus:
         sharing_servers: Callable[[str], Awaitable[set[str]]],
         add_to_outbox: AddToOutbox,
         clock_ms: Callable[[], int],
+        note_device_list_change: NoteDeviceListChange | None = None,
     ) -> None:
         self._server_name = server_name
         self._sink = sink
@@ -60,6 +68,7 @@ class OutboundEdus:
         self._sharing_servers_of = sharing_servers
         self._add_to_outbox = add_to_outbox
         self._clock_ms = clock_ms
+        self._note_device_list_change = note_device_list_change
 
     async def _room_servers(self, room_id: str) -> set[str]:
         return await self._joined_servers(room_id) - {self._server_name}
@@ -106,8 +115,26 @@ class OutboundEdus:
         except Exception:
             logger.exception("device list update of %s not sent to other servers", user_id)
             return
+        if not servers:
+            return
+        if self._note_device_list_change is not None:
+            try:
+                await self._note_device_list_change(servers, int(content["stream_id"]))
+            except Exception:
+                logger.exception("device list update of %s: positions of %d servers not noted", user_id,
+                                 len(servers))
+        self._sink.send_device_list_update(servers, content)
+
+    async def signing_key_update(self, content: Mapping[str, Any]) -> None:
+        """``m.signing_key_update`` (a local user's master / self-signing keys) to the servers sharing a room."""
+        user_id = str(content["user_id"])
+        try:
+            servers = await self._sharing_servers(user_id)
+        except Exception:
+            logger.exception("signing key update of %s not sent to other servers", user_id)
+            return
         if servers:
-            self._sink.send_device_list_update(servers, content)
+            self._sink.send_edu(servers, "m.signing_key_update", content)
 
     async def to_device(self, stream_id: int, instance_name: str, sender: str, event_type: str,
                         messages: Mapping[str, Mapping[str, Any]]) -> None:

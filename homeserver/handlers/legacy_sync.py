@@ -22,9 +22,11 @@ long-poll are answers reshaped from the handlers that serve ``/sync`` and
   device-list and account-data positions left at ``from``'s: ``/events`` does not
   deliver those, so a client that moves on to ``/sync`` with ``end`` still gets
   them.
+- ``room_events`` (``/events?room_id=``): one room's stream, for a member or a
+  peeker of a ``world_readable`` room (``SyncHandler.wait_for_room``).
 """
 
-# tests: tests/integration/test_client_legacy.py
+# tests: tests/integration/test_client_legacy.py, tests/integration/test_client_peeking.py
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from homeserver.handlers.rooms import RoomHandler
 from homeserver.handlers.sync import MAX_TIMELINE_LIMIT, SyncFilter, SyncHandler
 from storage.room_tokens import RoomTokens
 from storage.stores.timeline import TimelineStore
+from storage.kernel.errors import forbidden
 from storage.tokens import StreamToken, SyncStreamKey
 
 # Room events one /events answer carries per room (a room with more since ``from``
@@ -79,25 +82,32 @@ class LegacySyncHandler:
         user_id = requester.user_id
         # 404 for an unknown room, 403 for one the user may not see (as GET /state).
         state = await self._rooms.get_state(requester, room_id)
-        membership = (await self._timeline.get_rooms_for_user(user_id)).get(room_id, (C.LEAVE, ""))[0]
+        # None: never in the room, which get_state allowed as it is world_readable (peeking).
+        membership = (await self._timeline.get_rooms_for_user(user_id)).get(room_id, (None, ""))[0]
+        # The page ends at this position: the /sync token now, read before the page.
+        now = self._sync.current_token().to_string()
         page = await self._messages.get_messages(
-            requester, room_id, from_token=None, to_token=None, direction="b", limit=limit, event_filter=EventFilter()
+            requester, room_id, from_token=now, to_token=None, direction="b", limit=limit, event_filter=EventFilter()
         )
         out: dict[str, Any] = {
             "room_id": room_id,
-            "membership": membership,
             "messages": {
                 "chunk": list(reversed(page["chunk"])),
                 # No "end" from /messages: the history is all here; paging back from s0 finds nothing.
                 "start": page.get("end", room_token(0)),
-                "end": page["start"],
+                # A /sync token (as Synapse's): /messages pages forward from it and /events
+                # (with room_id, as a peeker or guest does) follows the room from it.
+                "end": now,
             },
             "state": state,
             "presence": [],
             "receipts": [],
             "account_data": await self._account_data.room_events(user_id, room_id),
         }
-        if membership == C.JOIN:
+        if membership is not None:
+            out["membership"] = membership
+        if membership == C.JOIN or membership is None:
+            # A member, or a peeker of a world_readable room: what the room shows its members.
             members = await self._timeline.get_current_members(room_id)
             out["presence"] = await self._presence.presence_events(u for u, m, _ in members if m == C.JOIN)
             receipts = await self._receipts.ephemeral_for(user_id, [room_id], 0, self._receipts.current_position())
@@ -156,6 +166,26 @@ class LegacySyncHandler:
             ],
         }
 
+    async def room_events(
+        self, requester: Requester, room_id: str, from_token: StreamToken | None, *, timeout_ms: int
+    ) -> dict[str, Any]:
+        """``/events?room_id=``: that room's stream only, for a member or, when the room's history
+        is ``world_readable``, anyone (peeking, as Synapse); 403 otherwise, 404 for an unknown room."""
+        membership = (await self._timeline.get_rooms_for_user(requester.user_id)).get(room_id, (None, ""))[0]
+        if membership != C.JOIN:
+            # A user who is not joined peeks, which history visibility must allow (404 unknown room).
+            await self._rooms.get_state(requester, room_id)
+            if not await self._messages.world_readable(room_id):
+                raise forbidden("You are not in this room and its history is not world_readable")
+        since = from_token if from_token is not None else self._sync.current_token()
+        chunk, now = await self._sync.wait_for_room(
+            requester, room_id, since, timeout_ms=timeout_ms, joined=membership == C.JOIN, limit=EVENTS_PER_ROOM
+        )
+        end = now
+        for key in NOT_IN_EVENTS:
+            end = end.replace(key, since.get(key))
+        return {"chunk": [_legacy_presence(e) for e in chunk], "start": since.to_string(), "end": end.to_string()}
+
     async def events(self, requester: Requester, from_token: StreamToken | None, *, timeout_ms: int) -> dict[str, Any]:
         since = from_token if from_token is not None else self._sync.current_token()
         result = await self._sync.wait_for_sync(
@@ -188,5 +218,12 @@ def _stream_chunk(result: Mapping[str, Any]) -> list[dict[str, Any]]:
         chunk.extend({**e, "room_id": room_id} for e in section["ephemeral"]["events"])
     for room_id, section in rooms["leave"].items():
         chunk.extend({**e, "room_id": room_id} for e in section["timeline"]["events"])
-    chunk.extend(result["presence"]["events"])
+    chunk.extend(_legacy_presence(e) for e in result["presence"]["events"])
     return chunk
+
+
+def _legacy_presence(event: dict[str, Any]) -> dict[str, Any]:
+    """An ``m.presence`` event as the older endpoints gave it: ``content.user_id`` too."""
+    if event.get("type") != "m.presence" or "sender" not in event:
+        return event
+    return {**event, "content": {**event["content"], "user_id": event["sender"]}}

@@ -9,7 +9,7 @@ writer (``m{min}~{id}.{pos}``), each event compared with its own writer's.
 Only events the history-visibility rules let the user see are returned.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_messages.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_messages.py, tests/integration/test_client_peeking.py
 
 from __future__ import annotations
 
@@ -110,6 +110,10 @@ async def parse_pagination_token(text: str, room_tokens: RoomTokens) -> RoomPosi
         raise invalid_param(str(e)) from None
 
 
+# The "membership" of a user who was never in a world_readable room they read (peeking).
+PEEKING: Final = "peek"
+
+
 def room_token(position: int) -> str:
     if position < 0:
         return f"b{-position}"
@@ -139,14 +143,33 @@ class MessagesHandler:
         return self._room_tokens.token(position).to_string()
 
     async def _membership(self, requester: Requester, room_id: str) -> str:
-        """The user's current membership; 403 if they were never in the room."""
+        """The user's current membership; ``PEEKING`` for a user never in a room whose current
+        history visibility is ``world_readable`` (the spec's peeking: history visibility then
+        decides event by event); 403 if they were never in any other room."""
         if await self._events_store.get_room_version(room_id) is None:
             raise unknown_room(room_id)
         rooms = await self._timeline.get_rooms_for_user(requester.user_id)
         entry = rooms.get(room_id)
         if entry is None:
+            if await self.world_readable(room_id):
+                return PEEKING
             raise forbidden("You are not in this room")
         return entry[0]
+
+    async def membership(self, requester: Requester, room_id: str) -> str:
+        """The user's current membership of a room they may read (``PEEKING`` when never in a
+        world_readable one); 404 for an unknown room, 403 for one they may not read."""
+        return await self._membership(requester, room_id)
+
+    async def visible(self, requester: Requester, membership: str, events: Sequence[FrozenEvent]) -> list[FrozenEvent]:
+        """The events the history-visibility rules let the user see (``membership`` as above)."""
+        return await self._visible(requester, membership, events)
+
+    async def world_readable(self, room_id: str) -> bool:
+        """Whether the room's current ``m.room.history_visibility`` is ``world_readable``."""
+        ids = await self._events_store.get_current_state_for_keys(room_id, [(C.HISTORY_VISIBILITY, "")])
+        loaded = await self._client_events.load(list(ids.values()))
+        return bool(loaded) and loaded[0].content.get("history_visibility") == C.WORLD_READABLE
 
     async def _visible(self, requester: Requester, membership: str, events: Sequence[FrozenEvent]) -> list[FrozenEvent]:
         return await self._client_events.filter_visible(requester.user_id, events, joined_now=membership == C.JOIN)
@@ -213,7 +236,8 @@ class MessagesHandler:
         rows = rows[:limit]
         events = await self._client_events.load([event_id for event_id, _ in rows])
         events = [e for e in await self._visible(requester, membership, events) if event_filter.matches(e)]
-        chunk = await self._client_events.serialize(events, access_token_id=requester.access_token_id)
+        chunk = await self._client_events.serialize(events, access_token_id=requester.access_token_id,
+                                                    bundle_for=requester.user_id)
         out: dict[str, Any] = {"chunk": chunk, "start": self._token(start)}
         # `end` only while there is more to read; omitted at the start (backwards) or the
         # newest event (forwards). A round of backfill may have left more on the remote side.
@@ -263,9 +287,12 @@ class MessagesHandler:
             state_ids = {k: v for k, v in state_ids.items() if k[0] != C.MEMBER or k[1] in senders}
         state = await self._client_events.load(sorted(state_ids.values()))
         return {
-            "event": (await self._client_events.serialize(loaded, access_token_id=token))[0],
-            "events_before": await self._client_events.serialize(before, access_token_id=token),
-            "events_after": await self._client_events.serialize(after, access_token_id=token),
+            "event": (await self._client_events.serialize(loaded, access_token_id=token,
+                                                          bundle_for=requester.user_id))[0],
+            "events_before": await self._client_events.serialize(before, access_token_id=token,
+                                                                 bundle_for=requester.user_id),
+            "events_after": await self._client_events.serialize(after, access_token_id=token,
+                                                                bundle_for=requester.user_id),
             "start": room_token((before_rows[-1][1] - 1) if before_rows else position - 1),
             "end": room_token(after_rows[-1][1] if after_rows else position),
             "state": await self._client_events.serialize(state),

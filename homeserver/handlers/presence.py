@@ -13,7 +13,7 @@ online when they start syncing anywhere (unless they set themselves
 ``unavailable``) and offline once they sync nowhere.
 """
 
-# tests: tests/integration/test_client_e2e.py, tests/integration/test_client_legacy.py
+# tests: tests/integration/test_client_e2e.py, tests/integration/test_client_legacy.py, tests/integration/test_client_peeking.py, tests/integration/test_client_sync_state.py
 
 from __future__ import annotations
 
@@ -107,12 +107,18 @@ class PresenceHandler:
         now = self._clock_ms()
         return [_presence_event(row, now) for row in rows]
 
+    async def room_presence_for_stream(self, room_id: str, after: int, upto: int) -> list[dict[str, Any]]:
+        """``m.presence`` events of the members joined to ``room_id`` whose presence changed in
+        (after, upto]: the older ``/events?room_id=`` (peeking)."""
+        rows = await self._store.get_room_presence_changes(room_id, after, upto)
+        now = self._clock_ms()
+        return [_presence_event(row, now) for row in rows]
+
     async def presence_events(self, user_ids: Iterable[str]) -> list[dict[str, Any]]:
         """The current ``m.presence`` event of each of ``user_ids`` whose presence is known
         (the older ``/rooms/{roomId}/initialSync``: the room's members)."""
         now = self._clock_ms()
-        rows = [await self._store.get_presence(user_id) for user_id in user_ids]
-        return [_presence_event(row, now) for row in rows if row is not None]
+        return [_presence_event(row, now) for row in await self._store.get_presences(set(user_ids))]
 
     async def get_status(self, requester: Requester, user_id: str) -> dict[str, Any]:
         """``GET /presence/{userId}/status``: visible to the user and to those sharing a joined

@@ -42,6 +42,8 @@ class PushContext:
 class Outcome:
     notify: bool
     highlight: bool
+    # The matching rule's actions (tweaks such as ``sound``), as the push payload carries them.
+    actions: tuple[Any, ...] = attrs.field(default=(), eq=False)
 
 
 SILENT = Outcome(False, False)
@@ -62,7 +64,7 @@ def _outcome(actions: Sequence[Any]) -> Outcome:
     for action in actions:
         if isinstance(action, Mapping) and action.get("set_tweak") == "highlight":
             highlight = action.get("value", True) is True
-    return Outcome(notify, notify and highlight)
+    return Outcome(notify, notify and highlight, tuple(actions) if notify else ())
 
 
 def _rule_matches(kind: str, rule: Mapping[str, Any], event: Mapping[str, Any], context: PushContext) -> bool:

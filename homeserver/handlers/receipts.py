@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from typing import Any, Final
 
 from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.auth import Requester
@@ -22,6 +22,21 @@ from storage.stores.timeline import TimelineStore
 
 RECEIPT_TYPES = frozenset({"m.read", "m.read.private"})
 
+
+
+# A threaded receipt names the thread root's event ID, or this for the main timeline.
+MAIN_THREAD: Final = "main"
+
+
+def check_receipt_thread(receipt_type: str, thread_id: str | None) -> None:
+    """A receipt's ``thread_id``: absent (unthreaded), ``main``, or a thread root's event ID;
+    ``m.fully_read`` is a marker, not a receipt, and is never threaded."""
+    if thread_id is None:
+        return
+    if receipt_type == "m.fully_read":
+        raise invalid_param("m.fully_read cannot have a thread_id")
+    if thread_id != MAIN_THREAD and not thread_id.startswith("$"):
+        raise invalid_param("thread_id must be 'main' or the event ID of a thread root")
 
 class ReceiptsHandler:
     def __init__(
@@ -55,6 +70,7 @@ class ReceiptsHandler:
     ) -> None:
         if receipt_type not in RECEIPT_TYPES:
             raise invalid_param(f"Unsupported receipt type {receipt_type[:100]!r}")
+        check_receipt_thread(receipt_type, thread_id)
         if not await self._is_joined(requester.user_id, room_id):
             raise forbidden("You are not in this room")
         if await self._event_room(event_id) != room_id:

@@ -1,4 +1,5 @@
-"""Invites of local users to rooms this server is not in: kept until joined or rejected.
+"""Invites of local users to rooms this server is not in (and their knocks on such rooms):
+kept until joined, rejected or withdrawn.
 
 An invite from another server (``PUT /invite``) names a room whose graph we do
 not have, so the invite is no event of any room here. ``RemoteInvites`` keeps
@@ -47,10 +48,35 @@ class RemoteInvites:
         state = [s for s in (stripped(e) for e in invite_state if isinstance(e, Mapping)) if s is not None]
         await self._put(user_id, room_id, "invite", room_version, event_id, event, state)
 
+    async def record_knock(self, user_id: str, room_id: str, room_version: str, event_id: str,
+                           event: dict[str, Any], knock_state: list[Any]) -> None:
+        """``user_id`` knocked (send_knock accepted it); ``knock_state``: the resident's ``knock_room_state``."""
+        state = [s for s in (stripped(e) for e in knock_state if isinstance(e, Mapping)) if s is not None]
+        await self._put(user_id, room_id, "knock", room_version, event_id, event, state)
+
     async def record_rejection(self, user_id: str, room_id: str, room_version: str, event_id: str,
                                event: dict[str, Any]) -> None:
         """``user_id`` rejected the invite (its leave event went out through the inviting server)."""
         await self._put(user_id, room_id, "leave", room_version, event_id, event, [])
+
+    async def pending_knock(self, room_id: str, user_id: str) -> FrozenEvent | None:
+        """The knock of ``user_id`` on ``room_id``, if it is still waiting for an answer."""
+        row = await self._store.get(room_id, user_id)
+        if row is None or row.membership != "knock":
+            return None
+        return event_of(row)
+
+    async def knock_servers(self, room_id: str, user_id: str) -> list[str]:
+        """Servers that can take back a pending knock: those of the room state's senders the
+        resident returned (first the join rules', then the others'), then the room ID's domain."""
+        row = await self._store.get(room_id, user_id)
+        if row is None or row.membership != "knock":
+            return []
+        state = json.loads(row.invite_state)
+        events = sorted((e for e in state if isinstance(e, dict)), key=lambda e: e.get("type") != "m.room.join_rules")
+        servers = [str(e["sender"]).partition(":")[2] for e in events if isinstance(e.get("sender"), str)]
+        servers.append(room_id.partition(":")[2])
+        return [s for s in dict.fromkeys(servers) if s]
 
     async def forget(self, room_id: str, user_id: str) -> None:
         """``user_id`` joined the room: its own state says so from now on."""

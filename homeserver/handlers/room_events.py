@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import secrets
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -32,6 +32,7 @@ from homeserver.events import (
     auth_types_for,
     check_auth_rules,
     create_local_event,
+    edge_hashes_of,
     encode_canonical,
     get_room_version,
     initial_room_events,
@@ -172,6 +173,7 @@ class RoomEventCreator:
                     origin_server_ts=self._clock_ms(),
                     server_name=self._server_name,
                     signing_key=self._signing_key,
+                    edge_hashes=await self._edge_hashes(room_version, [*context.forward_extremities, *current.values()]),
                 )
                 check_auth_rules(room_version, event, {key: state[key] for key in keys if key in state})
                 try:
@@ -193,6 +195,13 @@ class RoomEventCreator:
         templates = initial_room_events(
             room_version, creator, request, server_name=self._server_name, creator_join_content=creator_join_content
         )
+        return await self.create_room_from_templates(room_version, creator, templates)
+
+    async def create_room_from_templates(
+        self, room_version: RoomVersion, creator: str, templates: Sequence[EventTemplate]
+    ) -> str:
+        """Create a room whose first template is ``m.room.create``, then send the rest as
+        ``creator`` (``/createRoom``, and room upgrades); return its room ID."""
         room_id = None if room_version.room_id_is_create_event_id else self._new_room_id()
         create = create_local_event(
             room_version,
@@ -214,6 +223,13 @@ class RoomEventCreator:
     def _new_room_id(self) -> str:
         alphabet = string.ascii_letters
         return "!" + "".join(secrets.choice(alphabet) for _ in range(18)) + ":" + self._server_name
+
+    async def _edge_hashes(self, room_version: RoomVersion, event_ids: list[str]) -> dict[str, dict[str, str]]:
+        """Room versions 1 and 2 cite prev and auth events with their reference hashes: load
+        those events (a no-op in later versions)."""
+        if not room_version.event_ids_are_origin_assigned:
+            return {}
+        return edge_hashes_of(room_version, (await self._loader.load_events(set(event_ids))).values())
 
     async def _load_state(self, current: Mapping[StateKey, str]) -> dict[StateKey, FrozenEvent]:
         events = await self._loader.load_events(set(current.values()))

@@ -17,31 +17,47 @@ from twisted.internet.defer import Deferred
 
 from homeserver.events import constants as C
 from homeserver.handlers.account_services import AccountServices
+from homeserver.handlers.aggregations import Aggregator
 from homeserver.handlers.client_events import ClientEvents
-from homeserver.handlers.e2e import E2eHandler
+from homeserver.handlers.cross_signing import CrossSigningHandler
+from homeserver.handlers.directory import DirectoryHandler, PublicRoomsClient
+from homeserver.handlers.key_backup import KeyBackupHandler
+from homeserver.handlers.e2e import E2eHandler, RemoteKeys
+from homeserver.handlers.hierarchy import HierarchyHandler
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.federation_edus import OutboundEdus
 from homeserver.handlers.messages import Backfill, MessagesHandler
 from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.presence import PresenceHandler
 from homeserver.handlers.receipts import ReceiptsHandler
+from homeserver.handlers.relations import RelationsHandler
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.handlers.room_events import RoomEventCreator
+from homeserver.handlers.room_upgrade import RoomUpgradeHandler
+from homeserver.handlers.search import SearchHandler
 from homeserver.handlers.rooms import RemoteDirectory, RemoteMembership, RoomHandler
 from homeserver.handlers.sync import SyncHandler
 from homeserver.handlers.typing import TypingHandler
 from homeserver.routing.writers import Writers
 from storage.database import Database
+from storage.stores.admin import AdminStore
 from storage.id_generators import StreamIdGenerator
 from storage.notifier import Notifier
+from storage.stores.accounts import AccountStore
 from storage.stores.account_data import AccountDataStore
-from storage.stores.e2e import E2eStore
+from storage.stores.directory import DirectoryStore
+from storage.stores.e2e import CrossSigningStore, E2eStore
+from storage.stores.key_backup import KeyBackupStore
+from storage.stores.push import PushStore
 from storage.stores.events import EventsStore
 from storage.room_tokens import RoomTokens
 from storage.stores.instance_map import InstanceMap
 from storage.stores.presence import PresenceStore
+from storage.stores.relations import RelationsStore
+from storage.stores.search import SearchStore
 from storage.stores.streams import insert_typing_txn
 from storage.stores.timeline import TimelineStore
+from storage.stores.user_directory import UserDirectoryStore
 from storage.streams import StreamName
 
 logger = logging.getLogger(__name__)
@@ -61,6 +77,16 @@ class RoomServices:
     # Room stream tokens <-> per-writer positions; ``await room_tokens.start()`` before serving.
     room_tokens: RoomTokens
     remote_invites: RemoteInvites
+    # /relations and /threads (the aggregations themselves are bundled by ``client_events``).
+    relations: RelationsHandler
+    # The room directory (/publicRooms, here and over federation) and the user directory.
+    directory: DirectoryHandler
+    # POST /search over the events' full-text index.
+    search: SearchHandler
+    # Spaces: /hierarchy for clients and for other servers.
+    hierarchy: HierarchyHandler
+    # POST /rooms/{roomId}/upgrade.
+    upgrades: RoomUpgradeHandler
 
     @classmethod
     def build(
@@ -81,6 +107,9 @@ class RoomServices:
         edus: OutboundEdus | None,
         sync_metrics: SyncMetrics | None = None,
         directory: RemoteDirectory | None = None,
+        public_rooms_client: PublicRoomsClient | None = None,
+        remote_keys: RemoteKeys | None = None,
+        search_all_users: bool = False,
     ) -> RoomServices:
         """``remote`` and ``backfill`` come from federation (None: this server's rooms only);
         ``edus`` takes typing, receipts, presence and to-device to other servers (None: this
@@ -89,9 +118,12 @@ class RoomServices:
             return int(reactor.seconds() * 1000)
 
         timeline = TimelineStore(db)
+        relations_store = RelationsStore(db)
 
         client_events = ClientEvents(
-            loader=loader, events_store=events_store, timeline=timeline, clock_ms=clock_ms
+            loader=loader, events_store=events_store, timeline=timeline, clock_ms=clock_ms,
+            erased_users=AccountStore(db).get_erased_users,
+            aggregator=Aggregator(store=relations_store, loader=loader),
         )
 
         async def is_joined(user_id: str, room_id: str) -> bool:
@@ -101,6 +133,16 @@ class RoomServices:
         async def event_room(event_id: str) -> str | None:
             event = await loader.get_event(event_id)
             return None if event is None else event.room_id
+
+        room_directory = DirectoryHandler(
+            store=DirectoryStore(db), events_store=events_store, loader=loader, server_name=server_name,
+            clock_ms=clock_ms, remote=public_rooms_client, is_joined=is_joined,
+            users=UserDirectoryStore(db), search_all_users=search_all_users,
+        )
+        admin_store = AdminStore(db)
+
+        async def blocked_rooms(room_id: str) -> bool:
+            return await admin_store.get_block(room_id) is not None
 
         rooms = RoomHandler(
             room_events=room_events,
@@ -114,6 +156,8 @@ class RoomServices:
             ratelimiters=accounts.ratelimiters,
             remote=remote,
             directory=directory,
+            publish=room_directory.publish,
+            is_blocked=blocked_rooms,
         )
         accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
         room_tokens = RoomTokens(streams[StreamName.EVENTS], InstanceMap(db))
@@ -146,14 +190,25 @@ class RoomServices:
         async def device_ids(user_id: str) -> list[str]:
             return [device.device_id for device in await accounts.devices.get_devices(user_id)]
 
+        e2e_store = E2eStore(db)
         e2e = E2eHandler(
-            store=E2eStore(db),
+            store=e2e_store,
             to_device_stream=streams[StreamName.TO_DEVICE],
             server_name=server_name,
             device_ids=device_ids,
             device_lists_stream=streams[StreamName.DEVICE_LISTS],
             federation=edus,
+            remote=remote_keys,
+            room_position=room_tokens.position,
         )
+        e2e.cross_signing = CrossSigningHandler(
+            store=CrossSigningStore(db), e2e_store=e2e_store, keys_changed=e2e.cross_signing_changed
+        )
+        e2e.key_backup = KeyBackupHandler(KeyBackupStore(db))
+        # Device logins, renames and deletions are device-list changes (the main process takes
+        # them, and writes the device_lists stream).
+        accounts.devices.device_deleted_hooks.append(e2e.devices_deleted)
+        accounts.devices.device_changed_hooks.append(e2e.local_devices_changed)
         presence = PresenceHandler(store=PresenceStore(db), stream=streams[StreamName.PRESENCE], clock_ms=clock_ms,
                                    federation=edus)
         sync = SyncHandler(
@@ -170,9 +225,23 @@ class RoomServices:
             metrics=sync_metrics,
             presence=presence,
             room_tokens=room_tokens,
+            push=PushStore(db),
+        )
+        relations = RelationsHandler(
+            store=relations_store, events_store=events_store, timeline=timeline, client_events=client_events,
+            messages=messages, room_tokens=room_tokens,
+        )
+        upgrades = RoomUpgradeHandler(
+            rooms=rooms, room_events=room_events, events_store=events_store, loader=loader, timeline=timeline,
+            directory=DirectoryStore(db), clock_ms=clock_ms,
         )
         return cls(timeline, client_events, rooms, messages, typing, receipts, sync, e2e, presence, room_tokens,
-                   remote_invites)
+                   remote_invites, relations, room_directory,
+                   SearchHandler(store=SearchStore(db), events_store=events_store, timeline=timeline,
+                                 client_events=client_events),
+                   HierarchyHandler(store=DirectoryStore(db), server_name=server_name,
+                                    memberships=timeline.get_rooms_for_user, remote=public_rooms_client),
+                   upgrades)
 
     def stop(self) -> None:
         """Cancel timers; ``HomeServer.stop`` should call this before closing the database."""

@@ -12,7 +12,7 @@ parse and serialise. It does not know the timeline (messages.py) or sync.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -31,6 +31,12 @@ from homeserver.events import (
 from homeserver.events import constants as C
 from homeserver.events.canonical import thaw
 from homeserver.events.identifiers import server_name_of
+from homeserver.events.restricted import (
+    allowed_room_ids,
+    authoriser_candidates,
+    choose_authoriser,
+    needs_authorisation,
+)
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.event_loader import EventLoader
@@ -91,6 +97,13 @@ class RemoteMembership(Protocol):
 
     async def invite_remote(self, room_id: str, inviter: str, invitee: str,
                             content: Mapping[str, object] | None = None) -> FrozenEvent: ...
+
+    async def pending_knock(self, room_id: str, user_id: str) -> FrozenEvent | None: ...
+
+    async def knock_servers(self, room_id: str, user_id: str) -> list[str]: ...
+
+    async def knock_remote(self, room_id: str, user_id: str, servers: Iterable[str],
+                           content: Mapping[str, object] | None = None) -> FrozenEvent: ...
 
 
 class RemoteDirectory(Protocol):
@@ -158,8 +171,14 @@ class RoomHandler:
         ratelimiters: Ratelimiters,
         remote: RemoteMembership | None,
         directory: RemoteDirectory | None = None,
+        is_blocked: Callable[[str], Awaitable[bool]] | None = None,
+        publish: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
+        # Lists a room created with ``visibility: public`` in the room directory.
+        self._publish = publish
         self._limits = ratelimiters
+        # Rooms an admin blocked (docs/admin.md): no local user joins, is invited or knocks.
+        self._is_blocked = is_blocked
         self._room_events = room_events
         self._loader = loader
         self._events_store = events_store
@@ -185,6 +204,10 @@ class RoomHandler:
         except (RoomNotFound, EventsError, TypeError, ValueError) as e:
             raise send_error(e, room_id) from None
 
+    async def send_as(self, room_id: str, template: EventTemplate, sender: str) -> FrozenEvent:
+        """Send ``template`` as ``sender``, unthrottled, with client-API errors (room upgrades)."""
+        return await self._send(room_id, template, sender)
+
     async def _send_idempotent(self, room_id: str, template: EventTemplate, sender: str, txn: SendTxn) -> str:
         try:
             return await self._room_events.send_idempotent(room_id, template, sender, txn)
@@ -199,10 +222,12 @@ class RoomHandler:
             raise unknown_room(room_id)
 
     async def send_event(
-        self, requester: Requester, room_id: str, event_type: str, content: Mapping[str, Any], txn_id: str | None
+        self, requester: Requester, room_id: str, event_type: str, content: Mapping[str, Any], txn_id: str | None,
+        *, ratelimited: bool = True,
     ) -> str:
         if txn_id is None:
-            ratelimit(self._limits.message, requester.user_id, self._now())
+            if ratelimited:  # server notices are not (the admin API limits the admin)
+                ratelimit(self._limits.message, requester.user_id, self._now())
             return (await self._send(room_id, make_template(event_type, content), requester.user_id)).event_id
         key = (str(requester.access_token_id), txn_id)
         sent = self._sent_txns.get(key)
@@ -369,6 +394,8 @@ class RoomHandler:
                 logger.warning("[%s] inviting %s at creation failed: %s", room_id, invitee, e)
         if alias is not None and not await self._timeline.create_alias(alias, room_id, requester.user_id):
             raise MatrixError(400, "M_ROOM_IN_USE", f"Room alias {alias} is already taken")
+        if request.visibility == "public" and self._publish is not None:
+            await self._publish(room_id)
         return room_id, alias
 
     def _check_alias(self, alias: str) -> None:
@@ -439,6 +466,10 @@ class RoomHandler:
 
     # --- membership -------------------------------------------------------------------------
 
+    async def profile_content(self, user_id: str) -> dict[str, Any]:
+        """``displayname`` / ``avatar_url`` for the user's join events."""
+        return await self._profile_content(user_id)
+
     async def _profile_content(self, user_id: str) -> dict[str, Any]:
         try:
             profile = await self._profiles.get_profile(user_id)
@@ -469,14 +500,20 @@ class RoomHandler:
         than the auth rules (``ACTION_TARGET_MEMBERSHIPS``).
         """
         remote = self._remote
+        if membership in (C.JOIN, C.INVITE, C.KNOCK):
+            await self._check_not_blocked(room_id)
         if remote is not None and membership == C.INVITE and server_name_of(target) != self._server_name:
             return await self._invite_remote(remote, requester, room_id, target, reason, extra, ratelimited)
         if remote is not None and membership == C.LEAVE and target == requester.user_id:
             invite = await remote.pending_invite(room_id, target)
-            if invite is not None and not await self._server_in_room(room_id):
-                # Rejecting an invite to a room this server is not in: make_leave/send_leave.
+            servers = [] if invite is None else [server_name_of(invite.sender)]
+            if invite is None and await remote.pending_knock(room_id, target) is not None:
+                servers = await remote.knock_servers(room_id, target)
+            if servers and not await self._server_in_room(room_id):
+                # Rejecting an invite to (or withdrawing a knock on) a room this server is not
+                # in: make_leave/send_leave through the inviter's server (the room's servers).
                 try:
-                    return (await remote.leave_remote(room_id, target, [server_name_of(invite.sender)])).event_id
+                    return (await remote.leave_remote(room_id, target, servers)).event_id
                 except RemoteMembershipError as e:
                     raise remote_error(e) from None
                 except EventsError as e:
@@ -485,7 +522,7 @@ class RoomHandler:
         now = self._now()
         if not ratelimited:
             pass
-        elif membership == C.JOIN and target == requester.user_id:
+        elif membership in (C.JOIN, C.KNOCK) and target == requester.user_id:
             ratelimit(self._limits.joins_local, requester.user_id, now)
         elif membership == C.INVITE:
             ratelimit(self._limits.invites_per_room, room_id, now)
@@ -499,6 +536,10 @@ class RoomHandler:
                 content.setdefault(key, value)
         if reason is not None:
             content["reason"] = reason
+        if membership == C.JOIN and target == requester.user_id:
+            authoriser = await self._restricted_join_authoriser(room_id, target)
+            if authoriser is not None:
+                content[C.AUTHORISING_USER] = authoriser
         rule = ACTION_TARGET_MEMBERSHIPS.get(action or "")
         precheck = None if rule is None else MembershipPrecondition(target, *rule)
         event = await self._send(
@@ -508,9 +549,52 @@ class RoomHandler:
             await self._timeline.unforget_room(target, room_id)
         return event.event_id
 
+    async def _check_not_blocked(self, room_id: str) -> None:
+        if self._is_blocked is not None and await self._is_blocked(room_id):
+            raise forbidden("This room has been blocked on this server")
+
+    async def _restricted_join_authoriser(self, room_id: str, user_id: str) -> str | None:
+        """For a join under a restricted join rule (v8+) by a user neither invited nor joined:
+        check the ``allow`` conditions (joined to one of the listed rooms, by this server's
+        view) and name a local user who can invite (``join_authorised_via_users_server``).
+        ``None`` when the join needs no authoriser; 403 when the user may not join this way."""
+        version = await self._room_events.room_version(room_id)
+        if not version.restricted_join_rule:
+            return None
+        state = await self._current_state_events(
+            room_id, [(C.CREATE, ""), (C.JOIN_RULES, ""), (C.POWER_LEVELS, ""), (C.MEMBER, user_id)]
+        )
+        if not needs_authorisation(version, state, user_id):
+            return None
+        memberships = await self._timeline.get_rooms_for_user(user_id)
+        if not any(memberships.get(r, ("", ""))[0] == C.JOIN for r in allowed_room_ids(state)):
+            raise forbidden("You are not a member of any of the rooms this room's join rule allows")
+        candidates = authoriser_candidates(state)
+        state.update(await self._current_state_events(room_id, [(C.MEMBER, u) for u in candidates]))
+        authoriser = choose_authoriser(version, state, self._server_name)
+        if authoriser is None:
+            raise forbidden("No user of this server can authorise a join to this room")
+        return authoriser
+
     async def _server_in_room(self, room_id: str) -> bool:
         """Whether a user of this server is joined to the room (so that we hold its current state)."""
         return self._server_name in await self._events_store.get_joined_servers(room_id)
+
+    async def _resolve_with_servers(self, room_id_or_alias: str, servers: Sequence[str]) -> tuple[str, list[str]]:
+        """A join's or knock's room, and the servers to try if this one is not in it: ``servers``
+        (``via``/``server_name``), then those an alias's directory named."""
+        candidates: list[str] = list(servers)
+        if not room_id_or_alias.startswith("#"):
+            return await self.resolve_room(room_id_or_alias), candidates
+        self._check_alias(room_id_or_alias)
+        remote = self._remote
+        if remote is None or server_name_of(room_id_or_alias) == self._server_name:
+            return str((await self.get_alias(room_id_or_alias))["room_id"]), candidates
+        try:
+            room_id, alias_servers = await remote.lookup_alias(room_id_or_alias)
+        except RemoteMembershipError as e:
+            raise not_found(f"Room alias {room_id_or_alias} could not be resolved: {str(e)[:500]}") from None
+        return room_id, candidates + list(alias_servers)
 
     async def join(
         self,
@@ -533,19 +617,8 @@ class RoomHandler:
         """
         check_text(room_id_or_alias, "roomIdOrAlias", max_length=255)
         remote = self._remote
-        candidates: list[str] = list(servers)
-        if room_id_or_alias.startswith("#"):
-            self._check_alias(room_id_or_alias)
-            if remote is None or server_name_of(room_id_or_alias) == self._server_name:
-                room_id = str((await self.get_alias(room_id_or_alias))["room_id"])
-            else:
-                try:
-                    room_id, alias_servers = await remote.lookup_alias(room_id_or_alias)
-                except RemoteMembershipError as e:
-                    raise not_found(f"Room alias {room_id_or_alias} could not be resolved: {str(e)[:500]}") from None
-                candidates.extend(alias_servers)
-        else:
-            room_id = await self.resolve_room(room_id_or_alias)
+        room_id, candidates = await self._resolve_with_servers(room_id_or_alias, servers)
+        await self._check_not_blocked(room_id)
         user_id = requester.user_id
         if requester.is_guest:
             await self._check_guest_can_join(room_id)
@@ -568,6 +641,38 @@ class RoomHandler:
                 await self._timeline.unforget_room(user_id, room_id)
                 return room_id
         await self.update_membership(requester, room_id, user_id, C.JOIN, extra=content)
+        return room_id
+
+    async def knock(
+        self, requester: Requester, room_id_or_alias: str, *, servers: Sequence[str] = (), reason: str | None = None
+    ) -> str:
+        """``POST /knock/{roomIdOrAlias}``: ask to be let into a room (join rule ``knock``, v7+).
+
+        Locally when this server is in the room (the auth rules decide: the join rule, the
+        user's membership); otherwise make_knock/send_knock through ``servers``, the alias's
+        servers and the room ID's domain. Guests may not knock.
+        """
+        check_text(room_id_or_alias, "roomIdOrAlias", max_length=255)
+        if requester.is_guest:
+            raise forbidden("Guests may not knock on rooms")
+        remote = self._remote
+        room_id, candidates = await self._resolve_with_servers(room_id_or_alias, servers)
+        await self._check_not_blocked(room_id)  # before a remote knock too, as joins do
+        user_id = requester.user_id
+        content: dict[str, Any] = {} if reason is None else {"reason": reason}
+        if remote is not None and not await self._server_in_room(room_id):
+            candidates.append(server_name_of(room_id))
+            candidates = [s for s in dict.fromkeys(candidates) if s and s != self._server_name]
+            if candidates:
+                ratelimit(self._limits.joins_remote, user_id, self._now())
+                try:
+                    await remote.knock_remote(room_id, user_id, candidates, content)
+                except RemoteMembershipError as e:
+                    raise remote_error(e) from None
+                except EventsError as e:
+                    raise events_error(e) from None
+                return room_id
+        await self.update_membership(requester, room_id, user_id, C.KNOCK, reason=reason)
         return room_id
 
     async def _check_guest_can_join(self, room_id: str) -> None:
@@ -709,6 +814,7 @@ class RoomHandler:
         visible = await self._client_events.filter_visible(requester.user_id, events, joined_now=joined_now)
         if not visible:
             raise not_found("Event not found")
-        served = await self._client_events.serialize(visible, access_token_id=requester.access_token_id)
+        served = await self._client_events.serialize(visible, access_token_id=requester.access_token_id,
+                                                     bundle_for=requester.user_id)
         return served[0]
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 from typing import Any, Final
 
 from homeserver.config import HomeserverConfig
+from homeserver.events import ALL_ROOM_VERSIONS
 
-STABLE_ROOM_VERSIONS: Final = ("10", "11", "12")
+STABLE_ROOM_VERSIONS: Final = tuple(v.identifier for v in ALL_ROOM_VERSIONS)
+"""Every room version we implement; the spec marks all of 1-12 stable."""
 
 
 def capabilities(config: HomeserverConfig) -> dict[str, Any]:

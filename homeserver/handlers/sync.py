@@ -13,7 +13,7 @@ not read at all: a wake-up by one new message costs three transactions, two
 of them side by side.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_sync.py, tests/integration/test_client_e2e.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_sync.py, tests/integration/test_client_sync_state.py, tests/integration/test_client_e2e.py
 
 from __future__ import annotations
 
@@ -27,16 +27,14 @@ from twisted.internet.defer import Deferred
 
 from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
-from homeserver.events.canonical import thaw
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents, strip_event
-from homeserver.handlers.push_evaluator import SILENT, Outcome, PushContext, evaluate
-from homeserver.handlers.push_rules import default_push_rules
 from homeserver.handlers.remote_invites import event_of
 from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.messages import EventFilter, parse_event_filter, room_token
 from homeserver.handlers.presence import PresenceHandler
+from homeserver.handlers.push_rules import effective_rules
 from homeserver.handlers.receipts import ReceiptsHandler
 from homeserver.handlers.typing import TypingHandler
 from storage.id_generators import StreamIdGenerator
@@ -44,7 +42,8 @@ from storage.notifier import Notifier
 from storage.caches import DictCache
 from storage.stores.account_data import AccountDataStore, UserAccountData
 from storage.stores.events import EventsStore, StateKey
-from storage.stores.timeline import MembershipRow, TimelineStore, UnreadRoom
+from storage.stores.push import PushStore
+from storage.stores.timeline import MembershipRow, TimelineStore
 from storage.streams import StreamName
 from storage.room_tokens import RoomPosition, RoomTokens
 from storage.kernel.errors import invalid_param
@@ -61,10 +60,6 @@ MAX_TIMELINE_LIMIT = 1000
 FILTERED_ROUNDS = 5
 FILTERED_BATCH = 100
 MAX_TIMEOUT_S = 300.0
-# Unread events counted per room for unread_notifications (clients show "99+" past that).
-MAX_UNREAD_COUNTED = 100
-# The event types the default push rules can notify for; others are never counted.
-NOTIFYING_TYPES = ("m.room.message", "m.room.encrypted", "m.call.invite", "m.room.tombstone", "m.room.member")
 INVITE_STATE_TYPES = (
     C.CREATE,
     C.JOIN_RULES,
@@ -87,6 +82,9 @@ class SyncFilter:
     federation_format: bool = False
     # ``room.state.include_redundant_members``: lazy-loaded members are sent again each time.
     include_redundant_members: bool = False
+    # ``room.timeline.unread_thread_notifications``: counts split into the main timeline's and
+    # each thread's (``unread_thread_notifications``).
+    unread_thread_notifications: bool = False
 
     @classmethod
     def parse(cls, value: Mapping[str, Any] | None) -> SyncFilter:
@@ -106,7 +104,29 @@ class SyncFilter:
             federation_format=value.get("event_format") == "federation",
             include_redundant_members=isinstance(room.get("state"), Mapping)
             and room["state"].get("include_redundant_members") is True,
+            unread_thread_notifications=isinstance(room.get("timeline"), Mapping)
+            and room["timeline"].get("unread_thread_notifications") is True,
         )
+
+
+def unread_sections(
+    by_thread: Mapping[str | None, tuple[int, int]], split: bool
+) -> dict[str, Any]:
+    """A joined room's ``unread_notifications`` from its unread counts per thread (None: the main
+    timeline): the sum of all, or, when the filter asks to ``split``, the main timeline's alone
+    and each thread's under ``unread_thread_notifications`` (only when there is one)."""
+    def counts(pair: tuple[int, int]) -> dict[str, int]:
+        return {"highlight_count": pair[1], "notification_count": pair[0]}
+
+    if not split:
+        return {"unread_notifications": counts((sum(n for n, _ in by_thread.values()),
+                                                sum(h for _, h in by_thread.values())))}
+    out: dict[str, Any] = {"unread_notifications": counts(by_thread.get(None, (0, 0)))}
+    threads = {thread: counts(pair) for thread, pair in sorted(by_thread.items(), key=lambda i: str(i[0]))
+               if thread is not None}
+    if threads:
+        out["unread_thread_notifications"] = threads
+    return out
 
 
 def _stream_position(token: StreamToken, key: SyncStreamKey) -> int:
@@ -130,7 +150,9 @@ class SyncHandler:
         metrics: SyncMetrics | None = None,
         presence: PresenceHandler | None = None,
         room_tokens: RoomTokens,
+        push: PushStore,
     ) -> None:
+        self._push = push
         self._presence = presence
         self._room_tokens = room_tokens
         self._e2e = e2e
@@ -147,8 +169,6 @@ class SyncHandler:
         # (user, device) -> the to-device position up to which this process deleted the
         # device's messages (acknowledged by a sync token): no need to delete again.
         self._to_device_acked = DictCache[int]("sync_to_device_acked", max_entries=100_000)
-        # (user, event) -> whether the event notifies / highlights the user (push rules, once each).
-        self._push_outcomes = DictCache[Outcome]("sync_push_outcomes", max_entries=200_000)
         # (user, device, room) -> the member events (state key, event ID) this process sent the
         # device under ``lazy_load_members``: not sent again (unless ``include_redundant_members``).
         self._lazy_members = DictCache[tuple[tuple[str, str], ...]]("sync_lazy_members", max_entries=100_000)
@@ -205,11 +225,58 @@ class SyncHandler:
                 )
             finally:
                 self._metrics.long_polls.dec()
+            if not woken and self._notifier.closed:
+                return result  # shutting down: the (empty) answer now, not at the timeout
             # The notifier fires its waiters synchronously from the position
             # change, so now is when the stream advanced.
             woken_at = self._clock.seconds() if woken else None
             if self._clock.seconds() >= deadline:
                 return await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
+
+    async def wait_for_room(
+        self, requester: Requester, room_id: str, since: StreamToken, *, timeout_ms: int, joined: bool, limit: int
+    ) -> tuple[list[dict[str, Any]], StreamToken]:
+        """The older ``/events?room_id=``: one room's new events (at most ``limit``, the newest,
+        with ``room_id``, as history visibility lets the user see them: all of them for a member
+        ``joined`` now, the ``world_readable`` ones for a peeker), its typing and receipt changes
+        and its joined members' presence changes after ``since``, waiting up to ``timeout_ms``
+        until there are some; and the token they reach."""
+        try:
+            await self._room_tokens.position(since.events)
+        except InvalidTokenError as e:
+            raise invalid_param(str(e)) from None
+        deadline = self._clock.seconds() + min(max(timeout_ms, 0) / 1000.0, MAX_TIMEOUT_S)
+        while True:
+            now = self.current_token()
+            chunk = await self._room_stream(requester, room_id, since, now, joined=joined, limit=limit)
+            remaining = deadline - self._clock.seconds()
+            if chunk or remaining <= 0:
+                return chunk, now
+            await self._notifier.wait_for_sync_token(now, self.current_token, remaining)
+
+    async def _room_stream(
+        self, requester: Requester, room_id: str, since: StreamToken, now: StreamToken, *, joined: bool, limit: int
+    ) -> list[dict[str, Any]]:
+        chunk: list[dict[str, Any]] = []
+        since_pos = await self._room_tokens.position(since.events)
+        upto = await self._room_tokens.position(now.events)
+        rows = await self._timeline.get_room_events(room_id, start=upto, end=since_pos, limit=limit, backwards=True)
+        if rows:
+            events = await self._client_events.load([event_id for event_id, _ in reversed(rows)])
+            events = await self._client_events.filter_visible(requester.user_id, events, joined_now=joined)
+            chunk.extend(await self._client_events.serialize(events, access_token_id=requester.access_token_id,
+                                                             bundle_for=requester.user_id))
+        typing_since = _stream_position(since, SyncStreamKey.TYPING)
+        for typing_room, user_ids in self._typing.changed_rooms([room_id], typing_since).items():
+            chunk.append({"type": "m.typing", "room_id": typing_room, "content": {"user_ids": user_ids}})
+        after, current = _stream_position(since, SyncStreamKey.RECEIPTS), _stream_position(now, SyncStreamKey.RECEIPTS)
+        if current > after:
+            receipts = await self._receipts.ephemeral_for(requester.user_id, [room_id], after, current)
+            chunk.extend({**event, "room_id": room_id} for event in receipts.values())
+        after, current = _stream_position(since, SyncStreamKey.PRESENCE), _stream_position(now, SyncStreamKey.PRESENCE)
+        if self._presence is not None and current > after:
+            chunk.extend(await self._presence.room_presence_for_stream(room_id, after, current))
+        return chunk
 
     async def sync(
         self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter
@@ -236,15 +303,17 @@ class SyncHandler:
             return (after, current) if current > after else None
 
         def full_rooms(
-            rooms_at: Mapping[str, tuple[str, str, int]], changes: Sequence[MembershipRow], late: set[str]
+            rooms_at: Mapping[str, tuple[str, str, int]],
+            changes: Sequence[MembershipRow],
+            late: set[str],
+            at_since: Mapping[str, str],
         ) -> set[str]:
             joined = {r for r, (m, _, _) in rooms_at.items() if m == C.JOIN}
             if initial:
                 return joined
             # A membership that changed after the snapshot (a race with this request: ``late``)
             # makes the room "full": its timeline is then visibility-filtered, never assumed visible.
-            newly_joined = {row.room_id for row in changes if row.membership == C.JOIN}
-            return (newly_joined | late) & joined
+            return (_newly_joined(changes, at_since) | late) & joined
 
         # The reads are independent: they run side by side on the database pool, and a
         # stream that has not moved since the token is not read at all.
@@ -272,8 +341,11 @@ class SyncHandler:
             _start(self._presence.presence_for_sync(user_id, *presence_range))
             if self._presence is not None and presence_range else None
         )
-        devices_read = _start(self._e2e.device_list_changes(user_id, *devices_range)) if devices_range else None
-        key_counts_read = _start(self._e2e.one_time_key_counts(requester))
+        devices_read = (
+            _start(self._e2e.device_list_summary(user_id, devices_range, since_pos, upto))
+            if since is not None else None
+        )
+        key_counts_read = _start(self._e2e.key_counts(requester))
         try:
             snapshot = await rooms_read
             joined_ids = [r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN]
@@ -284,8 +356,8 @@ class SyncHandler:
             account_data = await account_data_read if account_data_read is not None else UserAccountData({}, {})
             to_device: list[Any] = await to_device_read if to_device_read is not None else []
             presence: list[Any] = await presence_read if presence_read is not None else []
-            devices_changed: list[str] = await devices_read if devices_read is not None else []
-            key_counts = await key_counts_read
+            device_lists = await devices_read if devices_read is not None else {"changed": [], "left": []}
+            key_counts, fallback_types = await key_counts_read
         finally:
             for read in (rooms_read, account_data_read, to_device_read, presence_read, devices_read, key_counts_read):
                 if read is not None:
@@ -302,8 +374,9 @@ class SyncHandler:
         join: dict[str, Any] = {}
         invite: dict[str, Any] = {}
         leave: dict[str, Any] = {}
+        knock: dict[str, Any] = {}
         # Rooms' sections are built side by side: each is a few reads of its own.
-        shown_rooms: list[tuple[str, list[Any], dict[str, str]]] = []
+        shown_rooms: list[tuple[str, list[Any], dict[str, str], bool]] = []
         builds = []
         for room_id in joined_ids:
             rows = recent.get(room_id, [])
@@ -316,14 +389,24 @@ class SyncHandler:
             room_ad = account_data.rooms.get(room_id, {})
             if not (full or rows or ephemeral or room_ad):
                 continue
-            shown_rooms.append((room_id, ephemeral, room_ad))
+            shown_rooms.append((room_id, ephemeral, room_ad, full))
             builds.append(self._room_section(
                 requester, room_id, rows, limit=limit, full=full, sync_filter=sync_filter, upto=now.events,
                 initial=initial, since=since_pos if since is not None else None,
             ))
-        unread = _start(self._unread_counts(user_id, [room_id for room_id, _, _ in shown_rooms], upto))
+        unread = _start(self._unread_counts(user_id, [room_id for room_id, _, _, _ in shown_rooms], upto))
         wanted: list[str] = []
-        for (room_id, ephemeral, room_ad), (section, wants_summary) in zip(shown_rooms, await _gather(builds)):
+        # Users whose presence the user may not have had: members who joined in a timeline.
+        timeline_joiners: set[str] = set()
+        for (room_id, ephemeral, room_ad, full), (section, wants_summary, joiners) in zip(
+            shown_rooms, await _gather(builds)
+        ):
+            if not (initial or full or section["timeline"]["events"] or section["state"]["events"]
+                    or ephemeral or room_ad):
+                # Nothing the filter lets through changed: an incremental sync leaves the room
+                # out (as Synapse), rather than sending it empty.
+                continue
+            timeline_joiners |= joiners
             if wants_summary:
                 wanted.append(room_id)
             section["ephemeral"] = {"events": ephemeral}
@@ -334,26 +417,35 @@ class SyncHandler:
             join[room_id] = section
         for room_id, summary in (await self._summaries(user_id, wanted)).items():
             join[room_id]["summary"] = summary
-        for room_id, (notifications, highlights) in (await unread).items():
-            join[room_id]["unread_notifications"] = {
-                "highlight_count": highlights, "notification_count": notifications}
+        for room_id, by_thread in (await unread).items():
+            if room_id in join:
+                join[room_id].update(unread_sections(by_thread, sync_filter.unread_thread_notifications))
 
         for room_id, (membership, event_id) in rooms.items():
             if membership == C.INVITE and (since is None or room_id in changed_rooms):
                 invite[room_id] = {"invite_state": {"events": await self._invite_state(room_id, event_id)}}
+            elif membership == C.KNOCK and (since is None or room_id in changed_rooms):
+                knock[room_id] = {"knock_state": {"events": await self._invite_state(room_id, event_id)}}
             elif (
                 membership in (C.LEAVE, C.BAN)
                 and (room_id in changed_rooms if since is not None else sync_filter.include_leave)
                 and room_id not in forgotten
             ):
-                leave[room_id] = await self._leave_section(requester, room_id, event_id, since_pos, sync_filter)
+                leave[room_id] = await self._leave_section(
+                    requester, room_id, event_id, since_pos, sync_filter,
+                    joined_at_since=since is not None and not full_state
+                    and snapshot.memberships_at_since.get(room_id) == C.JOIN,
+                )
         for room_id, row in snapshot.remote_invites.items():
             # A room this server is not in: what its invite (or the rejection) carried.
             event = event_of(row)
-            if row.membership == C.INVITE:
+            if row.membership in (C.INVITE, C.KNOCK):
                 state = [e for e in json.loads(row.invite_state)
                          if (e.get("type"), e.get("state_key")) != (C.MEMBER, user_id)]
-                invite[room_id] = {"invite_state": {"events": [*state, strip_event(event)]}}
+                if row.membership == C.INVITE:
+                    invite[room_id] = {"invite_state": {"events": [*state, strip_event(event)]}}
+                else:  # a knock on a room this server is not in, with the room's knock_room_state
+                    knock[room_id] = {"knock_state": {"events": [*state, strip_event(event)]}}
             elif room_id not in forgotten:
                 leave[room_id] = {
                     "timeline": {
@@ -367,53 +459,41 @@ class SyncHandler:
                     "account_data": {"events": []},
                 }
 
+        if self._presence is not None and not initial:
+            # The spec's "presence of users sharing a room": a room the user newly joined brings
+            # its members' presence, and a member who joined a room brings theirs, even when it
+            # has not changed since ``since`` (as Synapse).
+            newly_shared = set(timeline_joiners)
+            for room_id in sorted(full_rooms_set & join.keys()):
+                newly_shared |= {member for member, membership, _ in await self._timeline.get_current_members(room_id)
+                                 if membership == C.JOIN}
+            newly_shared -= {user_id} | {e["sender"] for e in presence}
+            if newly_shared:
+                presence = presence + await self._presence.presence_events(sorted(newly_shared))
+
         return {
             "next_batch": now.to_string(),
-            "rooms": {"join": join, "invite": invite, "leave": leave, "knock": {}},
+            "rooms": {"join": join, "invite": invite, "leave": leave, "knock": knock},
             "account_data": {
                 "events": [{"type": t, "content": json.loads(c)} for t, c in sorted(account_data.global_data.items())]
+                # An initial sync always has the user's push rules, the defaults until they change one.
+                + ([{"type": "m.push_rules", "content": {"global": effective_rules(None, user_id)}}]
+                   if since is None and "m.push_rules" not in account_data.global_data else [])
             },
             "presence": {"events": presence},
             "to_device": {"events": to_device},
-            "device_lists": {"changed": devices_changed, "left": []},
+            "device_lists": device_lists,
             "device_one_time_keys_count": key_counts,
+            "device_unused_fallback_key_types": fallback_types,
         }
 
     async def _unread_counts(
         self, user_id: str, room_ids: list[str], upto: RoomPosition
-    ) -> dict[str, tuple[int, int]]:
-        """Per room with unread events: how many of them notify the user, and how many highlight,
-        under the default push rules (the newest ``MAX_UNREAD_COUNTED`` after the user's read
-        receipt). Each event is evaluated once per user (``_push_outcomes``), so a sync woken by
-        one new message evaluates that message only."""
-        unread = await self._timeline.get_unread_events(
-            user_id, room_ids, upto=upto, types=NOTIFYING_TYPES, limit=MAX_UNREAD_COUNTED
-        )
-        if not unread:
-            return {}
-        await _gather([
-            self._evaluate_room(user_id, room, new) for room in unread.values()
-            if (new := [e for e in room.event_ids if self._push_outcomes.get((user_id, e)) is None])
-        ])
-        counts: dict[str, tuple[int, int]] = {}
-        for room_id, room in unread.items():
-            outcomes = [self._push_outcomes.get((user_id, e), SILENT) for e in room.event_ids]
-            counts[room_id] = (sum(o.notify for o in outcomes), sum(o.highlight for o in outcomes))
-        return counts
-
-    async def _evaluate_room(self, user_id: str, room: UnreadRoom, event_ids: list[str]) -> None:
-        """Evaluate the default push rules for ``user_id`` on these events of one room."""
-        events = await self._client_events.load(event_ids)
-        state = await self._client_events.load([e for e in (room.power_levels_id, room.member_id) if e])
-        levels: Mapping[str, Any] = next((e.content for e in state if e.type == C.POWER_LEVELS), {})
-        member = next((e for e in state if e.type == C.MEMBER), None)
-        name = member.content.get("displayname") if member is not None else None
-        rules = default_push_rules(user_id)
-        notification_levels = _notification_levels(levels)
-        for event in events:
-            push_context = PushContext(user_id, name if isinstance(name, str) else None, room.joined_members,
-                                       _power_level(levels, event.sender), notification_levels)
-            self._push_outcomes.set((user_id, event.event_id), evaluate(rules, thaw(event.pdu), push_context))
+    ) -> dict[str, dict[str | None, tuple[int, int]]]:
+        """Per room with unread notifications: how many, and how many highlight, after the
+        user's read receipt: the notification records the events writer made when it
+        persisted each event under the user's push rules (homeserver/handlers/push.py)."""
+        return await self._push.get_unread_counts(user_id, room_ids, upto=upto.maximum)
 
     async def _to_device(self, requester: Requester, after: int, upto: int) -> list[Any]:
         """The device's to-device messages in (after, upto]; those up to ``after`` are deleted
@@ -434,21 +514,25 @@ class SyncHandler:
         upto: RoomStreamToken,
         initial: bool,
         since: RoomPosition | None,
-    ) -> tuple[dict[str, Any], bool]:
-        """The room's timeline and state, and whether its summary is to be read: membership may
-        have changed (a room sent whole, a gap, or a member event in the timeline)."""
+    ) -> tuple[dict[str, Any], bool, set[str]]:
+        """The room's timeline and state, whether its summary is to be read (membership may
+        have changed: a room sent whole, a gap, or a member event in the timeline), and the
+        users whose join is in the timeline."""
         limited = len(rows) > limit
         rows = list(reversed(rows[:limit]))
         events = await self._client_events.load([event_id for event_id, _ in rows])
+        hidden = False
         if full:
             # Incremental timelines of a room the user was already in are all visible to
             # them (a joined member sees everything under every history visibility);
             # initial and newly joined rooms may reach back past the join.
-            events = await self._client_events.filter_visible(requester.user_id, events, joined_now=True)
+            visible = await self._visible(requester, room_id, events)
+            hidden, events = len(visible) < len(events), visible
         shown = [e for e in events if sync_filter.timeline.matches(e)]
         prev_batch = room_token(rows[0][1] - 1) if rows else upto.to_string()
-        if limited and len(shown) < limit and sync_filter.timeline.selects():
-            # The filter left events out: read further back for ``limit`` matching ones.
+        if limited and len(shown) < limit and (sync_filter.timeline.selects() or hidden):
+            # The filter (or history visibility) left events out: read further back for
+            # ``limit`` matching ones.
             shown, limited, prev_position = await self._fill_filtered(
                 requester, room_id, rows[0][1], shown, limit=limit, full=full, sync_filter=sync_filter,
                 since=None if full else since,
@@ -459,10 +543,21 @@ class SyncHandler:
         state_events: list[FrozenEvent] = []
         lazy = sync_filter.state.lazy_load_members
         if full or limited:
-            if rows:
-                state_ids = await self._client_events.state_before(rows[0][0])
+            # The state at the timeline's start: before its first event shown, or, when the
+            # filter shows none, after the last event read (the state at the sync's end).
+            if shown:
+                state_ids = await self._client_events.state_before(shown[0].event_id)
+            elif rows:
+                state_ids = await self._client_events.state_after(rows[-1][0])
             else:
                 state_ids = await self._events_store.get_current_state_ids(room_id)
+            if not full and since is not None:
+                # A gap in a room the user was in: the state that changed between ``since`` and
+                # the timeline's start (the spec's "updates to the state"), not all of it. Lazy
+                # loading still gives the timeline's senders below, changed or not.
+                at_since = await self._state_at(room_id, since)
+                state_ids = {key: event_id for key, event_id in state_ids.items()
+                             if at_since.get(key) != event_id or (lazy and key[0] == C.MEMBER)}
             state_events = await self._state_events(requester, state_ids, shown, sync_filter)
             if lazy and not full:
                 sent = self._members_sent(requester, room_id, sync_filter)
@@ -479,9 +574,12 @@ class SyncHandler:
             "timeline": {
                 "events": await self._client_events.serialize(
                     shown, access_token_id=requester.access_token_id, include_room_id=False,
-                    federation=sync_filter.federation_format,
+                    federation=sync_filter.federation_format, bundle_for=requester.user_id,
                 ),
-                "limited": limited,
+                # A room newly joined in an incremental sync is limited unless its timeline starts
+                # at the room's creation: the client has none of the history before it (Synapse
+                # marks every newly joined room limited).
+                "limited": limited or (full and not initial and not (shown and shown[0].type == C.CREATE)),
                 "prev_batch": prev_batch,
             },
             "state": {"events": await self._client_events.serialize(
@@ -489,7 +587,9 @@ class SyncHandler:
             )},
             "summary": {},  # filled by ``_summaries`` when wanted
         }
-        return section, full or limited or any(e.type == C.MEMBER for e in events)
+        joiners = {e.state_key for e in events if e.type == C.MEMBER and e.state_key is not None
+                   and e.state_key != requester.user_id and e.content.get("membership") == C.JOIN}
+        return section, full or limited or any(e.type == C.MEMBER for e in events), joiners
 
     async def _fill_filtered(
         self,
@@ -519,7 +619,7 @@ class SyncHandler:
             positions.update(batch)
             events = await self._client_events.load([event_id for event_id, _ in reversed(batch)])
             if full:
-                events = await self._client_events.filter_visible(requester.user_id, events, joined_now=True)
+                events = await self._visible(requester, room_id, events)
             earlier = [e for e in events if sync_filter.timeline.matches(e)] + earlier
             if len(earlier) + len(shown) > limit:
                 kept = (earlier + shown)[-limit:]
@@ -612,9 +712,38 @@ class SyncHandler:
         events = await self._client_events.load(sorted(ids.values()) + [invite_event_id])
         return [strip_event(e) for e in events]
 
+    async def _visible(self, requester: Requester, room_id: str, events: list[FrozenEvent]) -> list[FrozenEvent]:
+        """The events a user joined now may see in a sync timeline: those history visibility
+        allows, and, as Synapse, any that is part of the room's current state (so a member who
+        joined while the user could not see the room still shows up in the timeline)."""
+        visible = await self._client_events.filter_visible(requester.user_id, events, joined_now=True)
+        if len(visible) == len(events):
+            return visible
+        seen = {e.event_id for e in visible}
+        if not any(e.state_key is not None for e in events if e.event_id not in seen):
+            return visible
+        seen |= set((await self._events_store.get_current_state_ids(room_id)).values())
+        return [e for e in events if e.event_id in seen]
+
+    async def _state_at(self, room_id: str, position: RoomPosition) -> dict[StateKey, str]:
+        """The room's state after its last event at or before ``position`` ({} when none)."""
+        rows = await self._timeline.get_room_events(room_id, start=position, end=None, limit=1, backwards=True)
+        return await self._client_events.state_after(rows[0][0]) if rows else {}
+
     async def _leave_section(
-        self, requester: Requester, room_id: str, leave_event_id: str, since_pos: RoomPosition, sync_filter: SyncFilter
+        self,
+        requester: Requester,
+        room_id: str,
+        leave_event_id: str,
+        since_pos: RoomPosition,
+        sync_filter: SyncFilter,
+        *,
+        joined_at_since: bool,
     ) -> dict[str, Any]:
+        """A left (or banned) room: its timeline up to the leave, and its state before that
+        timeline: what changed since ``since`` when the user was joined then, all of it when
+        they joined later (or in an initial sync's archived room), none when they never
+        joined (a rejected invite), as Synapse."""
         limit = sync_filter.timeline_limit
         orderings = await self._timeline.get_stream_orderings([leave_event_id])
         left_at = orderings.get(leave_event_id, since_pos.minimum)
@@ -623,32 +752,46 @@ class SyncHandler:
         rows = list(reversed(rows[:limit]))
         events = await self._client_events.load([event_id for event_id, _ in rows])
         events = await self._client_events.filter_visible(requester.user_id, events, joined_now=False)
+        shown = [e for e in events if sync_filter.timeline.matches(e)]
+        state_events: list[FrozenEvent] = []
+        before_leave = await self._client_events.state_before(leave_event_id)
+        member = await self._client_events.load(
+            [before_leave[(C.MEMBER, requester.user_id)]] if (C.MEMBER, requester.user_id) in before_leave else []
+        )
+        if member and member[0].content.get("membership") == C.JOIN:
+            state_ids = await self._client_events.state_before(rows[0][0]) if rows else before_leave
+            if joined_at_since:
+                at_since = await self._state_at(room_id, since_pos)
+                state_ids = {key: event_id for key, event_id in state_ids.items() if at_since.get(key) != event_id}
+            state_events = await self._state_events(requester, state_ids, shown, sync_filter)
         return {
             "timeline": {
                 "events": await self._client_events.serialize(
-                    events, access_token_id=requester.access_token_id, include_room_id=False,
-                    federation=sync_filter.federation_format,
+                    shown, access_token_id=requester.access_token_id, include_room_id=False,
+                    federation=sync_filter.federation_format, bundle_for=requester.user_id,
                 ),
                 "limited": limited,
                 "prev_batch": room_token(rows[0][1] - 1) if rows else room_token(left_at),
             },
-            "state": {"events": []},
+            "state": {"events": await self._client_events.serialize(
+                state_events, include_room_id=False, federation=sync_filter.federation_format
+            )},
             "account_data": {"events": []},
         }
 
 
-def _power_level(levels: Mapping[str, Any], user_id: str) -> int:
-    users = levels.get("users")
-    if isinstance(users, Mapping) and isinstance(users.get(user_id), int):
-        return int(users[user_id])
-    default = levels.get("users_default", 0)
-    return default if isinstance(default, int) else 0
-
-
-def _notification_levels(levels: Mapping[str, Any]) -> dict[str, int]:
-    notifications = levels.get("notifications")
-    room = notifications.get("room") if isinstance(notifications, Mapping) else None
-    return {"room": room if isinstance(room, int) else 50}
+def _newly_joined(changes: Sequence[MembershipRow], at_since: Mapping[str, str]) -> set[str]:
+    """The rooms a sync's membership changes (the user's, in order) newly join: a join in a room
+    the user was not joined to at ``since``, or one after leaving in the same batch. A join that
+    follows a join (a displayname or avatar change) joins nothing new."""
+    rooms: set[str] = set()
+    left: set[str] = set()
+    for row in changes:
+        if row.membership != C.JOIN:
+            left.add(row.room_id)
+        elif at_since.get(row.room_id) != C.JOIN or row.room_id in left:
+            rooms.add(row.room_id)
+    return rooms
 
 
 def _device_key(requester: Requester) -> tuple[str, str]:
@@ -683,8 +826,10 @@ def _has_changes(result: Mapping[str, Any]) -> bool:
         rooms["join"]
         or rooms["invite"]
         or rooms["leave"]
+        or rooms["knock"]
         or result["account_data"]["events"]
         or result["to_device"]["events"]
         or result["presence"]["events"]
         or result["device_lists"]["changed"]
+        or result["device_lists"]["left"]
     )

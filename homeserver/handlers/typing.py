@@ -6,7 +6,7 @@ Timeouts are timers on the injected clock; nothing here is persisted (typing
 state does not survive a restart, by design).
 """
 
-# tests: tests/integration/test_client_rooms.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_ephemeral.py
 
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ from storage.kernel.errors import MatrixError, bad_json
 
 LOGIN_DUMMY: Final = "m.login.dummy"
 LOGIN_PASSWORD: Final = "m.login.password"
+LOGIN_REGISTRATION_TOKEN: Final = "m.login.registration_token"
 
 SESSION_LIFETIME_SECONDS: Final = 600.0
 MAX_SESSIONS: Final = 10_000
@@ -204,3 +205,19 @@ def _flow_complete(flows: Sequence[Sequence[str]], completed: Sequence[str]) -> 
 
 async def check_dummy(auth: Mapping[str, Any], user_id: str | None) -> None:
     """``m.login.dummy`` always succeeds."""
+
+
+def registration_token_checker(use_token: Callable[[str, int], Awaitable[bool]],
+                               clock: Callable[[], float]) -> StageChecker:
+    """``m.login.registration_token``: the token must exist, be unexpired and have uses left;
+    passing the stage counts one use (``use_token`` does that atomically, so two sessions
+    cannot share a token's last use)."""
+
+    async def check(auth: Mapping[str, Any], user_id: str | None) -> None:
+        token = auth.get("token")
+        if not isinstance(token, str) or not 0 < len(token) <= 64:
+            raise bad_json("'auth.token' must be a registration token (a string of 1 to 64 characters)")
+        if not await use_token(token, int(clock() * 1000)):
+            raise StageFailed("M_UNAUTHORIZED", "Invalid registration token")
+
+    return check

@@ -63,20 +63,33 @@ class TributaryRequest(Request):
     """A request that stops buffering a body once it passes the size limit."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Path prefixes whose bodies may be up to ``large_body_bytes`` (media uploads; make_site).
+    large_body_prefixes: tuple[bytes, ...] = ()
+    large_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_too_large: bool = False
+    _body_limit: int | None = None
     # The servlet routed to and its path parameters (set by JsonRouter); auth checks guests against them.
     servlet: str = ""
     path_params: Mapping[str, str] = {}
     _received_bytes: int = 0
 
+    def body_limit(self) -> int:
+        """The most body bytes this request may send: by its path, which the channel has parsed
+        (from the request line) before any body arrives."""
+        if self._body_limit is None:
+            path = getattr(self.channel, "_path", b"") or b""
+            large = bool(self.large_body_prefixes) and path.startswith(self.large_body_prefixes)
+            self._body_limit = self.large_body_bytes if large else self.max_body_bytes
+        return self._body_limit
+
     def gotLength(self, length: int | None) -> None:
-        if length is not None and length > self.max_body_bytes:
+        if length is not None and length > self.body_limit():
             self.body_too_large = True
         super().gotLength(length)  # type: ignore[no-untyped-call]
 
     def handleContentChunk(self, data: bytes) -> None:
         self._received_bytes += len(data)
-        if self._received_bytes > self.max_body_bytes:
+        if self._received_bytes > self.body_limit():
             self.body_too_large = True
             return
         if not self.body_too_large:
@@ -262,13 +275,16 @@ def _loggable_path(request: Request) -> str:
     return request.path.decode("utf-8", "replace")
 
 
-def make_site(root: Resource, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Site:
-    """A Site serving ``root``, with our request class and Twisted's own access log off."""
+def make_site(root: Resource, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              large_bodies: tuple[tuple[bytes, ...], int] = ((), DEFAULT_MAX_BODY_BYTES)) -> Site:
+    """A Site serving ``root``, with our request class and Twisted's own access log off.
+    ``large_bodies``: path prefixes whose requests may carry up to that many bytes (uploads)."""
 
     class _Request(TributaryRequest):
         pass
 
     _Request.max_body_bytes = max_body_bytes
+    _Request.large_body_prefixes, _Request.large_body_bytes = large_bodies
     site = Site(root)
     site.requestFactory = _Request
     site.displayTracebacks = False

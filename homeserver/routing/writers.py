@@ -21,7 +21,7 @@ how the internal API authenticates (``internal_api``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import attrs
@@ -83,7 +83,12 @@ class ToDeviceWriter(Protocol):
 
 class DeviceListWriter(Protocol):
     async def apply_remote_device_list_update(self, user_id: str, device_id: str, *, deleted: bool,
-                                              keys: Mapping[str, Any] | None) -> None: ...
+                                              keys: Mapping[str, Any] | None, stream_id: int | None = None,
+                                              prev_ids: Sequence[int] = (),
+                                              display_name: str | None = None) -> None: ...
+
+    async def apply_remote_signing_key_update(self, user_id: str, master_key: Mapping[str, Any] | None,
+                                              self_signing_key: Mapping[str, Any] | None) -> None: ...
 
 
 class AccountDataWriter(Protocol):
@@ -92,6 +97,8 @@ class AccountDataWriter(Protocol):
     async def set_room(self, requester: Requester, user_id: str, room_id: str, data_type: str,
                        content: dict[str, Any]) -> int: ...
 
+    async def edit_push_rules(self, requester: Requester, edit: dict[str, Any]) -> None: ...
+
 
 class InviteWriter(Protocol):
     async def record_invite(self, user_id: str, room_id: str, room_version: str, event_id: str,
@@ -99,6 +106,9 @@ class InviteWriter(Protocol):
 
     async def record_rejection(self, user_id: str, room_id: str, room_version: str, event_id: str,
                                event: dict[str, Any]) -> None: ...
+
+    async def record_knock(self, user_id: str, room_id: str, room_version: str, event_id: str,
+                           event: dict[str, Any], knock_state: list[Any]) -> None: ...
 
 
 @attrs.frozen
@@ -137,15 +147,18 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
     Operation("to_device", StreamName.TO_DEVICE, "to_device", "send_to_device"),
     Operation("account_data", StreamName.ACCOUNT_DATA, "account_data", "set_global"),
     Operation("room_account_data", StreamName.ACCOUNT_DATA, "account_data", "set_room"),
+    Operation("push_rules", StreamName.ACCOUNT_DATA, "account_data", "edit_push_rules"),
     # Invites of local users to rooms this server is not in (a position on the events stream).
     Operation("remote_invite", StreamName.EVENTS, "invites", "record_invite"),
     Operation("remote_invite_rejected", StreamName.EVENTS, "invites", "record_rejection"),
+    Operation("remote_knock", StreamName.EVENTS, "invites", "record_knock"),
     # Remote users' changes (EDUs in inbound federation transactions).
     Operation("remote_typing", StreamName.TYPING, "typing", "apply_remote"),
     Operation("remote_receipt", StreamName.RECEIPTS, "receipts", "apply_remote"),
     Operation("remote_presence", StreamName.PRESENCE, "presence", "apply_remote"),
     Operation("remote_to_device", StreamName.TO_DEVICE, "to_device", "apply_remote_to_device"),
     Operation("remote_device_list", StreamName.DEVICE_LISTS, "device_lists", "apply_remote_device_list_update"),
+    Operation("remote_signing_key", StreamName.DEVICE_LISTS, "device_lists", "apply_remote_signing_key_update"),
 )
 
 # --- remote implementations ----------------------------------------------------------------
@@ -230,8 +243,15 @@ class RemoteDeviceLists:
         self._call = call
 
     async def apply_remote_device_list_update(self, user_id: str, device_id: str, *, deleted: bool,
-                                              keys: Mapping[str, Any] | None) -> None:
-        await self._call("remote_device_list", user_id, device_id, deleted=deleted, keys=keys)
+                                              keys: Mapping[str, Any] | None, stream_id: int | None = None,
+                                              prev_ids: Sequence[int] = (),
+                                              display_name: str | None = None) -> None:
+        await self._call("remote_device_list", user_id, device_id, deleted=deleted, keys=keys, stream_id=stream_id,
+                         prev_ids=list(prev_ids), display_name=display_name)
+
+    async def apply_remote_signing_key_update(self, user_id: str, master_key: Mapping[str, Any] | None,
+                                              self_signing_key: Mapping[str, Any] | None) -> None:
+        await self._call("remote_signing_key", user_id, master_key, self_signing_key)
 
 
 class RemoteAccountData:
@@ -245,6 +265,9 @@ class RemoteAccountData:
                        content: dict[str, Any]) -> int:
         return int(await self._call("room_account_data", user_id, room_id, data_type, content, requester=requester))
 
+    async def edit_push_rules(self, requester: Requester, edit: dict[str, Any]) -> None:
+        await self._call("push_rules", edit, requester=requester)
+
 
 class RemoteInviteWriter:
     def __init__(self, call: RemoteCall) -> None:
@@ -257,6 +280,10 @@ class RemoteInviteWriter:
     async def record_rejection(self, user_id: str, room_id: str, room_version: str, event_id: str,
                                event: dict[str, Any]) -> None:
         await self._call("remote_invite_rejected", user_id, room_id, room_version, event_id, event)
+
+    async def record_knock(self, user_id: str, room_id: str, room_version: str, event_id: str,
+                           event: dict[str, Any], knock_state: list[Any]) -> None:
+        await self._call("remote_knock", user_id, room_id, room_version, event_id, event, knock_state)
 
 
 # --- choosing, and serving -------------------------------------------------------------------

@@ -6,9 +6,11 @@ half-made account never exists. Tokens arrive here already hashed: this layer
 never sees a usable access token, and knows nothing of bcrypt or HTTP.
 """
 
-# tests: tests/integration/test_accounts_store.py
+# tests: tests/integration/test_accounts_store.py, tests/integration/test_client_erasure.py
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import attrs
 
@@ -148,8 +150,15 @@ def _set_password_hash_txn(
     return DeletedDevices(others, tuple(delete_devices_txn(txn, user_id, others)))
 
 
-def _deactivate_user_txn(txn: Transaction, user_id: str) -> None:
+def _deactivate_user_txn(txn: Transaction, user_id: str, erased_ts: int | None) -> None:
     txn.execute("UPDATE users SET deactivated = TRUE WHERE user_id = %s", (user_id,))
+    # A closed account's devices get no more pushes (schema 0013).
+    txn.execute("DELETE FROM pushers WHERE user_id = %s", (user_id,))
+    if erased_ts is not None:
+        txn.execute(
+            "INSERT INTO erased_users (user_id, erased_ts) VALUES (%s, %s) ON CONFLICT (user_id) DO NOTHING",
+            (user_id, erased_ts),
+        )
 
 
 class AccountStore:
@@ -201,7 +210,17 @@ class AccountStore:
             "set_password_hash", _set_password_hash_txn, user_id, password_hash, keep_device_id, logout_devices
         )
 
-    async def deactivate_user(self, user_id: str) -> None:
+    async def deactivate_user(self, user_id: str, *, erased_ts: int | None = None) -> None:
         """Mark the account deactivated: its tokens stop resolving (``get_token_owner``) and the
-        row stays, so the user ID is never registered again."""
-        await self._db.run_interaction("deactivate_user", _deactivate_user_txn, user_id)
+        row stays, so the user ID is never registered again; its pushers are removed. With
+        ``erased_ts``, also erased (``erase: true``), in the same transaction."""
+        await self._db.run_interaction("deactivate_user", _deactivate_user_txn, user_id, erased_ts)
+
+    async def get_erased_users(self, user_ids: Collection[str]) -> set[str]:
+        """Those of ``user_ids`` whose account was erased on deactivation."""
+
+        def txn_fn(txn: Transaction) -> set[str]:
+            txn.execute("SELECT user_id FROM erased_users WHERE user_id = ANY(%s)", (sorted(user_ids),))
+            return {str(row[0]) for row in txn.fetchall()}
+
+        return await self._db.run_interaction("get_erased_users", txn_fn)

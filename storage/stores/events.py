@@ -22,6 +22,7 @@ import psycopg2.errors
 
 from storage.caches import DictCache
 from storage.database import Database, Transaction
+from storage.stores.push import PushAction, push_actions_sql
 
 StateKey = tuple[str, str]
 StateMap = Mapping[StateKey, str]
@@ -147,6 +148,10 @@ class PersistRequest:
     # The client transaction this event answers (``PUT /send/.../{txnId}``), recorded in the
     # same transaction; a transaction ID already recorded raises ``DuplicateTxnId``.
     send_txn: SendTxn | None = None
+    # Whom the event notifies under their push rules: called inside the transaction, before
+    # the event is written (so it reads the room as it was before the event), and its
+    # answer recorded in ``event_push_actions`` by the same transaction.
+    push_actions: Callable[[Transaction], Sequence[PushAction]] | None = None
 
 
 @attrs.frozen
@@ -622,6 +627,11 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
             (r.event_id, r.room_id, r.state_key, r.sender, r.membership, stream_ordering, r.display_name,
              r.avatar_url),
         ))
+
+    if r.push_actions is not None and not r.backfilled and not r.soft_failed and r.rejection_reason is None:
+        notified = r.push_actions(txn)
+        if notified:
+            batch.append(push_actions_sql(r.room_id, r.event_id, stream_ordering, notified))
 
     if moves_extremities:
         if r.new_current_state is None and r.current_state_delta:

@@ -1,9 +1,12 @@
-"""SQL for the federation sender: fan-out reads, destination bookkeeping, catch-up, the to-device outbox.
+"""SQL for the federation sender: fan-out reads, destination bookkeeping, catch-up, the to-device outbox,
+device-list updates.
 
 ``destinations`` holds each remote server's backoff and how far it has
 acknowledged our events; ``destination_rooms`` (written by the persist
 transaction) the newest of our events each of them should have per room;
-``events.destinations`` the servers each local event was fanned out to.
+``events.destinations`` the servers each local event was fanned out to;
+``destinations.device_lists_position`` how far along the ``device_lists``
+stream each has acknowledged our users' changes.
 """
 
 # tests: tests/integration/test_federation_sender.py
@@ -54,6 +57,21 @@ class CatchUpData:
     latest: Mapping[str, list[CatchUpEvent]]
     # The rooms with more missed events than ``limit``: catch-up sends them in rounds.
     more: frozenset[str] = frozenset()
+
+
+@attrs.frozen
+class DeviceListRow:
+    """One device named by a user's newest change above the destination's position."""
+
+    user_id: str
+    stream_id: int
+    device_id: str
+    deleted: bool
+    prev_id: int | None  # the user's previous change (None: this is the first)
+    display_name: str | None = None
+    key_json: str | None = None
+    # The user's own cross-signing signatures of the device: (signing key ID, signature).
+    signatures: tuple[tuple[str, str], ...] = ()
 
 
 @attrs.frozen
@@ -162,11 +180,13 @@ class FederationSenderStore:
         await self._db.run_interaction("set_destination_retry", write)
 
     async def mark_sent(
-        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None
+        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None,
+        device_lists_upto: int | None = None,
     ) -> None:
         """A transaction was accepted: advance the position, clear the backoff, drop delivered
-        to-device messages; one transaction, and none at all when there is nothing to write."""
-        if advance_to is None and not reset_retry and to_device_upto is None:
+        to-device messages, advance the device-list position; one transaction, and none at all
+        when there is nothing to write."""
+        if advance_to is None and not reset_retry and to_device_upto is None and device_lists_upto is None:
             return
 
         def write(txn: Transaction) -> None:
@@ -189,6 +209,14 @@ class FederationSenderStore:
                 txn.execute(
                     "DELETE FROM device_federation_outbox WHERE destination = %s AND stream_id <= %s",
                     (destination, to_device_upto),
+                )
+            if device_lists_upto is not None:
+                txn.execute(
+                    """
+                    UPDATE destinations SET device_lists_position = GREATEST(device_lists_position, %s)
+                    WHERE destination = %s
+                    """,
+                    (device_lists_upto, destination),
                 )
 
         await self._db.run_interaction("mark_transaction_sent", write)
@@ -357,3 +385,110 @@ class FederationSenderStore:
             return [r[0] for r in txn.fetchall()]
 
         return await self._db.run_interaction("get_to_device_outbox_destinations", query)
+
+    # --- device-list updates -------------------------------------------------------------
+
+    async def note_device_list_change(self, destinations: Collection[str], stream_id: int) -> None:
+        """A local user's change at ``stream_id`` is meant for ``destinations``: a destination that
+        has no device-list position yet starts just below it (written before the sender is told,
+        so a crash cannot lose the change)."""
+        if not destinations:
+            return
+
+        def write(txn: Transaction) -> None:
+            txn.execute_values(
+                """
+                INSERT INTO destinations (destination, retry_last_ts, retry_interval, device_lists_position)
+                VALUES %s
+                ON CONFLICT (destination) DO UPDATE SET device_lists_position =
+                    COALESCE(destinations.device_lists_position, EXCLUDED.device_lists_position)
+                """,
+                [(d, 0, 0, stream_id - 1) for d in sorted(set(destinations))],
+            )
+
+        await self._db.run_interaction("note_device_list_change", write)
+
+    async def get_device_list_updates(
+        self, destination: str, local_server: str, upto: int, limit: int
+    ) -> tuple[list[DeviceListRow], bool]:
+        """Per local user sharing a room with ``destination`` (oldest first, at most ``limit + 1``
+        users), the devices its newest change in (``device_lists_position``, ``upto``] names; and
+        whether such a change lies above ``upto`` (written, but the stream has not passed it)."""
+
+        def query(txn: Transaction) -> tuple[list[DeviceListRow], bool]:
+            shared = (destination, _like_server_suffix(destination), _like_server_suffix(local_server))
+            sharing = """
+                WITH pos AS (
+                    SELECT device_lists_position AS p FROM destinations
+                    WHERE destination = %s AND device_lists_position IS NOT NULL
+                ), sharing AS (
+                    SELECT DISTINCT u.state_key AS user_id
+                    FROM current_state_events u
+                    JOIN current_state_events m ON m.room_id = u.room_id AND m.type = 'm.room.member'
+                        AND m.membership = 'join' AND m.state_key LIKE %s
+                    WHERE u.type = 'm.room.member' AND u.membership = 'join' AND u.state_key LIKE %s
+                ), device_rows AS (
+                    -- Rows about devices: deletions, and devices that exist (not cross-signing keys).
+                    SELECT s.user_id, s.stream_id, s.device_id, s.deleted
+                    FROM device_lists_stream s JOIN sharing ON sharing.user_id = s.user_id, pos
+                    WHERE s.stream_id > pos.p AND (s.deleted OR EXISTS (
+                        SELECT 1 FROM devices v WHERE v.user_id = s.user_id AND v.device_id = s.device_id))
+                )
+            """
+            txn.execute(
+                sharing + """
+                , changed AS (
+                    SELECT user_id, MAX(stream_id) AS stream_id FROM device_rows
+                    WHERE stream_id <= %s GROUP BY user_id ORDER BY 2 LIMIT %s
+                )
+                SELECT c.user_id, c.stream_id, r.device_id, r.deleted,
+                    (SELECT MAX(p.stream_id) FROM device_lists_stream p
+                     WHERE p.user_id = c.user_id AND p.stream_id < c.stream_id),
+                    v.display_name, k.key_json,
+                    (SELECT array_agg(ARRAY[g.signing_key_id, g.signature] ORDER BY g.signing_key_id)
+                     FROM e2e_cross_signing_signatures g
+                     WHERE g.signer_user_id = r.user_id AND g.target_user_id = r.user_id
+                       AND g.target_key_id = r.device_id)
+                FROM changed c
+                JOIN device_rows r ON r.user_id = c.user_id AND r.stream_id = c.stream_id
+                LEFT JOIN devices v ON v.user_id = r.user_id AND v.device_id = r.device_id
+                LEFT JOIN e2e_device_keys k ON k.user_id = r.user_id AND k.device_id = r.device_id
+                ORDER BY c.stream_id, c.user_id, r.device_id
+                """,
+                (*shared, upto, limit + 1),
+            )
+            rows = [
+                DeviceListRow(r[0], int(r[1]), r[2], bool(r[3]), None if r[4] is None else int(r[4]), r[5], r[6],
+                              tuple((str(g[0]), str(g[1])) for g in r[7] or ()))
+                for r in txn.fetchall()
+            ]
+            txn.execute(sharing + "SELECT 1 FROM device_rows WHERE stream_id > %s LIMIT 1", (*shared, upto))
+            return rows, txn.fetchone() is not None
+
+        return await self._db.run_interaction("get_device_list_updates", query)
+
+    async def get_device_lists_destinations(self, local_server: str) -> list[str]:
+        """Destinations with a local user's device change above their position, among the users
+        sharing a room with them (start-up: what a crash left unsent)."""
+
+        def query(txn: Transaction) -> list[str]:
+            txn.execute(
+                """
+                SELECT d.destination FROM destinations d
+                WHERE d.device_lists_position IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM device_lists_stream s
+                    JOIN current_state_events u ON u.type = 'm.room.member' AND u.membership = 'join'
+                        AND u.state_key = s.user_id
+                    JOIN current_state_events m ON m.room_id = u.room_id AND m.type = 'm.room.member'
+                        AND m.membership = 'join' AND m.state_key LIKE '%%:' || d.destination
+                    WHERE s.stream_id > d.device_lists_position AND s.user_id LIKE %s
+                      AND (s.deleted OR EXISTS (
+                          SELECT 1 FROM devices v WHERE v.user_id = s.user_id AND v.device_id = s.device_id))
+                )
+                ORDER BY d.destination
+                """,
+                (_like_server_suffix(local_server),),
+            )
+            return [r[0] for r in txn.fetchall()]
+
+        return await self._db.run_interaction("get_device_lists_destinations", query)

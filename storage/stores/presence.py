@@ -1,8 +1,10 @@
 """Presence rows of local users: the latest state per user, on the presence stream's table."""
 
-# tests: tests/integration/test_client_e2e.py
+# tests: tests/integration/test_client_e2e.py, tests/integration/test_client_peeking.py, tests/integration/test_client_sync_state.py
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import attrs
 
@@ -72,6 +74,26 @@ class PresenceStore:
 
         return await self._db.run_interaction("get_presence_changes", txn_fn)
 
+    async def get_room_presence_changes(self, room_id: str, after: int, upto: int) -> list[PresenceRow]:
+        """Presence rows with ``after < stream_id <= upto`` of the users joined to ``room_id``."""
+
+        def txn_fn(txn: Transaction) -> list[PresenceRow]:
+            txn.execute(
+                """
+                SELECT p.user_id, p.state, p.status_msg, p.last_active_ts, p.currently_active FROM presence_stream p
+                WHERE p.stream_id > %s AND p.stream_id <= %s AND EXISTS (
+                    SELECT 1 FROM current_state_events c
+                    WHERE c.room_id = %s AND c.type = 'm.room.member' AND c.state_key = p.user_id
+                      AND c.membership = 'join'
+                )
+                ORDER BY p.stream_id
+                """,
+                (after, upto, room_id),
+            )
+            return [PresenceRow(str(r[0]), str(r[1]), r[2], int(r[3]), bool(r[4])) for r in txn.fetchall()]
+
+        return await self._db.run_interaction("get_room_presence_changes", txn_fn)
+
     async def shares_joined_room(self, user_id: str, other_user_id: str) -> bool:
         """Whether both users are joined to some room (by the rooms' current state)."""
 
@@ -89,6 +111,19 @@ class PresenceStore:
             return txn.fetchone() is not None
 
         return await self._db.run_interaction("shares_joined_room", txn_fn)
+
+    async def get_presences(self, user_ids: Collection[str]) -> list[PresenceRow]:
+        """The known presence of each of ``user_ids`` (unknown users left out), in one query."""
+
+        def txn_fn(txn: Transaction) -> list[PresenceRow]:
+            txn.execute(
+                "SELECT user_id, state, status_msg, last_active_ts, currently_active FROM presence_stream "
+                "WHERE user_id = ANY(%s) ORDER BY user_id",
+                (sorted(user_ids),),
+            )
+            return [PresenceRow(str(r[0]), str(r[1]), r[2], int(r[3]), bool(r[4])) for r in txn.fetchall()]
+
+        return await self._db.run_interaction("get_presences", txn_fn)
 
     async def get_presence(self, user_id: str) -> PresenceRow | None:
         def txn_fn(txn: Transaction) -> PresenceRow | None:

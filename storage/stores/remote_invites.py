@@ -15,7 +15,7 @@ from storage.database import Database, Transaction
 class RemoteInviteRow:
     user_id: str
     room_id: str
-    membership: str  # "invite", or "leave" once rejected
+    membership: str  # "invite" or "knock", or "leave" once rejected or withdrawn
     event_id: str
     room_version: str
     event_json: str

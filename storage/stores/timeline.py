@@ -64,6 +64,8 @@ class SyncRooms:
     # Invites to rooms this server is not in that changed in the sync's range (all pending
     # ones in an initial sync), by room; see storage/stores/remote_invites.py.
     remote_invites: dict[str, RemoteInviteRow] = attrs.Factory(dict)
+    # Per room in ``changes``: the user's membership as of the sync's start (absent: none).
+    memberships_at_since: dict[str, str] = attrs.Factory(dict)
 
 
 @attrs.frozen
@@ -76,20 +78,12 @@ class RoomSummary:
     members: list[tuple[str, str]]
 
 
-@attrs.frozen
-class UnreadRoom:
-    """A room's unread events (newest first) and what push rules need of the room: its power
-    levels and the user's member event IDs, and how many members are joined."""
-
-    event_ids: list[str]
-    power_levels_id: str | None
-    member_id: str | None
-    joined_members: int
-
-
-# Chooses the full rooms of a sync from the user's rooms, membership changes, and the rooms
-# whose membership event is past the sync's end (a race with the request).
-FullRoomsRule = Callable[[Mapping[str, tuple[str, str, int]], Sequence[MembershipRow], set[str]], set[str]]
+# Chooses the full rooms of a sync from the user's rooms, membership changes, the rooms
+# whose membership event is past the sync's end (a race with the request), and the user's
+# membership at the sync's start of the rooms in the changes.
+FullRoomsRule = Callable[
+    [Mapping[str, tuple[str, str, int]], Sequence[MembershipRow], set[str], Mapping[str, str]], set[str]
+]
 
 # Events clients may see in timelines: in the graph, accepted, not soft-failed (schema 0008).
 _LIVE = "NOT outlier AND rejection_reason IS NULL AND NOT soft_failed"
@@ -199,6 +193,18 @@ class TimelineStore:
             return txn.fetchone() is not None
 
         return await self._db.run_interaction("delete_room_alias", txn_fn)
+
+    async def move_room_aliases(self, old_room_id: str, new_room_id: str) -> list[str]:
+        """Point every local alias of ``old_room_id`` at ``new_room_id`` (a room upgrade); the aliases moved."""
+
+        def txn_fn(txn: Transaction) -> list[str]:
+            txn.execute(
+                "UPDATE room_aliases SET room_id = %s WHERE room_id = %s RETURNING room_alias",
+                (new_room_id, old_room_id),
+            )
+            return sorted(str(row[0]) for row in txn.fetchall())
+
+        return await self._db.run_interaction("move_room_aliases", txn_fn)
 
     # --- send idempotency ---------------------------------------------------------------
 
@@ -382,7 +388,19 @@ class TimelineStore:
                     (user_id, *lower_params, *upper_params),
                 )
                 changes = [MembershipRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in txn.fetchall()]
-            full = full_rooms(rooms_at, changes, late)
+            at_since: dict[str, str] = {}
+            if since is not None and changes:
+                # The membership each changed room had at the sync's start: a displayname change
+                # of a joined user is a join "change" that must not send the room whole again.
+                before, before_params = _position(since).sql_upto("e.")
+                txn.execute(
+                    "SELECT DISTINCT ON (m.room_id) m.room_id, m.membership FROM room_memberships m "
+                    f"JOIN events e ON e.event_id = m.event_id WHERE m.user_id = %s AND m.room_id = ANY(%s) "
+                    f"AND {before} ORDER BY m.room_id, m.stream_ordering DESC",
+                    (user_id, sorted({row.room_id for row in changes}), *before_params),
+                )
+                at_since = {str(r[0]): str(r[1]) for r in txn.fetchall()}
+            full = full_rooms(rooms_at, changes, late, at_since)
             joined = sorted(r for r, (m, _, _) in rooms_at.items() if m == "join")
             recent = _recent_events_txn(txn, sorted(full), after=0, upto=upto, limit=limit)
             incremental = [r for r in joined if r not in full]
@@ -394,64 +412,12 @@ class TimelineStore:
             remote = {
                 row.room_id: row for row in get_remote_invites_txn(txn, user_id)
                 if row.room_id not in rooms_at and end.covers(row.instance_name, row.stream_ordering)
-                and (row.membership == "invite" if start is None else not start.covers(row.instance_name,
+                and (row.membership in ("invite", "knock") if start is None else not start.covers(row.instance_name,
                                                                                        row.stream_ordering))
             }
-            return SyncRooms(rooms_at, forgotten, changes, full, recent, remote)
+            return SyncRooms(rooms_at, forgotten, changes, full, recent, remote, at_since)
 
         return await self._db.run_interaction("get_sync_rooms", txn_fn)
-
-    async def get_unread_events(
-        self, user_id: str, room_ids: Collection[str], *, upto: Bound, types: Collection[str], limit: int
-    ) -> dict[str, UnreadRoom]:
-        """Per room, the newest (at most ``limit``) events of ``types`` from others after the user's
-        latest read receipt (``m.read`` or ``m.read.private``) and at or before ``upto``, newest
-        first, with the room's push context; rooms with none left out. One transaction."""
-        if not room_ids:
-            return {}
-        upper, upper_params = _position(upto).sql_upto()
-
-        def txn_fn(txn: Transaction) -> dict[str, UnreadRoom]:
-            txn.execute(
-                f"""
-                SELECT r.room_id, e.event_id FROM unnest(%s::text[]) AS r(room_id)
-                CROSS JOIN LATERAL (
-                    SELECT COALESCE(max(seen.stream_ordering), -9223372036854775808) AS read_so
-                    FROM receipts rc JOIN events seen ON seen.event_id = rc.event_id
-                    WHERE rc.room_id = r.room_id AND rc.user_id = %s
-                      AND rc.receipt_type IN ('m.read', 'm.read.private')
-                ) receipt
-                CROSS JOIN LATERAL (
-                    SELECT event_id, stream_ordering FROM events
-                    WHERE events.room_id = r.room_id AND {_LIVE} AND stream_ordering > receipt.read_so
-                      AND {upper} AND sender <> %s AND type = ANY(%s)
-                    ORDER BY stream_ordering DESC LIMIT %s
-                ) e
-                ORDER BY r.room_id, e.stream_ordering DESC
-                """,
-                (sorted(room_ids), user_id, *upper_params, user_id, sorted(types), limit),
-            )
-            unread: dict[str, list[str]] = {}
-            for room_id, event_id in txn.fetchall():
-                unread.setdefault(str(room_id), []).append(str(event_id))
-            if not unread:
-                return {}
-            txn.execute(
-                """
-                SELECT r.room_id,
-                    (SELECT event_id FROM current_state_events c WHERE c.room_id = r.room_id
-                       AND c.type = 'm.room.power_levels' AND c.state_key = ''),
-                    (SELECT event_id FROM current_state_events c WHERE c.room_id = r.room_id
-                       AND c.type = 'm.room.member' AND c.state_key = %s),
-                    (SELECT count(*) FROM current_state_events c WHERE c.room_id = r.room_id
-                       AND c.type = 'm.room.member' AND c.membership = 'join')
-                FROM unnest(%s::text[]) AS r(room_id)
-                """,
-                (user_id, sorted(unread)),
-            )
-            return {str(r[0]): UnreadRoom(unread[str(r[0])], r[1], r[2], int(r[3])) for r in txn.fetchall()}
-
-        return await self._db.run_interaction("get_unread_events", txn_fn)
 
     async def get_redactions_and_txn_ids(
         self, event_ids: Collection[str], access_token_id: int | None

@@ -26,11 +26,18 @@ ROOM_MODULES: Final = (
     "homeserver.http.client_api.rooms",
     "homeserver.http.client_api.sync",
     "homeserver.http.client_api.e2e",
+    "homeserver.http.client_api.relations",
+    "homeserver.http.client_api.directory",
+    "homeserver.http.client_api.search",
+    "homeserver.http.client_api.room_upgrade",
+    # Media answers with bytes, not JSON: its hostile input is in test_media.py.
+    "homeserver.http.client_api.media",
 )
 
 ENDPOINTS: Final = [
     ("POST", "register"),
     ("GET", "register/available"),
+    ("GET", "/_matrix/client/v1/register/m.login.registration_token/validity"),
     ("GET", "login"),
     ("POST", "login"),
     ("POST", "logout"),
@@ -68,7 +75,22 @@ ENDPOINTS: Final = [
     ("GET", "capabilities"),
     ("GET", "pushrules/"),
     ("GET", "pushrules/global/"),
+    ("GET", "pushrules/global/override/{type}"),
+    ("PUT", "pushrules/global/override/{type}"),
+    ("DELETE", "pushrules/global/override/{type}"),
+    ("PUT", "pushrules/global/room/{room}"),
+    ("GET", "pushrules/global/override/{type}/enabled"),
+    ("PUT", "pushrules/global/override/{type}/enabled"),
+    ("GET", "pushrules/global/underride/{type}/actions"),
+    ("PUT", "pushrules/global/underride/{type}/actions"),
+    ("GET", "pushers"),
+    ("POST", "pushers/set"),
+    ("GET", "notifications"),
     ("GET", "/.well-known/matrix/client"),
+    ("GET", "room_keys/version"),
+    ("POST", "room_keys/version"),
+    *((m, "room_keys/version/{filter}") for m in ("GET", "PUT", "DELETE")),
+    *((m, f"room_keys/keys{tail}") for m in ("GET", "PUT", "DELETE") for tail in ("", "/{room}", "/{room}/{type}")),
 ]
 
 FIELDS: Final = [
@@ -76,7 +98,8 @@ FIELDS: Final = [
     "auth", "type", "identifier", "user", "medium", "address", "token", "new_password", "logout_devices",
     "display_name", "devices", "displayname", "avatar_url", "event_fields", "event_format", "presence",
     "account_data", "room", "session", "client_secret", "sid", "send_attempt", "email", "country",
-    "phone_number", "id_server", "id_access_token", "next_link",
+    "phone_number", "id_server", "id_access_token", "next_link", "actions", "conditions", "pattern", "enabled",
+    "kind", "app_id", "pushkey", "data", "append", "lang", "app_display_name", "device_display_name",
 ]  # fmt: skip
 
 ODD_STRINGS: Final = ["", " ", "x" * 70_000, "\x00", "\ud800", "é✓😀", "@:", "!", "m.login.dummy",
@@ -147,7 +170,9 @@ def _paths(template: str, user_id: str, rng: random.Random) -> Iterator[str]:
                 yield template.format(**{**values, name: segment})
     if "?" not in template:
         for query in ["kind=%FF", "kind=guest", "username=%FF", "username=", "username=" + "a" * 5000,
-                      "access_token=%FF", "access_token=" + "t" * 10_000, "filter=%00"]:  # fmt: skip
+                      "access_token=%FF", "access_token=" + "t" * 10_000, "filter=%00", "before=%FF",
+                      "after=" + "a" * 5000, "from=%FF", "from=99999999999999999999", "limit=-1", "limit=x",
+                      "only=highlight"]:  # fmt: skip
             yield f"{template.format(**values)}?{query}"
 
 

@@ -62,7 +62,7 @@ def _compose() -> dict[str, Any]:
 
 def test_compose_file_is_valid_and_has_every_service() -> None:
     services = _compose()["services"]
-    assert {"postgres", "redis", "main", "generic1", "persister1", "persister2", "federation_sender1",
+    assert {"postgres", "redis", "main", "generic1", "persister1", "persister2", "federation_sender1", "media1",
             "nginx", "prometheus", "grafana"} <= set(services)
     assert "build" in services["main"]
     for name, service in services.items():
@@ -87,7 +87,8 @@ def test_each_worker_service_is_a_worker_of_the_shared_config() -> None:
         name = command[command.index("--name") + 1]
         started[name] = config["workers"][name]["app"]
         assert service_name == name  # the service's DNS name is the one instance_map and Prometheus use
-    assert sorted(started.values()) == ["event_persister", "event_persister", "federation_sender", "generic"]
+    assert sorted(started.values()) == ["event_persister", "event_persister", "federation_sender", "generic",
+                                        "media_repository"]
     for writers in config["stream_writers"].values():
         for writer in writers:
             assert writer in config["instance_map"], f"stream writer {writer} is not in instance_map"
@@ -120,7 +121,7 @@ def test_nginx_config_is_accepted_by_nginx(tmp_path: Path) -> None:
     compose: the same file with the upstreams on loopback."""
     text = (DOCKER / "nginx.conf").read_text(encoding="utf-8")
     services = _compose()["services"]
-    for service in ("main", "generic1"):
+    for service in ("main", "generic1", "media1"):
         assert f"server {service}:8008;" in text and service in services
         text = text.replace(f"server {service}:8008;", "server 127.0.0.1:9;")
     config = tmp_path / "nginx.conf"

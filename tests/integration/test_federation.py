@@ -29,6 +29,7 @@ from homeserver.federation.membership import JoinError
 from storage.stores.federation import FederationStore
 from tests.harness import free_port
 from tests.integration.test_client_support import GENEROUS, Client
+from tests.integration.test_client_e2e import signed_keys
 from tests.twisted_plugin import reactor
 
 
@@ -302,13 +303,46 @@ async def test_client_api_joins_and_invites_across_servers(database_dsn: str, se
         assert synced.body["to_device"]["events"] == [
             {"type": "m.test", "sender": bob_id, "content": {"hello": "device"}}]
         assert synced.body["device_lists"]["changed"] == [bob_id]
+        # The same to-device message again (a sender's retry in a new transaction): delivered once.
+        to_device_edu = next(e for e in edus if isinstance(e, dict) and e.get("edu_type") == "m.direct_to_device"
+                             and "content" in e)
+        await b.process.federation.client.put_json(
+            name(a), "/_matrix/federation/v1/send/edus3",
+            {"origin": name(b), "origin_server_ts": 0, "pdus": [], "edus": [to_device_edu]})
+        resynced = await ca.request("GET", f"sync?timeout=0&since={synced.body['next_batch']}",
+                                    token=alice["access_token"])
+        assert resynced.status == 200 and resynced.body["to_device"]["events"] == [], resynced
+
+        # Device-list updates in order: A's copy of Bob's list is at B's stream_id for him. An update
+        # that follows on it is applied (a device B never had shows up); the same update again is
+        # ignored; one after a gap makes A fetch the list from B again (the made-up device goes).
+        listed_bob = await a.process.federation.client.get_json(
+            name(b), f"/_matrix/federation/v1/user/devices/{quote(bob_id)}")
+        at = listed_bob["stream_id"]
+
+        async def update(txn: str, device: str, stream_id: int, prev: list[int]) -> list[str]:
+            content = {"user_id": bob_id, "device_id": device, "stream_id": stream_id, "prev_id": prev,
+                       "deleted": False, "keys": {"user_id": bob_id, "device_id": device, "keys": {}}}
+            await b.process.federation.client.put_json(
+                name(a), f"/_matrix/federation/v1/send/{txn}",
+                {"origin": name(b), "origin_server_ts": 0, "pdus": [],
+                 "edus": [{"edu_type": "m.device_list_update", "content": content}]})
+            answer = await ca.request("POST", "keys/query", {"device_keys": {bob_id: []}}, token=alice["access_token"])
+            assert answer.status == 200, answer
+            return sorted(answer.body["device_keys"][bob_id])
+
+        assert await update("dl1", "MADEUP1", at + 10, [at]) == ["MADEUP1"]
+        assert await update("dl2", "MADEUP2", at + 10, [at]) == ["MADEUP1"]  # seen already
+        assert "MADEUP1" not in await update("dl3", "MADEUP3", at + 30, [at + 20])  # a gap: fetched from B
+        # An update A cannot place (it holds no list of Bob's) makes A fetch Bob's list from B,
+        # which has no device BOBDEV: A answers with what B said, not with what the EDU claimed.
         queried = await ca.request("POST", "keys/query", {"device_keys": {bob_id: []}}, token=alice["access_token"])
-        assert queried.status == 200 and "BOBDEV" in queried.body["device_keys"][bob_id], queried
+        assert queried.status == 200 and queried.body["device_keys"] == {bob_id: {}}, queried
+        assert queried.body["failures"] == {}
 
         # A serves its users' devices and keys to B (and only its own users').
         alice_id, alice_dev = alice["user_id"], alice["device_id"]
-        device_keys = {"user_id": alice_id, "device_id": alice_dev, "algorithms": ["m.olm.v1.curve25519-aes-sha2"],
-                       "keys": {f"ed25519:{alice_dev}": "k"}, "signatures": {}}
+        device_keys = signed_keys(alice_id, alice_dev)
         uploaded = await ca.request("POST", "keys/upload", {"device_keys": device_keys,
                                                             "one_time_keys": {"signed_curve25519:AAA": {"key": "x"}}},
                                     token=alice["access_token"])
@@ -318,9 +352,10 @@ async def test_client_api_joins_and_invites_across_servers(database_dsn: str, se
         assert listed["user_id"] == alice_id and isinstance(listed["stream_id"], int)
         assert [d["device_id"] for d in listed["devices"]] == [alice_dev]
         assert listed["devices"][0]["keys"] == device_keys
+        assert listed["stream_id"] > 0  # the user's newest device-list change: the next update's prev_id
         keys = await fed_client.post_json(name(a), "/_matrix/federation/v1/user/keys/query",
                                           {"device_keys": {alice_id: [], bob_id: []}})
-        assert keys == {"device_keys": {alice_id: {alice_dev: device_keys}}}
+        assert keys == {"device_keys": {alice_id: {alice_dev: device_keys}}, "master_keys": {}, "self_signing_keys": {}}
         claimed = await fed_client.post_json(name(a), "/_matrix/federation/v1/user/keys/claim",
                                              {"one_time_keys": {alice_id: {alice_dev: "signed_curve25519"}}})
         assert claimed == {"one_time_keys": {alice_id: {alice_dev: {"signed_curve25519:AAA": {"key": "x"}}}}}

@@ -28,6 +28,7 @@ from twisted.internet.defer import Deferred, gatherResults
 from tests.conftest import scratch_database
 from tests.federation_peer import Behaviour, FederationPeer
 from tests.harness import TributaryProcess, free_port
+from tests.integration.test_client_e2e import signed_keys
 from tests.integration.test_client_support import Client
 from tests.twisted_plugin import eventually, reactor, run_sync
 
@@ -319,7 +320,8 @@ async def test_sigkill_mid_transaction_then_restart_resumes_from_the_last_acknow
     """The destination holds a transaction open; the sender process is killed with SIGKILL
     while it waits. Restarted, the sender finds the destination behind in `destination_rooms`,
     catches it up from `last_successful_stream_ordering`, and every message arrives; whatever
-    arrives twice (the interrupted transaction) the receiver can drop by event ID."""
+    arrives twice (the interrupted transaction) the receiver can drop by event ID. A to-device
+    message accepted before the kill arrives too, with the message ID it was given when accepted."""
     name, = await peer.start(1)
     with scratch_database(postgres_template) as dsn:
         proc, server_name = configure(tmp_path, dsn, transaction_timeout="60s")
@@ -334,11 +336,21 @@ async def test_sigkill_mid_transaction_then_restart_resumes_from_the_last_acknow
             await peer.wait_for_pdus(name, [first], timeout=10)
             await peer.set_behaviour(name, Behaviour.HANG)
             sent = [await alice.send(room, f"m{i}") for i in range(4) for room in rooms]
+            # A to-device message accepted (200) while the destination hangs: the kill must not lose it.
+            await alice.call("PUT", "sendToDevice/m.test.kill/td-kill", {"messages": {f"@u:{name}": {"DEV": {"n": 1}}}})
             await eventually(lambda: peer.held_requests(name) > 0, what="a transaction held")
             proc.stop(signal.SIGKILL)
             await peer.set_behaviour(name, Behaviour.OK)
             proc.start()
             await peer.wait_for_pdus(name, sent, timeout=30)
+            await eventually(lambda: any(e["content"]["type"] == "m.test.kill"
+                                         for e in peer.received_edus(name, "m.direct_to_device")),
+                             what="the to-device message delivered after the restart")
+            to_device = [e["content"] for e in peer.received_edus(name, "m.direct_to_device")
+                         if e["content"]["type"] == "m.test.kill"]
+            # Delivered, possibly twice (the interrupted transaction), always with one message ID.
+            assert {c["message_id"] for c in to_device} == {to_device[0]["message_id"]}
+            assert to_device[0]["messages"] == {f"@u:{name}": {"DEV": {"n": 1}}}
             for room in rooms:
                 room_sent = [e for e in sent if e in set(messages(peer, name, room))]
                 assert room_sent and messages(peer, name, room)[-len(room_sent):] == room_sent
@@ -423,8 +435,7 @@ async def test_local_users_typing_receipts_presence_and_keys_reach_the_room_s_se
     await alice.call("POST", f"rooms/{room_path}/receipt/m.read/{quote(event_id)}", {})
     await alice.call("PUT", f"presence/{quote(user_id)}/status", {"presence": "online", "status_msg": "here"})
     device_id = (await alice.call("GET", "account/whoami"))["device_id"]
-    keys = {"user_id": user_id, "device_id": device_id, "algorithms": ["m.olm.v1.curve25519-aes-sha2"],
-            "keys": {f"curve25519:{device_id}": "abc"}, "signatures": {}}
+    keys = signed_keys(user_id, device_id)
     await alice.call("POST", "keys/upload", {"device_keys": keys})
 
     def edus(edu_type: str) -> list[dict[str, Any]]:
@@ -440,3 +451,10 @@ async def test_local_users_typing_receipts_presence_and_keys_reach_the_room_s_se
     assert push["user_id"] == user_id and push["presence"] == "online" and push["status_msg"] == "here"
     update = edus("m.device_list_update")[-1]
     assert update["user_id"] == user_id and update["device_id"] == device_id and update["keys"] == keys
+    assert update["deleted"] is False and isinstance(update["stream_id"], int)
+    # A rename is the user's next change: its prev_id is the upload's stream_id.
+    await alice.call("PUT", f"devices/{quote(device_id)}", {"display_name": "laptop"})
+    await eventually(lambda: len(edus("m.device_list_update")) >= 2, what="the rename's update")
+    renamed = edus("m.device_list_update")[-1]
+    assert renamed["prev_id"] == [update["stream_id"]] and renamed["stream_id"] > update["stream_id"]
+    assert renamed["device_display_name"] == "laptop" and renamed["keys"] == keys

@@ -119,7 +119,8 @@ def test_migrate_then_refuse_a_newer_schema(tmp_path: Path, empty_database_dsn: 
     hs = TributaryProcess.configure(tmp_path, database_url=empty_database_dsn)
     result = run_cli("migrate", "--config", str(hs.config_path))
     assert result.returncode == 0, result.stderr
-    assert "schema is up to date" in result.stderr
+    assert "applied schema migration 0001_server_meta" in result.stderr
+    assert "the schema is now at version" in result.stderr
 
     conn = psycopg2.connect(empty_database_dsn)
     conn.autocommit = True

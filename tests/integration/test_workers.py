@@ -28,6 +28,7 @@ import yaml
 
 from tests.conftest import scratch_database
 from tests.harness import Nginx, TributaryProcess, configure_workers, run_cli
+from tests.integration.test_client_e2e import signed_keys
 from homeserver.routing.layout import stable_shard
 
 class Http:
@@ -173,6 +174,16 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                 carol.ok("POST", f"join/{quote(room, safe='')}", {})
                 bob.ok("POST", f"join/{quote(room, safe='')}?server_name={quote(name_a)}", {})
 
+            # The user directory is kept by the background worker from the events stream (written
+            # by the persisters, read over replication); the generic worker's search reads it.
+            deadline = time.monotonic() + 20
+            while True:
+                found = alice.ok("POST", "user_directory/search", {"search_term": "bob"})["results"]
+                if [r["user_id"] for r in found] == [bob_id]:
+                    break
+                assert time.monotonic() < deadline, f"Bob never reached the user directory: {found}"
+                time.sleep(0.2)
+
             # Typing written by the generic worker reaches Bob on the other server.
             alice.ok("PUT", f"rooms/{quote(rooms[0], safe='')}/typing/{quote(alice_id)}",
                      {"typing": True, "timeout": 30000})
@@ -186,6 +197,23 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                 if any(alice_id in e["content"].get("user_ids", []) for e in ephemeral.get("events", [])):
                     break
                 assert time.monotonic() < deadline, "Alice's typing never reached the other server"
+
+            # Device lists in the worker layout: keys/upload goes to the main process, which writes
+            # the device_lists stream; Carol's /sync and key query on the generic worker see it, and
+            # so does Bob on the other server (an m.device_list_update, then a key query over
+            # federation). Key backup is served by the generic worker.
+            carol_mark = carol.ok("GET", "sync?timeout=0")["next_batch"]
+            bob_mark = bob.ok("GET", "sync?timeout=0")["next_batch"]
+            alice_device = alice.ok("GET", "account/whoami")["device_id"]
+            alice.ok("POST", "keys/upload", {"device_keys": signed_keys(alice_id, alice_device)})
+            for who, mark in ((carol, carol_mark), (bob, bob_mark)):
+                deadline = time.monotonic() + 20
+                while alice_id not in who.ok("GET", f"sync?timeout=1000&since={mark}")["device_lists"]["changed"]:
+                    assert time.monotonic() < deadline, "Alice's new keys never reached /sync"
+                queried = who.ok("POST", "keys/query", {"device_keys": {alice_id: []}})
+                assert alice_device in queried["device_keys"][alice_id], queried
+            version = carol.ok("POST", "room_keys/version", {"algorithm": "m.megolm_backup.v1", "auth_data": {}})
+            assert carol.ok("GET", "room_keys/version")["version"] == version["version"]
 
             # The older endpoints, through nginx to the generic worker (and on it directly): a
             # POST send without a txnId reaches carol's /events from her /sync token, and both
@@ -364,6 +392,24 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                 time.sleep(0.1)
             served = alice.ok("GET", f"rooms/{quoted_room}/event/{quote(target)}")
             assert served["content"] == {} and served["unsigned"]["redacted_because"]["event_id"] == redaction
+
+            # A room upgrade goes where createRoom goes (the generic worker); the tombstone and the
+            # new room's events are each stored by their room's event persister, and the other
+            # server's user follows the tombstone into the new room.
+            upgraded = alice.ok("POST", f"rooms/{quote(rooms[2], safe='')}/upgrade", {"new_version": "12"})
+            new_room = upgraded["replacement_room"]
+            tombstone = alice.ok("GET", f"rooms/{quote(rooms[2], safe='')}/state/m.room.tombstone/")
+            assert tombstone["replacement_room"] == new_room
+            bob.ok("POST", f"join/{quote(new_room, safe='')}?server_name={quote(name_a)}", {})
+            with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+                cur.execute("SELECT room_id, array_agg(DISTINCT instance_name) FROM events "
+                            "WHERE room_id = ANY(%s) AND type IN ('m.room.tombstone', 'm.room.create') "
+                            "GROUP BY room_id", ([rooms[2], new_room],))
+                writers_by_room = {room: set(instances) for room, instances in cur.fetchall()}
+            assert len(writers_by_room) == 2 and all(len(w) == 1 for w in writers_by_room.values())
+            assert all(w <= {"p1", "p2"} for w in writers_by_room.values()), writers_by_room
+            assert f"POST /_matrix/client/v3/rooms/{quote(rooms[2], safe='')}/upgrade" in \
+                workers["g1"].log_path.read_text(encoding="utf-8")
 
             # Every process serves its own metrics: the generic worker's show its syncs and what
             # replication brought it from both persisters.

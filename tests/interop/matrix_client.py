@@ -40,6 +40,7 @@ class MatrixUser:
     timelines: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
     joined: set[str] = attrs.field(factory=set)
     invited: set[str] = attrs.field(factory=set)
+    knocked: set[str] = attrs.field(factory=set)
 
     def request(self, method: str, path: str, body: Any = None, *, timeout: float = 60.0) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -79,6 +80,30 @@ class MatrixUser:
         path = f"/_matrix/client/v3/join/{urllib.parse.quote(room_id_or_alias, safe='')}{query}"
         return str(self.request("POST", path, {}, timeout=120.0)["room_id"])
 
+    def knock(self, room_id_or_alias: str, *, via: list[str] | None = None, reason: str = "let me in") -> str:
+        query = ("?" + urllib.parse.urlencode([("via", s) for s in via])) if via else ""
+        path = f"/_matrix/client/v3/knock/{urllib.parse.quote(room_id_or_alias, safe='')}{query}"
+        return str(self.request("POST", path, {"reason": reason}, timeout=120.0)["room_id"])
+
+    def membership_of(self, room_id: str, user_id: str) -> str | None:
+        """``user_id``'s membership in the room's current state, as this user's server sees it."""
+        path = (f"/_matrix/client/v3/rooms/{urllib.parse.quote(room_id)}/state/m.room.member/"
+                f"{urllib.parse.quote(user_id)}")
+        try:
+            membership = self.request("GET", path).get("membership")
+        except MatrixApiError as e:
+            if e.status == 404:
+                return None
+            raise
+        return membership if isinstance(membership, str) else None
+
+    def wait_for_membership(self, room_id: str, user_id: str, wanted: str, *, deadline_s: float = 30.0) -> None:
+        deadline = time.monotonic() + deadline_s
+        while (seen := self.membership_of(room_id, user_id)) != wanted:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{user_id} is {seen!r} in {room_id} on {self.base_url}, not {wanted!r}")
+            time.sleep(0.2)
+
     def invite(self, room_id: str, user_id: str) -> None:
         self.request("POST", f"/_matrix/client/v3/rooms/{urllib.parse.quote(room_id)}/invite",
                      {"user_id": user_id}, timeout=120.0)
@@ -100,6 +125,42 @@ class MatrixUser:
         result: dict[str, Any] = self.request("GET", path, timeout=120.0)
         return result
 
+    # Media -----------------------------------------------------------------------------------
+
+    def raw(self, method: str, path: str, data: bytes | None = None, *, content_type: str | None = None,
+            timeout: float = 60.0) -> tuple[int, dict[str, str], bytes]:
+        """A request whose body and answer are bytes (media): status, headers (lower-case), body."""
+        req = urllib.request.Request(self.base_url + path, data=data, method=method)
+        if content_type is not None:
+            req.add_header("Content-Type", content_type)
+        if self.access_token:
+            req.add_header("Authorization", f"Bearer {self.access_token}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as response:
+                return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+        except urllib.error.HTTPError as e:
+            raise MatrixApiError(method, path, e.code, e.read()) from None
+
+    def upload(self, data: bytes, content_type: str, filename: str) -> str:
+        """``POST /_matrix/media/v3/upload``; the ``mxc://`` URI."""
+        path = "/_matrix/media/v3/upload?" + urllib.parse.urlencode({"filename": filename})
+        _, _, body = self.raw("POST", path, data, content_type=content_type)
+        return str(json.loads(body)["content_uri"])
+
+    def download(self, mxc: str) -> tuple[dict[str, str], bytes]:
+        """The authenticated download of ``mxc://server/id`` through this user's server."""
+        server, media_id = mxc.removeprefix("mxc://").split("/", 1)
+        _, headers, body = self.raw("GET", f"/_matrix/client/v1/media/download/{urllib.parse.quote(server)}/"
+                                           f"{urllib.parse.quote(media_id)}", timeout=120.0)
+        return headers, body
+
+    def thumbnail(self, mxc: str, width: int, height: int, method: str) -> tuple[dict[str, str], bytes]:
+        server, media_id = mxc.removeprefix("mxc://").split("/", 1)
+        query = urllib.parse.urlencode({"width": width, "height": height, "method": method})
+        _, headers, body = self.raw("GET", f"/_matrix/client/v1/media/thumbnail/{urllib.parse.quote(server)}/"
+                                           f"{urllib.parse.quote(media_id)}?{query}", timeout=120.0)
+        return headers, body
+
     # Sync ------------------------------------------------------------------------------------
 
     def sync_once(self, *, timeout_ms: int) -> dict[str, Any]:
@@ -118,6 +179,9 @@ class MatrixUser:
             self.timelines.setdefault(room_id, []).extend(room.get("timeline", {}).get("events", []))
         for room_id in rooms.get("invite", {}):
             self.invited.add(room_id)
+            self.knocked.discard(room_id)
+        for room_id in rooms.get("knock", {}):
+            self.knocked.add(room_id)
         return result
 
     def bodies(self, room_id: str) -> list[str]:
@@ -133,6 +197,14 @@ class MatrixUser:
                     f"{self.user_id}'s /sync never showed {sorted(set(wanted) - set(self.bodies(room_id)))} "
                     f"in {room_id} within {deadline_s:.0f}s (saw {self.bodies(room_id)})"
                 )
+            self.sync_once(timeout_ms=1000)
+
+    def sync_until_knocked(self, room_id: str, *, deadline_s: float = 30.0) -> None:
+        deadline = time.monotonic() + deadline_s
+        while room_id not in self.knocked:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.user_id}'s /sync never showed the knock on {room_id} "
+                                     f"within {deadline_s:.0f}s")
             self.sync_once(timeout_ms=1000)
 
     def sync_until_invited(self, room_id: str, *, deadline_s: float = 30.0) -> None:

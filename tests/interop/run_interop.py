@@ -5,7 +5,13 @@ it; Tom on Tributary joins it by alias, and each sees the other's messages in
 ``/sync``; Tom back-paginates Sam's messages from before he joined (backfill from
 Synapse). Then the other way: Tom makes a room on Tributary and invites Sam; Sam
 accepts; they chat, and Sam back-paginates Tom's earlier messages (backfill from
-Tributary).
+Tributary). Media: Sam's image is downloaded (and thumbnailed) by Tom through Tributary, and
+Tom's through Synapse by Sam, byte for byte. Then an encrypted DM with matrix-nio's encryption on both sides
+(``tests/interop/e2e_dm.py``): keys, claims and room keys across the two servers, a
+second device, a verification request. Then knocks, restricted joins and room upgrades
+both ways: each server's user upgrades a room the other server's user is in, who follows
+the tombstone into the new room and talks there. Room directory: each side publishes a room, and the
+other lists it through its own server (``/publicRooms?server=``, federation ``/publicRooms``).
 
 Usage (``make interop`` does this, with the Synapse virtualenv it builds)::
 
@@ -19,6 +25,7 @@ databases) when one did.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import shutil
@@ -26,6 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +44,8 @@ import attrs
 import psycopg2
 
 from tests.harness import TributaryProcess
-from tests.interop.matrix_client import MatrixUser
+from tests.interop.e2e_dm import encrypted_dm
+from tests.interop.matrix_client import MatrixApiError, MatrixUser
 from tests.interop.synapse import SynapseProcess
 
 PG_ADMIN_DSN = os.environ.get("TRIBUTARY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -216,6 +225,153 @@ def scenario_invited_by_synapse(report: Report, sam: MatrixUser, tom: MatrixUser
         sam.sync_until_bodies(room_id, ["thanks for the invite, from tributary"])
 
 
+KNOCK_RULE = [{"type": "m.room.join_rules", "state_key": "", "content": {"join_rule": "knock"}}]
+
+
+def scenario_knocks(report: Report, host: MatrixUser, guest: MatrixUser, host_name: str, host_label: str) -> None:
+    """``host`` makes a room with the knock join rule; ``guest`` (on the other server) knocks
+    (make_knock/send_knock), sees it under rooms.knock; the host sees the knock, accepts it
+    with an invite, and the guest joins and talks."""
+    tag = f"knock on a {host_label} room"
+    with report.step(f"{tag}: created with the knock join rule, the other server's user knocks"):
+        room_id = host.create_room(name=f"Interop knock ({host_label})", initial_state=KNOCK_RULE)
+        knocked = guest.knock(room_id, via=[host_name])
+        assert knocked == room_id, f"knocked on {knocked}, expected {room_id}"
+    with report.step(f"{tag}: the knock appears in the knocker's /sync (rooms.knock) and the host's state"):
+        guest.sync_until_knocked(room_id)
+        host.wait_for_membership(room_id, guest.user_id, "knock")
+    with report.step(f"{tag}: the host accepts (invite), the knocker joins and talks"):
+        host.invite(room_id, guest.user_id)
+        guest.sync_until_invited(room_id)
+        assert guest.join(room_id, via=[host_name]) == room_id
+        guest.send_text(room_id, f"let in by knocking ({host_label})")
+        host.sync_until_bodies(room_id, [f"let in by knocking ({host_label})"])
+
+
+def scenario_restricted_join(report: Report, host: MatrixUser, guest: MatrixUser, host_name: str,
+                             host_label: str) -> None:
+    """``host`` makes a public room S and a room R restricted to S's members; ``guest`` joins S,
+    then R: the host's server names its user as join_authorised_via_users_server and signs."""
+    tag = f"restricted {host_label} room"
+    with report.step(f"{tag}: the other server's user joins the allowed room, then the restricted one"):
+        space = host.create_room(preset="public_chat", name=f"Interop space ({host_label})")
+        rule = {"join_rule": "restricted", "allow": [{"type": "m.room_membership", "room_id": space}]}
+        room_id = host.create_room(name=f"Interop restricted ({host_label})",
+                                   initial_state=[{"type": "m.room.join_rules", "state_key": "", "content": rule}])
+        assert guest.join(space, via=[host_name]) == space
+        assert guest.join(room_id, via=[host_name]) == room_id
+    with report.step(f"{tag}: the join is authorised by the host's user, and the two talk"):
+        host.wait_for_membership(room_id, guest.user_id, "join")
+        member = host.request("GET", f"/_matrix/client/v3/rooms/{urllib.parse.quote(room_id)}/state/"
+                                     f"m.room.member/{urllib.parse.quote(guest.user_id)}")
+        assert member.get("join_authorised_via_users_server") == host.user_id, member
+        guest.send_text(room_id, f"joined through the space ({host_label})")
+        host.sync_until_bodies(room_id, [f"joined through the space ({host_label})"])
+
+
+def scenario_upgrade(report: Report, host: MatrixUser, guest: MatrixUser, host_name: str, host_label: str,
+                     old_version: str, new_version: str) -> None:
+    """``host`` upgrades a public room of ``old_version`` shared with ``guest`` (the other
+    server's user): the guest sees the tombstone in the old room, follows ``replacement_room``
+    (its create event names the old room as ``predecessor``), joins and talks there."""
+    tag = f"upgrade of a {host_label} room {old_version} -> {new_version}"
+    quote = urllib.parse.quote
+    with report.step(f"{tag}: the other server's user joins the old room, the host upgrades it"):
+        room_id = host.create_room(preset="public_chat", name=f"Interop upgrade ({host_label})",
+                                   room_version=old_version)
+        assert guest.join(room_id, via=[host_name]) == room_id
+        host.wait_for_membership(room_id, guest.user_id, "join")
+        upgraded = host.request("POST", f"/_matrix/client/v3/rooms/{quote(room_id)}/upgrade",
+                                {"new_version": new_version}, timeout=120.0)
+        new_room = str(upgraded["replacement_room"])
+    with report.step(f"{tag}: the tombstone reaches the other server, which follows it"):
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                tombstone = guest.request("GET", f"/_matrix/client/v3/rooms/{quote(room_id)}/state/m.room.tombstone/")
+                break
+            except MatrixApiError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert tombstone.get("replacement_room") == new_room, tombstone
+        assert guest.join(new_room, via=[host_name]) == new_room
+        assert guest.room_version(new_room) == new_version
+        create = guest.request("GET", f"/_matrix/client/v3/rooms/{quote(new_room)}/state/m.room.create/")
+        assert create.get("predecessor", {}).get("room_id") == room_id, create
+    with report.step(f"{tag}: the two talk in the new room"):
+        guest.send_text(new_room, f"followed the tombstone ({host_label})")
+        host.sync_until_bodies(new_room, [f"followed the tombstone ({host_label})"])
+
+
+def scenario_public_rooms(report: Report, host: MatrixUser, reader: MatrixUser, host_name: str,
+                          host_label: str, reader_label: str) -> None:
+    """``host`` publishes a room in its directory; ``reader`` lists it through its own server
+    (``/publicRooms?server=``, the federation ``/publicRooms``), also by a search term."""
+    name = f"Interop directory {uuid.uuid4().hex[:8]}"
+    tag = f"room directory of {host_label}"
+    with report.step(f"{tag}: {host_label} user creates and publishes {name!r}"):
+        room_id = host.create_room(preset="public_chat", visibility="public", name=name, topic="listed")
+    with report.step(f"{tag}: {reader_label} user lists it with GET /publicRooms?server={host_name}"):
+        deadline = time.monotonic() + 30.0
+        while True:
+            listed = reader.request(
+                "GET", f"/_matrix/client/v3/publicRooms?server={urllib.parse.quote(host_name)}&limit=100")
+            entries = {entry["room_id"]: entry for entry in listed.get("chunk", [])}
+            if room_id in entries or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert room_id in entries, f"{room_id} not in {sorted(entries)}"
+        assert entries[room_id].get("name") == name and entries[room_id].get("topic") == "listed", entries[room_id]
+        assert entries[room_id].get("num_joined_members") == 1, entries[room_id]
+    with report.step(f"{tag}: {reader_label} user finds it with POST /publicRooms (generic_search_term)"):
+        found = reader.request("POST", f"/_matrix/client/v3/publicRooms?server={urllib.parse.quote(host_name)}",
+                               {"limit": 10, "filter": {"generic_search_term": name.split()[-1]}})
+        assert [entry["room_id"] for entry in found["chunk"]] == [room_id], found
+
+
+def _png(width: int, height: int, colour: tuple[int, int, int]) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return image.size
+
+
+def scenario_media(report: Report, sam: MatrixUser, tom: MatrixUser) -> None:
+    """Each server's user uploads an image; the other's user downloads it through their own
+    server (federation media: authenticated, or the legacy fallback), byte for byte."""
+    sam_png, tom_png = _png(320, 200, (200, 40, 40)), _png(240, 180, (40, 40, 200))
+    with report.step("media: Synapse user's image downloaded through Tributary"):
+        mxc = sam.upload(sam_png, "image/png", "sam.png")
+        headers, body = tom.download(mxc)
+        assert body == sam_png, f"got {len(body)} bytes, uploaded {len(sam_png)}"
+        assert headers.get("content-type", "").startswith("image/png"), headers
+    with report.step("media: thumbnail of the Synapse user's image through Tributary"):
+        headers, body = tom.thumbnail(mxc, 96, 96, "crop")
+        assert _png_size(body) == (96, 96), _png_size(body)
+    with report.step("media: Tributary user's image downloaded through Synapse"):
+        mxc = tom.upload(tom_png, "image/png", "tom.png")
+        headers, body = sam.download(mxc)
+        assert body == tom_png, f"got {len(body)} bytes, uploaded {len(tom_png)}"
+        assert headers.get("content-type", "").startswith("image/png"), headers
+    with report.step("media: thumbnail of the Tributary user's image through Synapse"):
+        headers, body = sam.thumbnail(mxc, 32, 32, "crop")
+        assert headers.get("content-type", "").startswith("image/"), headers
+        assert max(_png_size(body)) <= 64, _png_size(body)
+
+
 def run_scenario(scenario: Callable[[], None]) -> None:
     try:
         scenario()
@@ -241,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--synapse-python", type=Path, required=True,
                         help="python of the virtualenv matrix-synapse is installed in")
-    parser.add_argument("--room-versions", nargs="+", default=["default", "10"], metavar="VERSION",
+    parser.add_argument("--room-versions", nargs="+", default=["default", "1", "6", "9", "10", "11"], metavar="VERSION",
                         help="room versions to run both scenarios in ('default': each creator's default)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory even when all steps pass")
     args = parser.parse_args(argv)
@@ -273,11 +429,26 @@ def main(argv: list[str] | None = None) -> int:
             except StepSkipped:
                 return _finish(report, workdir, tributary, synapse, keep=args.keep)
             syn_name = synapse.server_name
+            run_scenario(lambda: scenario_media(report, sam, tom))
+            tributary_url, synapse_url = tributary.base_url, synapse.base_url
+            run_scenario(lambda: asyncio.run(encrypted_dm(
+                report.step, synapse_url=synapse_url, tributary_url=tributary_url,
+                sam=(sam.user_id, "interop-password-sam"), tom=(tom.user_id, "interop-password-tom"),
+                workdir=workdir / "nio")))
             for version in args.room_versions:
                 room_version = None if version == "default" else version
                 run_scenario(lambda: scenario_join_synapse_room_by_alias(report, sam, tom, syn_name, room_version))
                 run_scenario(lambda: scenario_invite_synapse_user(report, sam, tom, room_version))
                 run_scenario(lambda: scenario_invited_by_synapse(report, sam, tom, room_version))
+            trib_name = tributary.server_name
+            run_scenario(lambda: scenario_knocks(report, sam, tom, syn_name, "Synapse"))
+            run_scenario(lambda: scenario_knocks(report, tom, sam, trib_name, "Tributary"))
+            run_scenario(lambda: scenario_restricted_join(report, sam, tom, syn_name, "Synapse"))
+            run_scenario(lambda: scenario_restricted_join(report, tom, sam, trib_name, "Tributary"))
+            run_scenario(lambda: scenario_upgrade(report, tom, sam, trib_name, "Tributary", "1", "12"))
+            run_scenario(lambda: scenario_upgrade(report, sam, tom, syn_name, "Synapse", "10", "12"))
+            run_scenario(lambda: scenario_public_rooms(report, sam, tom, syn_name, "Synapse", "Tributary"))
+            run_scenario(lambda: scenario_public_rooms(report, tom, sam, trib_name, "Tributary", "Synapse"))
             return _finish(report, workdir, tributary, synapse, keep=args.keep)
         finally:
             # Only after an unexpected error (Ctrl-C, a bug here): _finish stops them otherwise.

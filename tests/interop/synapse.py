@@ -44,6 +44,9 @@ LOOPBACK_OPTIONS: dict[str, Any] = {
     # Ask each server for its own keys; no matrix.org notary.
     "trusted_key_servers": [],
     "suppress_key_server_warning": True,
+    # The room directory both ways: anyone may publish, and other servers may read the list.
+    "allow_public_rooms_over_federation": True,
+    "room_list_publication_rules": [{"action": "allow"}],
     "rc_message": _RATE_UNLIMITED,
     "rc_registration": _RATE_UNLIMITED,
     "rc_login": {"address": _RATE_UNLIMITED, "account": _RATE_UNLIMITED, "failed_attempts": _RATE_UNLIMITED},

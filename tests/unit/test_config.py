@@ -97,8 +97,15 @@ def test_full_config() -> None:
         ({"server_name": "h", "redis": {"enabled": "yes"}}, "redis.enabled: expected true or false, got 'yes'"),
         ({"server_name": "h", "federation": {"ip_range_whitelist": ["10.0.0.0/33"]}},
          "federation.ip_range_whitelist[0]: expected an IP range"),
+        ({"server_name": "h", "push": {"ip_range_whitelist": ["nope"]}},
+         "push.ip_range_whitelist[0]: expected an IP range"),
+        ({"server_name": "h", "push": {"gateways": []}}, "push.gateways: unknown key"),
+        ({"server_name": "h", "user_directory": {"search_all_users": "yes"}},
+         "user_directory.search_all_users: expected"),
+        ({"server_name": "h", "user_directory": {"prefer_local_users": True}},
+         "user_directory.prefer_local_users: unknown key"),
         ({"server_name": "h", "log_level": "LOUD"}, "log_level: expected one of DEBUG"),
-        ({"server_name": "h", "default_room_version": "9"}, "default_room_version: expected one of 10, 11, 12"),
+        ({"server_name": "h", "default_room_version": "13"}, "default_room_version: expected one of 1, 2, 3"),
         ({"server_name": "h", "shutdown_grace_period": 10}, "shutdown_grace_period: expected a duration with a unit"),
         ({"server_name": "h", "public_baseurl": "matrix.org"}, "public_baseurl: expected an http:// or https:// URL"),
         ({"server_name": "h", "enable_registration": 1}, "enable_registration: expected true or false, got 1"),
@@ -131,6 +138,9 @@ def test_full_config() -> None:
         ({"server_name": "h", "worker_replication_secret": "s", "database": {"url": "postgresql://x/y"},
           "workers": {"g": {"app": "generic"}}},
          "instance_map: workers are configured: add 'master'"),
+        ({"server_name": "h", "worker_replication_secret": "s", "database": {"url": "postgresql://x/y"},
+          "workers": {"push1": {"app": "pusher"}, "push2": {"app": "pusher"}}},
+         "workers.push2.app: only one pusher worker may run; push1, push2 are"),
         ({"server_name": "h", "instance_map": {"ghost": {"host": "127.0.0.1", "port": 9001}}},
          "instance_map.ghost: 'ghost' is neither the main process nor a worker"),
         ({"server_name": "h", "workers": {"master": {"app": "generic"}}},
@@ -207,14 +217,15 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
 
 def test_the_docker_example_layout_parses() -> None:
     """docker/config/homeserver.yaml (main, a generic worker, two persisters, a federation
-    sender) passes every check of the worker layout."""
+    sender, a media repository) passes every check of the worker layout."""
     config = load_config(Path(__file__).resolve().parents[2] / "docker" / "config" / "homeserver.yaml")
     assert config.stream_writers["events"] == ("persister1", "persister2")
     assert config.federation_sender_instances == ("federation_sender1",)
     assert {name: w.app for name, w in config.workers.items()} == {
         "generic1": "generic", "persister1": "event_persister", "persister2": "event_persister",
-        "federation_sender1": "federation_sender",
+        "federation_sender1": "federation_sender", "media1": "media_repository",
     }
+    assert config.media_worker == "media1"
     assert not config.send_federation and config.redis.enabled
 
 
@@ -285,3 +296,50 @@ def test_federation_limits_defaults_and_overrides() -> None:
     ):
         with pytest.raises(ConfigError, match=re.escape(message)):
             parse_config({"server_name": "h", "federation_limits": raw})
+
+
+def test_media_section_defaults_and_overrides() -> None:
+    from homeserver.media.config import MediaConfig, RateLimitSpec
+    from homeserver.media.rules import ThumbnailSpec
+
+    config = parse_config({"server_name": "h", "data_dir": "/srv/t"})
+    assert config.media == MediaConfig() and config.media_store_path == Path("/srv/t/media")
+    assert config.media.url_preview.enabled is False and "127.0.0.0/8" in config.media.url_preview.ip_range_blacklist
+    media = parse_config({"server_name": "h", "media": {
+        "store_path": "/mnt/media", "max_upload_size": "10M", "max_image_pixels": 1000,
+        "thumbnail_sizes": [{"width": 64, "height": 64, "method": "crop"}], "rc_upload": {"burst_count": 3},
+        "remote_media_lifetime": "never", "local_media_lifetime": "30d",
+        "url_preview": {"enabled": True, "ip_range_whitelist": ["10.1.0.0/16"], "max_spider_size": 1024},
+        "freeze_unauthenticated_media": True,
+    }}).media
+    assert media.freeze_unauthenticated_media and not MediaConfig().freeze_unauthenticated_media
+    assert media.store_path == Path("/mnt/media") and media.max_upload_size == 10 * 1024 * 1024
+    assert media.thumbnail_sizes == (ThumbnailSpec(64, 64, "crop"),)
+    assert media.rc_upload == RateLimitSpec(1.0, 3)
+    assert media.remote_media_lifetime is None and media.local_media_lifetime == timedelta(days=30)
+    assert media.url_preview.enabled and media.url_preview.ip_range_whitelist == ("10.1.0.0/16",)
+    for raw, message in (
+        ({"max_upload_size": "lots"}, "media.max_upload_size: expected a positive size"),
+        ({"max_upload_size": 0}, "media.max_upload_size: expected a positive size"),
+        ({"thumbnail_sizes": []}, "media.thumbnail_sizes: expected at least one thumbnail size"),
+        ({"thumbnail_sizes": [{"width": 0, "height": 1}]}, "media.thumbnail_sizes[0].width: expected an integer"),
+        ({"thumbnail_sizes": [{"width": 1, "height": 1, "method": "zoom"}]}, "media.thumbnail_sizes[0].method"),
+        ({"url_preview": {"ip_range_blacklist": ["nonsense"]}}, "media.url_preview.ip_range_blacklist[0]"),
+        ({"url_preview": {"bogus": 1}}, "media.url_preview.bogus: unknown key"),
+        ({"remote_media_timeout": "0s"}, "media.remote_media_timeout: expected a positive duration"),
+        ({"bogus": 1}, "media.bogus: unknown key"),
+        ({"freeze_unauthenticated_media": "yes"}, "media.freeze_unauthenticated_media: expected true or false"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse_config({"server_name": "h", "media": raw})
+
+
+def test_one_media_repository_worker_at_most() -> None:
+    base: dict[str, Any] = {"server_name": "h", "worker_replication_secret": "s", "redis": {"enabled": True},
+                            "database": {"url": "postgresql://x/y"},
+                            "instance_map": {"master": {"host": "127.0.0.1", "port": 9000}},
+                            "listeners": [{"type": "http", "port": 9000, "resources": ["replication"]}]}
+    config = parse_config({**base, "workers": {"m1": {"app": "media_repository"}}})
+    assert config.media_worker == "m1"
+    with pytest.raises(ConfigError, match=re.escape("workers.m2.app: only one media_repository worker")):
+        parse_config({**base, "workers": {"m1": {"app": "media_repository"}, "m2": {"app": "media_repository"}}})

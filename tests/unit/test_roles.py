@@ -10,9 +10,10 @@ from workers import roles as shipped
 
 
 def test_every_shipped_role_is_found_by_name() -> None:
-    assert set(known_roles()) >= {"generic", "event_persister", "federation_sender", "background"}
+    assert set(known_roles()) >= {"generic", "event_persister", "federation_sender", "background", "pusher"}
     for name, role in [("generic", shipped.GENERIC), ("event_persister", shipped.EVENT_PERSISTER),
-                       ("federation_sender", shipped.FEDERATION_SENDER), ("background", shipped.BACKGROUND)]:
+                       ("federation_sender", shipped.FEDERATION_SENDER), ("background", shipped.BACKGROUND),
+                       ("pusher", shipped.PUSHER)]:
         assert load_role(name) is role and role.name == name
 
 
@@ -29,8 +30,8 @@ def test_servlets_each_role_serves() -> None:
     assert WorkerRole(name="x", description="").servlets == "none"
 
 
-def test_only_the_background_role_runs_on_main_without_a_worker() -> None:
+def test_only_the_background_and_pusher_roles_run_on_main_without_a_worker() -> None:
     falling_back = [name for name in known_roles() if load_role(name).main_runs_without_worker]
-    assert falling_back == ["background"]
+    assert falling_back == ["background", "pusher"]
     assert shipped.BACKGROUND.start is not None
     assert shipped.FEDERATION_SENDER.sends_federation and not shipped.GENERIC.sends_federation

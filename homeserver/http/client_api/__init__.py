@@ -32,6 +32,7 @@ def register_client_api_servlets(router: Routes, config: HomeserverConfig, servi
         registration=services.registration,
         login=services.login,
         uia=services.uia,
+        registration_token_valid=services.registration_token_valid,
     )
     register_device_servlets(router, auth=services.auth, devices=services.devices, uia=services.uia)
     register_profile_servlets(router, auth=services.auth, profiles=services.profiles)

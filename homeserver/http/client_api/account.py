@@ -11,7 +11,7 @@ before any user-interactive auth), then the ``m.login.dummy`` UIA stage.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -24,7 +24,7 @@ from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.login import LOGIN_TYPE_PASSWORD, LoginHandler, invalid_credentials, user_from_identifier
 from homeserver.handlers.register import RegistrationHandler
 from homeserver.handlers.server_info import client_well_known
-from homeserver.handlers.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, UserInteractiveAuth
+from homeserver.handlers.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, LOGIN_REGISTRATION_TOKEN, UserInteractiveAuth
 from homeserver.handlers.validation import (
     MAX_DEVICE_DISPLAY_NAME_LENGTH,
     MAX_DEVICE_ID_LENGTH,
@@ -44,6 +44,8 @@ from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_para
 from homeserver.http.server import Routes, parse_json_object
 
 REGISTER_FLOWS: Final = ((LOGIN_DUMMY,),)
+# With ``registration_requires_token``: a registration token (made with the admin API) first.
+TOKEN_REGISTER_FLOWS: Final = ((LOGIN_REGISTRATION_TOKEN,),)
 PASSWORD_FLOWS: Final = ((LOGIN_PASSWORD,),)
 MAX_USERNAME_LENGTH: Final = 255
 
@@ -86,8 +88,10 @@ def register_account_servlets(
     registration: RegistrationHandler,
     login: LoginHandler,
     uia: UserInteractiveAuth,
+    registration_token_valid: Callable[[str], Awaitable[bool]],
 ) -> None:
     server_name = config.server_name
+    register_flows = TOKEN_REGISTER_FLOWS if config.registration_requires_token else REGISTER_FLOWS
 
     async def post_register(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         kind = query_string(request, "kind") or "user"
@@ -137,7 +141,8 @@ def register_account_servlets(
         elif wanted.username is not None:
             await registration.check_username_available(wanted.username)
         session = await uia.check(
-            auth_dict, operation="register", flows=REGISTER_FLOWS, user_id=None, params=given if given.any() else None
+            auth_dict, operation="register", flows=register_flows, user_id=None,
+            params=given if given.any() else None,
         )
         if session.has_result:
             return 200, session.result
@@ -292,6 +297,19 @@ def register_account_servlets(
 
     router.register(["POST"], client_path(r"/register"), post_register, "client_register")
     router.register(["GET"], client_path(r"/register/available"), get_register_available, "client_register_available")
+    async def get_token_validity(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        if not config.enable_registration:
+            raise forbidden("Registration is disabled")
+        token = query_string(request, "token")
+        if token is None:
+            raise missing_param("Missing 'token'")
+        if not 0 < len(token) <= 64:
+            raise invalid_param("'token' must be 1 to 64 characters")
+        registration.check_ratelimit(client_ip(request))
+        return 200, {"valid": await registration_token_valid(token)}
+
+    router.register(["GET"], r"/_matrix/client/v1/register/m\.login\.registration_token/validity",
+                    get_token_validity, "client_registration_token_validity")
     router.register(["GET"], client_path(r"/login"), get_login, "client_login_flows")
     router.register(["POST"], client_path(r"/login"), post_login, "client_login")
     router.register(["POST"], client_path(r"/logout"), post_logout, "client_logout")
@@ -308,14 +326,13 @@ def register_deactivate_servlet(
     async def post_deactivate(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         body = parse_json_object(request)
-        # ``erase`` is accepted; the account's events are not yet served redacted to later joiners.
-        optional_bool(body, "erase", False)
+        erase = optional_bool(body, "erase", False)
         optional_string(body, "id_server", max_length=MAX_USERNAME_LENGTH)
         session = await uia.check(
             body.get("auth"), operation="deactivate", flows=PASSWORD_FLOWS, user_id=requester.user_id
         )
         if not session.has_result:
-            await deactivation.deactivate(requester)
+            await deactivation.deactivate(requester, erase=erase)
             # No identity server is configured, so no third-party ID could be unbound from one.
             session.set_result({"id_server_unbind_result": "no-support"})
         return 200, session.result

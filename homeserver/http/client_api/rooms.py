@@ -37,6 +37,7 @@ from homeserver.http.client_api._base import (
     query_string,
     required_string,
 )
+from homeserver.handlers.receipts import check_receipt_thread
 from storage.kernel.errors import bad_json, invalid_param
 from homeserver.http.server import CLIENT_JSON, Routes, parse_json_object
 from storage.kernel.json_input import JsonInputError, decode_json
@@ -148,6 +149,13 @@ def register_room_servlets(
         body = parse_optional_json_object(request)
         servers = _query_servers(request)
         room_id = await rooms.join(requester, params["room"], servers=servers, content=_join_content(body))
+        return 200, {"room_id": room_id}
+
+    async def knock(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        body = parse_optional_json_object(request)
+        reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
+        room_id = await rooms.knock(requester, params["room"], servers=_query_servers(request), reason=reason)
         return 200, {"room_id": room_id}
 
     async def membership(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -286,6 +294,7 @@ def register_room_servlets(
         room_id = _room_id(params)
         event_id = _event_id(params["event_id"])
         receipt_type = params["receipt_type"]
+        check_receipt_thread(receipt_type, thread_id)
         if receipt_type == "m.fully_read":
             await _fully_read(requester, room_id, event_id)
             return empty()
@@ -314,6 +323,7 @@ def register_room_servlets(
     router.register(["PUT"], alias_path, put_alias, "client_room_alias_put")
     router.register(["DELETE"], alias_path, delete_alias, "client_room_alias_delete")
     router.register(["POST"], client_path(r"/join/(?P<room>[^/]+)"), join_by_id_or_alias, "client_join")
+    router.register(["POST"], client_path(r"/knock/(?P<room>[^/]+)"), knock, "client_knock")
     router.register(
         ["POST"],
         client_path(ROOM + r"/(?P<action>join|leave|invite|kick|ban|unban|forget)"),

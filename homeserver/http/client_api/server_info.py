@@ -1,6 +1,6 @@
-"""Servlets describing the server: GET /capabilities, GET /pushrules/, GET /.well-known/matrix/client.
+"""Servlets describing the server: GET /capabilities, GET /.well-known/matrix/client.
 
-``/capabilities`` and ``/pushrules/`` need an access token; the well-known
+``/capabilities`` needs an access token (push rules: ``client_api/push.py``); the well-known
 document does not, and is 404 ``M_NOT_FOUND`` unless ``public_baseurl`` is set.
 """
 
@@ -15,7 +15,6 @@ from twisted.web.server import Request
 
 from homeserver.config import HomeserverConfig
 from homeserver.handlers.auth import Auth
-from homeserver.handlers.push_rules import default_push_rules
 from homeserver.handlers.server_info import capabilities, client_well_known
 from homeserver.http.client_api._base import client_path
 from storage.kernel.errors import not_found
@@ -27,14 +26,6 @@ def register_server_info_servlets(router: Routes, *, config: HomeserverConfig, a
         await auth.get_user_by_req(request)
         return 200, {"capabilities": capabilities(config)}
 
-    async def get_push_rules(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        return 200, {"global": default_push_rules(requester.user_id)}
-
-    async def get_global_push_rules(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        return 200, default_push_rules(requester.user_id)
-
     async def get_well_known(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         document = client_well_known(config)
         if document is None:
@@ -42,6 +33,4 @@ def register_server_info_servlets(router: Routes, *, config: HomeserverConfig, a
         return 200, document
 
     router.register(["GET"], client_path(r"/capabilities"), get_capabilities, "client_capabilities")
-    router.register(["GET"], client_path(r"/pushrules/?"), get_push_rules, "client_push_rules")
-    router.register(["GET"], client_path(r"/pushrules/global/?"), get_global_push_rules, "client_push_rules_global")
     router.register(["GET"], r"/\.well-known/matrix/client", get_well_known, "client_well_known")

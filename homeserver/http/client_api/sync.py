@@ -23,8 +23,12 @@ from homeserver.handlers.validation import check_room_id
 from homeserver.http.client_api.account import register_deactivate_servlet
 from homeserver.http.client_api.e2e import register_e2e_servlets
 from homeserver.http.client_api.rooms import ROOM, register_room_servlets
+from homeserver.http.client_api.directory import register_directory_servlets
+from homeserver.http.client_api.relations import register_relations_servlets
+from homeserver.http.client_api.search import register_search_servlets
+from homeserver.http.client_api.room_upgrade import register_room_upgrade_servlet
 from homeserver.http.client_api._base import client_path, query_int, query_string
-from storage.kernel.errors import invalid_param
+from storage.kernel.errors import invalid_param, missing_param
 from homeserver.http.server import Routes
 from homeserver.routing.writers import Writers
 from storage.tokens import InvalidTokenError, StreamToken
@@ -74,7 +78,14 @@ def register_legacy_sync_servlets(router: Routes, *, auth: Auth, legacy: LegacyS
     async def events(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
         since = _query_token(request, "from")
-        return 200, await legacy.events(requester, since, timeout_ms=_query_timeout(request, default_ms=EVENTS_TIMEOUT_MS))
+        timeout_ms = _query_timeout(request, default_ms=EVENTS_TIMEOUT_MS)
+        room_id = query_string(request, "room_id")
+        if room_id is None and requester.is_guest:
+            # As Synapse: a guest follows the rooms it peeks into one by one.
+            raise missing_param("Guest users must give room_id")
+        if room_id is not None:
+            return 200, await legacy.room_events(requester, check_room_id(room_id), since, timeout_ms=timeout_ms)
+        return 200, await legacy.events(requester, since, timeout_ms=timeout_ms)
 
     router.register(["GET"], client_path(r"/initialSync"), initial_sync, "client_initial_sync")
     router.register(["GET"], client_path(ROOM + r"/initialSync"), room_initial_sync, "client_room_initial_sync")
@@ -139,9 +150,14 @@ def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: Ac
         messages=rooms.messages,
         writers=writers,
     )
+    register_relations_servlets(router, auth=accounts.auth, relations=rooms.relations)
+    register_directory_servlets(router, auth=accounts.auth, directory=rooms.directory, hierarchy=rooms.hierarchy)
+    register_search_servlets(router, auth=accounts.auth, search=rooms.search)
+    register_room_upgrade_servlet(router, auth=accounts.auth, upgrades=rooms.upgrades)
     register_sync_servlets(router, auth=accounts.auth, sync=rooms.sync, filters=accounts.filters,
                            sync_tracker=sync_tracker)
-    register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers)
+    register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers,
+                          uia=accounts.uia)
     register_deactivate_servlet(router, auth=accounts.auth, uia=accounts.uia, deactivation=DeactivationHandler(
         login=accounts.login, rooms=rooms.rooms, profiles=accounts.profiles, timeline=rooms.timeline,
     ))

@@ -12,7 +12,14 @@ from collections.abc import Mapping, Sequence
 from signedjson.key import decode_signing_key_base64, get_verify_key
 
 from homeserver.events import constants as C
-from homeserver.events.builder import EventTemplate, build_pdu, compute_depth, select_auth_event_ids, sign_pdu
+from homeserver.events.builder import (
+    EventTemplate,
+    build_pdu,
+    compute_depth,
+    edge_hashes_of,
+    select_auth_event_ids,
+    sign_pdu,
+)
 from homeserver.events.event import FrozenEvent, StateKey
 from homeserver.events.room_versions import RoomVersion
 from homeserver.events.signing import ServerKey
@@ -96,6 +103,9 @@ class RoomBuilder:
             auth_event_ids=list(auth_ids),
             depth=compute_depth(self.events[p].depth for p in prev_ids if p in self.events),
             origin_server_ts=self.clock.tick() if ts is None else ts,
+            edge_hashes=edge_hashes_of(
+                self.room_version, [self.events[e] for e in {*prev_ids, *auth_ids} if e in self.events]
+            ),
         )
         if extra:
             pdu.update(extra)

@@ -26,13 +26,24 @@ from homeserver.events import (
 from homeserver.events import constants as C
 from homeserver.events.auth import CREATOR_POWER_LEVEL, auth_state_from_auth_events
 from homeserver.events.hashing import create_event_id_from_room_id
-from homeserver.events.room_versions import V10, V11, V12, RoomVersion
+from homeserver.events.room_versions import ALL_ROOM_VERSIONS, V10, V11, V12, RoomVersion
 from homeserver.events.signing import sign_json_object
 
 from .helpers import ALICE, BOB, CAROL, EVE, RoomBuilder, standard_room
 
-ALL = (V10, V11, V12)
-PRE_V12 = (V10, V11)
+ALL = ALL_ROOM_VERSIONS
+PRE_V12 = ALL_ROOM_VERSIONS[:-1]
+KNOCK = tuple(v for v in ALL if v.knock_join_rule)
+PRE_KNOCK = tuple(v for v in ALL if not v.knock_join_rule)
+RESTRICTED = tuple(v for v in ALL if v.restricted_join_rule)
+PRE_RESTRICTED = tuple(v for v in ALL if not v.restricted_join_rule)
+KNOCK_RESTRICTED = tuple(v for v in ALL if v.knock_restricted_join_rule)
+STRICT_LEVELS = tuple(v for v in ALL if v.strict_integer_power_levels)
+STRING_LEVELS = tuple(v for v in ALL if not v.strict_integer_power_levels)
+NOTIFICATIONS = tuple(v for v in ALL if v.notifications_power_levels)
+PRE_NOTIFICATIONS = tuple(v for v in ALL if not v.notifications_power_levels)
+ALIASES_RULE = tuple(v for v in ALL if v.special_case_aliases_auth)
+REDACTION_RULE = tuple(v for v in ALL if v.redaction_auth_rule)
 
 Build = Callable[[RoomBuilder], FrozenEvent]
 
@@ -48,7 +59,7 @@ class Case:
 
 
 def _fresh_create(room: RoomBuilder, **kw: object) -> FrozenEvent:
-    fresh = RoomBuilder(room.room_version)
+    fresh = RoomBuilder(room.room_version, events=room.events)
     fresh.room_id = None if room.room_version.room_id_is_create_event_id else "!new:a.test"
     content: dict[str, object] = {"room_version": room.room_version.identifier}
     if room.room_version.create_content_has_creator:
@@ -122,7 +133,7 @@ def pl_event(sender: str, **content: object) -> Build:
 
 
 def _no_creator(room: RoomBuilder) -> FrozenEvent:
-    fresh = RoomBuilder(room.room_version)
+    fresh = RoomBuilder(room.room_version, events=room.events)
     fresh.room_id = None if room.room_version.room_id_is_create_event_id else "!new:a.test"
     return fresh.build(C.CREATE, ALICE, {"room_version": room.room_version.identifier}, "")
 
@@ -180,12 +191,18 @@ CASES = [
     Case("join: invite rule, invited", _with(lambda r: r.member(ALICE, BOB, C.INVITE), then=member(BOB, BOB, C.JOIN)),
          True, join_rule=C.JR_INVITE),
     Case("join: knock rule, invited", _with(lambda r: r.member(ALICE, BOB, C.INVITE), then=member(BOB, BOB, C.JOIN)),
-         True, join_rule=C.JR_KNOCK),
+         True, KNOCK, join_rule=C.JR_KNOCK),
+    Case("join: knock rule before v7 (an unknown rule), invited",
+         _with(lambda r: r.member(ALICE, BOB, C.INVITE), then=member(BOB, BOB, C.JOIN)),
+         False, PRE_KNOCK, join_rule=C.JR_KNOCK, reason="does not allow"),
     Case("join: knock rule, not invited", member(BOB, BOB, C.JOIN), False, join_rule=C.JR_KNOCK),
     Case("join: restricted, no authoriser", member(BOB, BOB, C.JOIN), False, join_rule=C.RESTRICTED,
          reason="restricted"),
     Case("join: restricted, authorised by admin", member(BOB, BOB, C.JOIN, join_authorised_via_users_server=ALICE),
-         True, join_rule=C.RESTRICTED),
+         True, RESTRICTED, join_rule=C.RESTRICTED),
+    Case("join: restricted before v8 (an unknown rule), authorised",
+         member(BOB, BOB, C.JOIN, join_authorised_via_users_server=ALICE),
+         False, PRE_RESTRICTED, join_rule=C.RESTRICTED, reason="does not allow"),
     Case("join: restricted, authoriser not joined", member(BOB, BOB, C.JOIN, join_authorised_via_users_server=CAROL),
          False, join_rule=C.RESTRICTED, reason="restricted"),
     Case("join: restricted, authoriser below invite level",
@@ -194,9 +211,12 @@ CASES = [
                then=member(BOB, BOB, C.JOIN, join_authorised_via_users_server=CAROL)),
          False, reason="restricted"),
     Case("join: restricted, already invited", _with(lambda r: r.member(ALICE, BOB, C.INVITE), then=member(BOB, BOB, C.JOIN)),
-         True, join_rule=C.RESTRICTED),
+         True, RESTRICTED, join_rule=C.RESTRICTED),
     Case("join: knock_restricted, authorised", member(BOB, BOB, C.JOIN, join_authorised_via_users_server=ALICE),
-         True, join_rule=C.KNOCK_RESTRICTED),
+         True, KNOCK_RESTRICTED, join_rule=C.KNOCK_RESTRICTED),
+    Case("join: knock_restricted before v10 (an unknown rule)",
+         member(BOB, BOB, C.JOIN, join_authorised_via_users_server=ALICE),
+         False, ALL[:9], join_rule=C.KNOCK_RESTRICTED, reason="does not allow"),
     Case("join: private join rule", member(BOB, BOB, C.JOIN), False, join_rule=C.PRIVATE),
     # Rule 4.4: invite.
     Case("invite: by a member", member(ALICE, BOB, C.INVITE), True),
@@ -224,7 +244,10 @@ CASES = [
     Case("leave: self, never joined", member(BOB, BOB, C.LEAVE), False, reason="cannot leave"),
     Case("leave: reject an invite", _with(lambda r: r.member(ALICE, BOB, C.INVITE), then=member(BOB, BOB, C.LEAVE)), True),
     Case("leave: rescind a knock", _with(lambda r: r.member(BOB, BOB, C.KNOCK), then=member(BOB, BOB, C.LEAVE)),
-         True, join_rule=C.JR_KNOCK),
+         True, KNOCK, join_rule=C.JR_KNOCK),
+    Case("leave: rescind a knock before v7 (no such membership)",
+         _with(lambda r: r.member(BOB, BOB, C.KNOCK), then=member(BOB, BOB, C.LEAVE)),
+         False, PRE_KNOCK, join_rule=C.JR_KNOCK, reason="cannot leave"),
     Case("kick: admin kicks member", _with(join(BOB), then=member(ALICE, BOB, C.LEAVE)), True),
     Case("kick: member kicks admin", _with(join(BOB), then=member(BOB, ALICE, C.LEAVE)), False, reason="kick"),
     Case("kick: equal level", _with(join(BOB), join(CAROL), levels(bob=50, carol=50), then=member(BOB, CAROL, C.LEAVE)),
@@ -250,12 +273,17 @@ CASES = [
          _with(join(BOB), lambda r: r.power_levels(ALICE, {BOB: 100}), then=member(BOB, ALICE, C.BAN)),
          False, (V12,), reason="ban"),
     # Rule 4.7: knock.
-    Case("knock: knock rule", member(BOB, BOB, C.KNOCK), True, join_rule=C.JR_KNOCK),
-    Case("knock: knock_restricted rule", member(BOB, BOB, C.KNOCK), True, join_rule=C.KNOCK_RESTRICTED),
-    Case("knock: public rule", member(BOB, BOB, C.KNOCK), False, reason="knocking"),
-    Case("knock: for someone else", member(ALICE, BOB, C.KNOCK), False, join_rule=C.JR_KNOCK, reason="behalf"),
+    Case("knock: knock rule", member(BOB, BOB, C.KNOCK), True, KNOCK, join_rule=C.JR_KNOCK),
+    Case("knock: knock rule before v7 (an unknown membership)", member(BOB, BOB, C.KNOCK), False, PRE_KNOCK,
+         join_rule=C.JR_KNOCK, reason="unknown membership"),
+    Case("knock: knock_restricted rule", member(BOB, BOB, C.KNOCK), True, KNOCK_RESTRICTED,
+         join_rule=C.KNOCK_RESTRICTED),
+    Case("knock: knock_restricted rule in v7-v9", member(BOB, BOB, C.KNOCK), False, KNOCK[:3],
+         join_rule=C.KNOCK_RESTRICTED, reason="knocking"),
+    Case("knock: public rule", member(BOB, BOB, C.KNOCK), False, KNOCK, reason="knocking"),
+    Case("knock: for someone else", member(ALICE, BOB, C.KNOCK), False, KNOCK, join_rule=C.JR_KNOCK, reason="behalf"),
     Case("knock: while banned", _with(lambda r: r.member(ALICE, BOB, C.BAN), then=member(BOB, BOB, C.KNOCK)),
-         False, join_rule=C.JR_KNOCK, reason="cannot knock"),
+         False, KNOCK, join_rule=C.JR_KNOCK, reason="cannot knock"),
     # Rule 5: sender must be joined.
     Case("message: by a member", lambda r: r.build("m.room.message", ALICE, {"body": "hi"}), True),
     Case("message: by a non-member", lambda r: r.build("m.room.message", BOB, {"body": "hi"}), False, reason="not joined"),
@@ -277,8 +305,15 @@ CASES = [
     # Rule 9: power levels.
     Case("power levels: first one", _with(_only_create_and_join, then=lambda r: r.build(
         C.POWER_LEVELS, ALICE, {"users": _users(r, {BOB: 50})}, "")), True),
-    Case("power levels: string level", pl_event(ALICE, ban="50"), False, reason="integer"),
-    Case("power levels: float-ish events value", pl_event(ALICE, events={"m.x": "5"}), False, reason="integers"),
+    Case("power levels: string level", pl_event(ALICE, ban="50"), False, STRICT_LEVELS, reason="integer"),
+    Case("power levels: string level before v10", pl_event(ALICE, ban=" +050 "), True, STRING_LEVELS),
+    Case("power levels: string that is not an integer before v10", pl_event(ALICE, ban="5.0"), False,
+         STRING_LEVELS, reason="integer"),
+    Case("power levels: string users level before v10", pl_event(ALICE, users={ALICE: "100", BOB: "-5"}), True,
+         STRING_LEVELS),
+    Case("power levels: string events value", pl_event(ALICE, events={"m.x": "5"}), False, STRICT_LEVELS,
+         reason="integers"),
+    Case("power levels: string events value before v10", pl_event(ALICE, events={"m.x": "5"}), True, STRING_LEVELS),
     Case("power levels: bad user id", pl_event(ALICE, users={"bob": 5}), False, reason="users"),
     Case("power levels: non-int user level", pl_event(ALICE, users={BOB: True}), False, reason="users"),
     Case("power levels: v12 lists the creator", pl_event(ALICE, users={ALICE: 100}), False, (V12,), reason="creators"),
@@ -298,7 +333,10 @@ CASES = [
          then=pl_event(BOB, notifications={"room": 55})), True),
     Case("power levels: change notifications entry above own", _with(join(BOB), levels(bob=55),
          lambda r: r.power_levels(ALICE, _users(r, {BOB: 55}), notifications={"room": 60}),
-         then=pl_event(BOB, notifications={"room": 10})), False, reason="notifications"),
+         then=pl_event(BOB, notifications={"room": 10})), False, NOTIFICATIONS, reason="notifications"),
+    Case("power levels: notifications are not checked before v6", _with(join(BOB), levels(bob=55),
+         lambda r: r.power_levels(ALICE, _users(r, {BOB: 55}), notifications={"room": 60}),
+         then=pl_event(BOB, notifications={"room": 10})), True, PRE_NOTIFICATIONS),
     Case("power levels: demote an equal", _with(join(BOB), join(CAROL), levels(bob=55, carol=55),
          then=lambda r: pl_event(BOB, users=_users(r, {BOB: 55, CAROL: 0}))(r)), False, reason="not below"),
     Case("power levels: demote a lower user", _with(join(BOB), join(CAROL), levels(bob=55, carol=50),
@@ -310,6 +348,23 @@ CASES = [
     # Redactions are ordinary events for the auth rules (the redact level is not checked).
     Case("redaction: by a level-0 member", _with(join(BOB), then=lambda r: r.build(
         C.REDACTION, BOB, {}, redacts=r.last[0])), True),
+    Case("redaction: another server's event, below the redact level (v3+: checked when applied)",
+         _with(join(BOB), then=lambda r: r.build(C.REDACTION, BOB, {}, redacts=r.state[(C.CREATE, "")])),
+         True, ALL[2:]),
+    # v1, v2 rule 11: the redact level, or the same server in both event IDs.
+    Case("redaction: v1/v2 another server's event, below the redact level",
+         _with(join(BOB), then=lambda r: r.build(C.REDACTION, BOB, {}, redacts=r.state[(C.CREATE, "")])),
+         False, REDACTION_RULE, reason="redact level"),
+    Case("redaction: v1/v2 another server's event, at the redact level",
+         _with(join(BOB), then=lambda r: r.build(C.REDACTION, ALICE, {}, redacts=r.state[(C.MEMBER, BOB)])),
+         True, REDACTION_RULE),
+    # v1-v5 rule 4: m.room.aliases is the sender's server's own, whatever its membership or power.
+    Case("aliases: own server, not joined", lambda r: r.build("m.room.aliases", EVE, {"aliases": []}, "e.test"),
+         True, ALIASES_RULE),
+    Case("aliases: another server's key", lambda r: r.build("m.room.aliases", EVE, {"aliases": []}, "a.test"),
+         False, ALIASES_RULE, reason="sender's server"),
+    Case("aliases: an ordinary state event from v6", lambda r: r.build("m.room.aliases", EVE, {"aliases": []},
+         "e.test"), False, ALL[5:], reason="not joined"),
 ]
 
 
@@ -413,7 +468,7 @@ def test_auth_types_for_memberships(version: RoomVersion) -> None:
     types = auth_types_for_event(version, invite)
     assert (C.THIRD_PARTY_INVITE, "tk") in types and (C.MEMBER, BOB) in types and (C.JOIN_RULES, "") in types
     restricted = room.build(C.MEMBER, BOB, {"membership": C.JOIN, C.AUTHORISING_USER: CAROL}, BOB)
-    assert (C.MEMBER, CAROL) in auth_types_for_event(version, restricted)
+    assert ((C.MEMBER, CAROL) in auth_types_for_event(version, restricted)) is version.restricted_join_rule
     leave = room.build(C.MEMBER, BOB, {"membership": C.LEAVE}, BOB)
     assert (C.JOIN_RULES, "") not in auth_types_for_event(version, leave)
     assert ((C.CREATE, "") in auth_types_for_event(version, leave)) is (version is not V12)
@@ -465,3 +520,22 @@ def test_can_apply_redaction() -> None:
     assert can_apply_redaction(V11, by_admin, message, state)
     assert can_apply_redaction(V11, by_same_server, message, state)
     assert not can_apply_redaction(V11, by_other, message, room.state_events())
+
+
+@pytest.mark.parametrize(
+    ("value", "strict", "lenient"),
+    [
+        (50, 50, 50), ("50", None, 50), (" +050 ", None, 50), ("-7", None, -7), ("\t12\n", None, 12),
+        ("5.0", None, None), ("1e3", None, None), ("", None, None), ("+", None, None), ("0x10", None, None),
+        (" " * 50 + "5" + " " * 13 + "x", None, None), ("1" * 21, None, None), ("٣", None, None),
+        (True, None, None), (None, None, None), (5.0, None, None), ([5], None, None),
+    ],
+)
+def test_power_level_values_by_version(value: object, strict: int | None, lenient: int | None) -> None:
+    """v10+ read only integers; v1-v9 also strings holding one (sign, leading zeroes and
+    surrounding whitespace allowed), and nothing else: never an exception."""
+    from homeserver.events.auth import power_level_value
+    from homeserver.events.room_versions import V9
+
+    assert power_level_value(V10, value) == strict
+    assert power_level_value(V9, value) == lenient

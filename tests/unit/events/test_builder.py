@@ -15,7 +15,8 @@ from homeserver.events import (
     verify_event,
 )
 from homeserver.events import constants as C
-from homeserver.events.room_versions import V10, V11, V12, RoomVersion
+from homeserver.events.builder import edge_hashes_of
+from homeserver.events.room_versions import ALL_ROOM_VERSIONS, V10, V11, V12, RoomVersion
 
 from .helpers import ALICE, SIGNING_KEY, keyring_for, standard_room
 
@@ -36,7 +37,7 @@ def test_compute_depth() -> None:
     assert compute_depth([C.MAX_DEPTH]) == C.MAX_DEPTH
 
 
-@pytest.mark.parametrize("version", [V10, V11, V12])
+@pytest.mark.parametrize("version", ALL_ROOM_VERSIONS)
 def test_create_local_event_is_signed_and_passes_auth(version: RoomVersion) -> None:
     room = standard_room(version)
     extremities = {room.last[0]: room.events[room.last[0]].depth}
@@ -50,6 +51,7 @@ def test_create_local_event_is_signed_and_passes_auth(version: RoomVersion) -> N
         origin_server_ts=123,
         server_name="a.test",
         signing_key=SIGNING_KEY,
+        edge_hashes=edge_hashes_of(version, room.events.values()),
     )
     assert event.prev_event_ids == tuple(room.last)
     assert event.depth == room.events[room.last[0]].depth + 1

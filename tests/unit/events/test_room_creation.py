@@ -18,7 +18,8 @@ from homeserver.events import (
 from homeserver.events import constants as C
 from homeserver.events.canonical import thaw
 from homeserver.events.event import FrozenEvent, StateKey
-from homeserver.events.room_versions import V10, V11, V12, RoomVersion
+from homeserver.events.builder import edge_hashes_of
+from homeserver.events.room_versions import ALL_ROOM_VERSIONS, V10, V11, V12, RoomVersion
 
 from .helpers import ALICE, BOB, CAROL, SIGNING_KEY
 
@@ -115,12 +116,15 @@ def _create_room(version: RoomVersion, body: dict[str, Any]) -> dict[StateKey, F
     state: dict[StateKey, FrozenEvent] = {}
     room_id = None if version.room_id_is_create_event_id else "!new:a.test"
     last: dict[str, int] = {}
+    made: list[FrozenEvent] = []
     for ts, template in enumerate(initial_room_events(version, ALICE, request, server_name="a.test")):
         event = create_local_event(
             version, template, sender=ALICE, room_id=room_id,
             current_state={k: e.event_id for k, e in state.items()}, forward_extremities=last,
             origin_server_ts=ts, server_name="a.test", signing_key=SIGNING_KEY,
+            edge_hashes=edge_hashes_of(version, made),
         )
+        made.append(event)
         check_auth_rules(version, event, state)
         room_id = event.room_id
         assert event.state_key is not None
@@ -129,7 +133,7 @@ def _create_room(version: RoomVersion, body: dict[str, Any]) -> dict[StateKey, F
     return state
 
 
-@pytest.mark.parametrize("version", [V10, V11, V12])
+@pytest.mark.parametrize("version", ALL_ROOM_VERSIONS)
 @pytest.mark.parametrize("preset", ["private_chat", "public_chat", "trusted_private_chat"])
 def test_every_initial_event_passes_auth(version: RoomVersion, preset: str) -> None:
     state = _create_room(version, {"preset": preset, "name": "n", "topic": "t", "room_alias_name": "r",

@@ -14,13 +14,13 @@ from homeserver.events import (
     verify_event,
     verify_event_signatures,
 )
-from homeserver.events.room_versions import V10, V11, V12, RoomVersion
+from homeserver.events.room_versions import ALL_ROOM_VERSIONS, V10, V11, V12, RoomVersion
 from homeserver.events.signing import ServerKey, add_hashes_and_signature
 
 from .helpers import ALICE, BOB, SIGNING_KEY, RoomBuilder, keyring_for
 
 
-@pytest.mark.parametrize("version", [V10, V11, V12])
+@pytest.mark.parametrize("version", ALL_ROOM_VERSIONS)
 def test_our_events_verify(version: RoomVersion) -> None:
     room = RoomBuilder(version)
     room.create(ALICE)

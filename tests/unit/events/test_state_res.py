@@ -13,12 +13,12 @@ import pytest
 
 from homeserver.events import MissingEventsError, resolve_state
 from homeserver.events import constants as C
-from homeserver.events.room_versions import V10, V11, V12, RoomVersion
+from homeserver.events.room_versions import ALL_ROOM_VERSIONS, V10, V11, V12, RoomVersion, StateResAlgorithm
 from homeserver.events.state_res import auth_chain, conflicted_state_subgraph, is_power_event
 
 from .helpers import ALICE, BOB, CAROL, RoomBuilder, standard_room
 
-ALL = [V10, V11, V12]
+ALL = [v for v in ALL_ROOM_VERSIONS if v.state_res is not StateResAlgorithm.V1]
 
 
 def _users(version: RoomVersion, levels: dict[str, int]) -> dict[str, int]:

@@ -66,3 +66,14 @@ def test_own_membership_event_visible_if_before_or_after_allows() -> None:
     someone_else = room.build(C.MEMBER, "@x:x.test", {"membership": C.JOIN}, "@x:x.test")
     room.member(BOB, BOB, C.LEAVE)
     assert not can_see_event(BOB, someone_else, room.state_events(), joined_after_event=False)
+
+
+def test_own_leave_is_always_visible() -> None:
+    """Rejecting an invite under ``joined`` history: the leave is still the user's to see (as
+    Synapse, so the room can leave their client), and another user's leave is not."""
+    room = standard_room(V11)
+    room.add(C.HISTORY_VISIBILITY, ALICE, {"history_visibility": C.JOINED}, "")
+    room.member(ALICE, BOB, C.INVITE)
+    rejection = room.build(C.MEMBER, BOB, {"membership": C.LEAVE}, BOB)
+    assert can_see_event(BOB, rejection, room.state_events(), joined_after_event=False)
+    assert not can_see_event("@carol:example.org", rejection, room.state_events(), joined_after_event=False)

@@ -19,6 +19,7 @@ from federation_sender.core import (
     PersistPosition,
     PersistRetry,
     ReadCatchUpRooms,
+    ReadDeviceLists,
     ReadOutbox,
     Refusal,
     SendTransaction,
@@ -387,3 +388,112 @@ def test_accepted_transactions_are_announced_for_metrics() -> None:
     w.answer()
     assert txn is not None and w.notices_of(Accepted) == [Accepted(txn)]
     assert txn.pdus == (pdu(1, "!r"),)
+
+
+# --- device-list updates: read from the device_lists stream, acknowledged like PDUs --------------
+
+
+def device_users(txn: PlannedTransaction | None) -> list[tuple[str, int]]:
+    assert txn is not None
+    return [(e.content["user_id"], e.content["stream_id"]) for e in txn.edus if e.edu_type == "m.device_list_update"]
+
+
+def test_a_device_change_is_read_sent_and_acknowledged_only_after_the_answer() -> None:
+    w = World()
+    w.device_change("@a:x")
+    assert w.request == ReadDeviceLists(100)
+    txn = w.settle()
+    assert device_users(txn) == [("@a:x", 1)] and txn is not None and txn.device_lists_upto == 1
+    w.device_change("@a:x")
+    assert isinstance(w.request, SendTransaction), "nothing else while one is in flight"
+    assert w.row.device_lists_position == 0
+    w.answer()
+    assert isinstance(w.request, PersistPosition) and w.request.device_lists_upto == 1
+    assert device_users(w.settle()) == [("@a:x", 2)]
+    assert w.row.device_lists_position == 1
+    w.answer()
+    assert w.settle() is None and w.row.device_lists_position == 2 and w.dest.is_idle()
+
+
+def test_a_device_change_while_backing_off_with_no_queue_is_sent_when_the_backoff_ends() -> None:
+    """The backoff was restored from the database and nothing was queued: a typing EDU is dropped,
+    but the device change waits (as a flag, in the database) and goes out once it ends."""
+    w = World()
+    w.row.retry = RetryState(0, 10 * MINUTE, 0)
+    w.restart()
+    w.feed(w.dest.on_edu(Edu("m.typing", {"t": 1}), w.now_ms))
+    w.device_change("@a:x")
+    w.device_change("@b:x")
+    w.device_change("@a:x")
+    assert w.request is None and w.wakes == [10 * MINUTE]
+    w.advance_time(10 * MINUTE)
+    txn = w.settle()
+    assert device_users(txn) == [("@b:x", 2), ("@a:x", 3)], "the newest change per user, in stream order"
+    assert txn is not None and [e.edu_type for e in txn.edus] == ["m.device_list_update"] * 2
+    w.answer()
+    w.settle()
+    assert w.row.device_lists_position == 3
+
+
+def test_device_changes_survive_a_long_outage_and_its_catch_up() -> None:
+    """The transaction carrying a change fails until the destination is caught up: entering catch-up
+    drops the retained transaction but not the change, which is read again and sent afterwards."""
+    w = World()
+    w.device_change("@a:x")
+    w.new_event()
+    first = w.settle()
+    assert device_users(first) == [("@a:x", 1)]
+    w.answer(None)
+    w.settle()
+    for _ in range(4):  # 10, 20, 40, 80 minutes: past the one-hour threshold
+        w.advance_time(w.row.retry.retry_at)
+        w.settle()
+        w.answer(None)
+        w.settle()
+    assert w.notices_of(EnteredCatchUp) and w.row.device_lists_position == 0
+    w.device_change("@b:x")
+    w.advance_time(w.row.retry.retry_at)
+    sent: list[tuple[str, int]] = []
+    while (txn := w.settle()) is not None:
+        sent += device_users(txn)
+        w.answer()
+    assert sorted(sent) == [("@a:x", 1), ("@b:x", 2)]
+    assert w.row.device_lists_position == 2 and not w.dest.catching_up
+
+
+def test_a_device_change_not_yet_acknowledged_is_sent_after_a_restart() -> None:
+    w = World()
+    w.device_change("@a:x")
+    w.settle()
+    w.restart()  # killed with the transaction in flight
+    assert w.queued_wakes == 1
+    w.wake_queued()
+    assert device_users(w.settle()) == [("@a:x", 1)]
+    w.answer()
+    w.settle()
+    assert w.row.device_lists_position == 1
+    w.restart()
+    assert w.queued_wakes == 0, "nothing left to send"
+
+
+def test_a_failed_read_of_the_device_lists_is_tried_again() -> None:
+    w = World()
+    w.device_change("@a:x")
+    assert isinstance(w.request, ReadDeviceLists)
+    w.crash_request()
+    assert w.request is None
+    w.advance_time(w.wakes[-1])
+    assert device_users(w.settle()) == [("@a:x", 1)]
+
+
+def test_more_device_changes_than_a_transaction_holds_go_out_in_several() -> None:
+    w = World(attrs.evolve(CONFIG, max_edus_per_transaction=2))
+    for n in range(5):
+        w.device_change(f"@u{n}:x")
+    sent = []
+    while (txn := w.settle()) is not None:
+        assert len(txn.edus) <= 2
+        sent.append(device_users(txn))
+        w.answer()
+    assert sent == [[("@u0:x", 1), ("@u1:x", 2)], [("@u2:x", 3), ("@u3:x", 4)], [("@u4:x", 5)]]
+    assert w.row.device_lists_position == 5

@@ -22,7 +22,14 @@ from federation_sender.config import BackoffConfig, FederationSenderConfig
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender
 from federation_sender.transport import TransactionFailed
-from storage.stores.federation_sender import CatchUpData, CatchUpEvent, DestinationRow, FanoutEvent, OutboxRow
+from storage.stores.federation_sender import (
+    CatchUpData,
+    CatchUpEvent,
+    DestinationRow,
+    DeviceListRow,
+    FanoutEvent,
+    OutboxRow,
+)
 
 CONFIG = FederationSenderConfig(
     max_concurrent_transactions=2,
@@ -35,6 +42,7 @@ class Row:
     retry: tuple[int, int, int | None] = (0, 0, None)
     last_successful: int | None = None
     catch_up_from: int | None = None
+    device_lists_position: int | None = None
 
 
 class MemoryStore:
@@ -46,6 +54,21 @@ class MemoryStore:
         self.outbox: dict[str, list[OutboxRow]] = {}
         self.pdu_errors: dict[tuple[str, str], str] = {}
         self.fail_next: list[str] = []  # method names that raise once
+        # The device_lists stream's rows (local users only), and who shares a room with each user.
+        self.device_changes: list[DeviceListRow] = []
+        self.sharing: dict[str, set[str]] = {}
+
+    def device_change(self, user_id: str, device_id: str, *destinations: str) -> int:
+        """A local user's device changed, meant for ``destinations`` (the call site's note)."""
+        stream_id = len(self.device_changes) + 1
+        prev = max((c.stream_id for c in self.device_changes if c.user_id == user_id), default=None)
+        self.device_changes.append(DeviceListRow(user_id, stream_id, device_id, False, prev, None, '{"k": 1}'))
+        self.sharing.setdefault(user_id, set()).update(destinations)
+        for name in destinations:
+            row = self.row(name)
+            if row.device_lists_position is None:
+                row.device_lists_position = stream_id - 1
+        return stream_id
 
     def _check(self, method: str) -> None:
         if method in self.fail_next:
@@ -90,9 +113,13 @@ class MemoryStore:
         self.row(destination).retry = (retry_last_ts, retry_interval, failure_ts)
 
     async def mark_sent(
-        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None
+        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None,
+        device_lists_upto: int | None = None,
     ) -> None:
         self._check("mark_sent")
+        if device_lists_upto is not None:
+            row = self.row(destination)
+            row.device_lists_position = max(row.device_lists_position or 0, device_lists_upto)
         row = self.row(destination)
         if advance_to is not None:
             row.last_successful = max(row.last_successful or 0, advance_to)
@@ -139,6 +166,27 @@ class MemoryStore:
     async def get_outbox_destinations(self) -> list[str]:
         return sorted(d for d, rows in self.outbox.items() if rows)
 
+    def _device_rows(self, destination: str) -> list[DeviceListRow]:
+        position = self.row(destination).device_lists_position
+        if position is None:
+            return []
+        return [c for c in self.device_changes
+                if c.stream_id > position and destination in self.sharing.get(c.user_id, set())]
+
+    async def get_device_list_updates(
+        self, destination: str, local_server: str, upto: int, limit: int
+    ) -> tuple[list[DeviceListRow], bool]:
+        self._check("get_device_list_updates")
+        rows = self._device_rows(destination)
+        newest: dict[str, DeviceListRow] = {}
+        for row in rows:
+            if row.stream_id <= upto:
+                newest[row.user_id] = row
+        return sorted(newest.values(), key=lambda r: r.stream_id)[:limit + 1], any(r.stream_id > upto for r in rows)
+
+    async def get_device_lists_destinations(self, local_server: str) -> list[str]:
+        return sorted(name for name in self.rows if self._device_rows(name))
+
 
 @attrs.frozen
 class Call:
@@ -149,13 +197,14 @@ class Call:
 
 
 class Harness:
-    def __init__(self, config: FederationSenderConfig = CONFIG) -> None:
+    def __init__(self, config: FederationSenderConfig = CONFIG, store: MemoryStore | None = None) -> None:
         self.clock = Clock()
         self.clock.advance(1_000)
-        self.store = MemoryStore()
+        self.store = store or MemoryStore()
         self.calls: list[Call] = []
         self.registry = CollectorRegistry()
         self.position = 0
+        self.device_position = 0
         self.sender = FederationSender(
             server_name="a.example",
             config=config,
@@ -163,6 +212,7 @@ class Harness:
             transport=self.transport,
             clock=self.clock,
             current_position=lambda: self.position,
+            device_lists_position=lambda: self.device_position,
             metrics=FederationSenderMetrics.create(self.registry),
             jitter=lambda low, high: 1.0,
         )
@@ -244,10 +294,10 @@ def test_a_server_that_contacts_us_gets_what_waits_at_once() -> None:
 
 def test_requests_made_before_start_wait_for_it() -> None:
     h = Harness()
-    h.sender.send_edu(["b.example"], "m.device_list_update", {"n": 1})
+    h.sender.send_edu(["b.example"], "m.typing", {"n": 1})
     assert h.calls == []
     h.start()
-    assert [c.body["edus"] for c in h.calls] == [[{"edu_type": "m.device_list_update", "content": {"n": 1}}]]
+    assert [c.body["edus"] for c in h.calls] == [[{"edu_type": "m.typing", "content": {"n": 1}}]]
 
 
 def test_startup_catches_up_and_waits_for_the_position_without_polling() -> None:
@@ -327,3 +377,32 @@ def test_a_refused_transaction_is_not_retried(status: int) -> None:
     h.clock.advance(3600)
     assert len(h.calls) == 1
     assert h.store.row("b.example").retry == (0, 0, None)
+
+
+def test_a_device_change_is_read_from_the_store_and_a_restart_sends_what_was_not_acknowledged() -> None:
+    h = Harness()
+    h.start()
+    h.device_position = h.store.device_change("@a:a.example", "D1", "b.example")
+    h.sender.send_edu(["b.example"], "m.device_list_update", {"ignored": True})
+    assert [(e["content"]["user_id"], e["content"]["stream_id"], e["content"]["prev_id"])
+            for e in h.calls[0].body["edus"]] == [("@a:a.example", 1, [])]
+    # Killed before the answer: a new sender over the same store finds the change at start-up.
+    store = h.store
+    h2 = Harness(store=store)
+    h2.device_position = 1
+    h2.start()
+    h2.clock.advance(1)  # the rate-limited wake-up
+    assert [e["content"]["device_id"] for c in h2.calls for e in c.body["edus"]] == ["D1"]
+    h2.calls[0].answer.callback({})
+    assert store.row("b.example").device_lists_position == 1
+
+
+def test_a_device_change_beyond_the_stream_s_position_waits_for_it() -> None:
+    h = Harness()
+    h.start()
+    h.store.device_change("@a:a.example", "D1", "b.example")
+    h.sender.send_device_list_update(["b.example"], {})
+    assert h.calls == []
+    h.device_position = 1
+    h.sender.notify_device_lists()
+    assert len(h.calls) == 1 and h.calls[0].body["edus"][0]["content"]["device_id"] == "D1"

@@ -3,7 +3,7 @@
 The clock is a number of milliseconds the test moves by hand; the store is a
 few dicts with the same meaning as the real tables (``events`` for one
 destination, ``destination_rooms`` derived from them, the ``destinations``
-row, the to-device outbox); the transport is the test itself, answering each
+row, the to-device outbox, the device_lists stream); the transport is the test itself, answering each
 transaction when it chooses. No sockets, no reactor, no sleeps.
 """
 
@@ -29,6 +29,7 @@ from federation_sender.core import (
     QueueWake,
     ReadCatchUpEvents,
     ReadCatchUpRooms,
+    ReadDeviceLists,
     ReadOutbox,
     Refusal,
     Request,
@@ -48,7 +49,7 @@ CONFIG = FederationSenderConfig(
     catch_up=CatchUpConfig(threshold=timedelta(hours=1)),
 )
 REQUESTS = (
-    ReadOutbox, BeginCatchUp, ReadCatchUpRooms, ReadCatchUpEvents, EndCatchUp, SendTransaction, PersistPosition,
+    ReadOutbox, ReadDeviceLists, BeginCatchUp, ReadCatchUpRooms, ReadCatchUpEvents, EndCatchUp, SendTransaction, PersistPosition,
     PersistRetry,
 )
 
@@ -62,6 +63,7 @@ class DestinationsRow:
     last_successful: int | None = None
     catch_up_from: int | None = None
     retry: RetryState = HEALTHY
+    device_lists_position: int = 0
 
 
 class World:
@@ -74,6 +76,8 @@ class World:
         self.position = 0  # the stream's position (everything up to it is persisted)
         self.row = DestinationsRow()
         self.outbox: list[OutboxMessage] = []
+        # The device_lists stream: (stream_id, user) of local users sharing a room with the destination.
+        self.device_changes: list[tuple[int, str]] = []
         self.refusals: list[Refusal] = []
         self.txn_ids = TransactionIds("t")
         self.dest = self._new_destination()
@@ -140,6 +144,21 @@ class World:
         self.outbox.append(OutboxMessage(stream_id, content))
         self.feed(self.dest.on_outbox_wake(self.now_ms))
 
+    def device_change(self, user: str = "@u:a.example") -> int:
+        """A local user's devices change; the sender is told (a wake-up)."""
+        stream_id = (self.device_changes[-1][0] if self.device_changes else 0) + 1
+        self.device_changes.append((stream_id, user))
+        self.feed(self.dest.on_device_lists_wake(self.now_ms))
+        return stream_id
+
+    def device_updates(self, upto: int | None = None) -> dict[str, int]:
+        """Per user, the newest change above the destination's position (up to ``upto``)."""
+        newest: dict[str, int] = {}
+        for stream_id, user in self.device_changes:
+            if stream_id > self.row.device_lists_position and (upto is None or stream_id <= upto):
+                newest[user] = stream_id
+        return newest
+
     def advance_time(self, to_ms: int) -> None:
         """Move the clock; fire the wake-ups that are due."""
         self.now_ms = max(self.now_ms, to_ms)
@@ -171,6 +190,15 @@ class World:
         match request:
             case ReadOutbox(limit=limit):
                 self.feed(dest.on_outbox_read(self.outbox[:limit], now))
+            case ReadDeviceLists(limit=limit):
+                upto = self.device_changes[-1][0] if self.device_changes else 0
+                newest = sorted(self.device_updates().items(), key=lambda item: item[1])
+                more = len(newest) > limit
+                if more:
+                    newest = newest[:limit]
+                    upto = newest[-1][1]
+                contents = [{"user_id": user, "stream_id": stream_id} for user, stream_id in newest]
+                self.feed(dest.on_device_lists_read(contents, upto, more, now))
             case BeginCatchUp():
                 if self.row.catch_up_from is None:
                     self.row.catch_up_from = self.row.last_successful or 0
@@ -199,6 +227,8 @@ class World:
                     self.row.retry = HEALTHY
                 if request.to_device_upto is not None:
                     self.outbox = [m for m in self.outbox if m.stream_id > request.to_device_upto]
+                if request.device_lists_upto is not None:
+                    self.row.device_lists_position = max(self.row.device_lists_position, request.device_lists_upto)
                 self.persisted_after.append((request.txn_id, request.advance_to))
                 self.feed(dest.on_persisted(now))
             case PersistRetry(retry=retry):
@@ -248,6 +278,8 @@ class World:
             self.feed(self.dest.on_catch_up_found(self.now_ms, startup=True))
         if self.outbox:
             self.feed(self.dest.on_outbox_found(self.now_ms))
+        if self.device_updates():
+            self.feed(self.dest.on_device_lists_found(self.now_ms))
 
     # --- the guarantee ------------------------------------------------------------------------------
 

@@ -64,17 +64,26 @@ class Recorder:
     async def apply_remote_device_list_update(self, *args: Any, **kwargs: Any) -> None:
         await self._record("apply_remote_device_list_update", *args, **kwargs)
 
+    async def apply_remote_signing_key_update(self, *args: Any, **kwargs: Any) -> None:
+        await self._record("apply_remote_signing_key_update", *args, **kwargs)
+
     async def set_global(self, *args: Any) -> int:
         return int(await self._record("set_global", *args))
 
     async def set_room(self, *args: Any) -> int:
         return int(await self._record("set_room", *args))
 
+    async def edit_push_rules(self, *args: Any) -> None:
+        await self._record("edit_push_rules", *args)
+
     async def record_invite(self, *args: Any) -> None:
         await self._record("record_invite", *args)
 
     async def record_rejection(self, *args: Any) -> None:
         await self._record("record_rejection", *args)
+
+    async def record_knock(self, *args: Any) -> None:
+        await self._record("record_knock", *args)
 
 
 def local_writers(recorder: Recorder) -> Writers:
@@ -133,6 +142,7 @@ async def test_remote_writes_reach_the_writer_with_the_same_arguments() -> None:
     await on_main.typing.set_typing(ALICE, "!r:example.org", ALICE.user_id, True, 30_000)
     assert await on_main.typing.apply_remote("!r:example.org", "@bob:remote.example", False) is True
     await on_main.invites.record_invite(ALICE.user_id, "!r:remote.example", "10", "$e", {"type": "m.room.member"}, [])
+    await on_main.invites.record_knock(ALICE.user_id, "!k:remote.example", "7", "$k", {"type": "m.room.member"}, [])
     assert await on_main.account_data.set_global(ALICE, ALICE.user_id, "m.x", {"a": 1}) == 11
 
     assert handlers["g1"].calls == [
@@ -141,10 +151,11 @@ async def test_remote_writes_reach_the_writer_with_the_same_arguments() -> None:
     ]
     assert handlers["p1"].calls == [
         ("record_invite", (ALICE.user_id, "!r:remote.example", "10", "$e", {"type": "m.room.member"}, []), {}),
+        ("record_knock", (ALICE.user_id, "!k:remote.example", "7", "$k", {"type": "m.room.member"}, []), {}),
     ]
     assert handlers["master"].calls == [("set_global", (ALICE, ALICE.user_id, "m.x", {"a": 1}), {})]
     assert [(instance, name) for instance, name, _ in processes.sent] == [
-        ("g1", "call/typing"), ("g1", "call/remote_typing"), ("p1", "call/remote_invite"),
+        ("g1", "call/typing"), ("g1", "call/remote_typing"), ("p1", "call/remote_invite"), ("p1", "call/remote_knock"),
     ]
 
 
@@ -154,9 +165,14 @@ async def test_keyword_arguments_survive_the_trip() -> None:
     register_writer_operations(processes.registry("master"), layout("master"), local_writers(master))
     register_writer_operations(processes.registry("g1"), layout("g1"), local_writers(g1))
     on_g1 = build_writers(local_writers(g1), layout("g1"), processes)
-    await on_g1.device_lists.apply_remote_device_list_update("@bob:remote.example", "D", deleted=True, keys=None)
+    await on_g1.device_lists.apply_remote_device_list_update("@bob:remote.example", "D", deleted=True, keys=None,
+                                                             stream_id=7, prev_ids=[5], display_name="phone")
+    await on_g1.device_lists.apply_remote_signing_key_update("@bob:remote.example", {"usage": ["master"]}, None)
     assert master.calls == [("apply_remote_device_list_update", ("@bob:remote.example", "D"),
-                             {"deleted": True, "keys": None})]
+                             {"deleted": True, "keys": None, "stream_id": 7, "prev_ids": [5],
+                              "display_name": "phone"}),
+                            ("apply_remote_signing_key_update", ("@bob:remote.example", {"usage": ["master"]}, None),
+                             {})]
 
 
 def test_each_writer_serves_exactly_the_operations_of_its_streams() -> None:

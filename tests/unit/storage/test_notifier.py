@@ -167,3 +167,19 @@ def test_wait_for_sync_token() -> None:
     current["token"] = since.advance(SyncStreamKey.RECEIPTS, MultiWriterStreamToken(1))
     notifier.notify("events")  # the condition looks at every stream it covers
     assert result_of(d) is True
+
+
+def test_shut_down_answers_every_waiter_now_and_every_later_wait_at_once() -> None:
+    """Stopping the process: long-polls must not hold the shutdown until their timeouts."""
+    clock = Clock()
+    notifier = Notifier(clock)
+    position = Position()
+    waiting = [notifier.wait_until(["events"], position.past(0), timeout=30),
+               notifier.wait_until(["typing"], position.past(0), timeout=None)]
+    notifier.shut_down()
+    assert [result_of(d) for d in waiting] == [False, False]
+    assert notifier.waiter_count() == 0 and clock.getDelayedCalls() == []
+    assert result_of(notifier.wait_until(["events"], position.past(0), timeout=30)) is False
+    assert clock.getDelayedCalls() == []
+    position.value = 1
+    assert result_of(notifier.wait_until(["events"], position.past(0), timeout=30)) is True

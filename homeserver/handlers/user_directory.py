@@ -1,0 +1,88 @@
+"""Keeps the user directory's tables (``storage/stores/user_directory.py``) up to date.
+
+One process runs it (the ``background`` worker when the config has one, else the main
+process: ``workers/background.py``). It follows the events stream: each time the stream's
+linear position moves, it rewrites from current state the rooms that had a state event since
+its stored position, in batches, storing the new position with the last batch. A process that
+starts from position 0 (a new table, or an old database) so builds the whole directory once.
+It does not know who may search for whom: that is the search query's business.
+"""
+
+# tests: tests/integration/test_directory.py, tests/unit/handlers/test_user_directory.py
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from twisted.internet.defer import Deferred
+
+from storage.kernel.background import run_in_background
+from storage.stores.user_directory import ROOMS_PER_BATCH, UserDirectoryStore
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_FAILURE_S: Final = 5.0
+
+
+def batches(room_ids: list[str], size: int = ROOMS_PER_BATCH) -> list[list[str]]:
+    """The rooms in order, ``size`` at a time (the last batch carries the new position)."""
+    return [room_ids[i:i + size] for i in range(0, len(room_ids), size)]
+
+
+class UserDirectoryUpdater:
+    def __init__(self, store: UserDirectoryStore, clock: Any, events_position: Callable[[], int]) -> None:
+        self._store = store
+        self._clock = clock
+        self._events_position = events_position
+        self._running: Deferred[None] | None = None
+        self._again = False
+        self._stopping = False
+        self._retry: Any = None
+
+    def on_new_events(self) -> None:
+        """The events stream moved: apply what changed (once more after the pass in flight)."""
+        if self._stopping:
+            return
+        if self._running is not None:
+            self._again = True
+            return
+        run = run_in_background("user_directory_update", self._run())
+        self._running = None if run.called else run
+
+    def stop(self) -> Deferred[None] | None:
+        self._stopping = True
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        return self._running
+
+    async def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._again = False
+                await self.update_once()
+                if not self._again:
+                    break
+        except Exception:
+            logger.exception("updating the user directory failed; trying again in %.0fs", RETRY_AFTER_FAILURE_S)
+            if not self._stopping:
+                self._retry = self._clock.callLater(RETRY_AFTER_FAILURE_S, self.on_new_events)
+        finally:
+            self._running = None
+
+    async def update_once(self) -> int:
+        """Apply the events stream up to its current position; how many rooms were rewritten."""
+        upto = self._events_position()
+        after = await self._store.get_position()
+        if upto <= after:
+            return 0
+        rooms = await self._store.changed_rooms(after, upto)
+        parts = batches(rooms)
+        for i, part in enumerate(parts):
+            await self._store.rebuild_rooms(part, upto if i == len(parts) - 1 else None)
+        if not parts:
+            await self._store.rebuild_rooms([], upto)
+        if rooms:
+            logger.debug("user directory: %d rooms rewritten up to %d", len(rooms), upto)
+        return len(rooms)

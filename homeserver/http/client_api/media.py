@@ -1,0 +1,182 @@
+"""Media servlets: the authenticated ``/_matrix/client/v1/media/...`` API, the older
+``/_matrix/media/{v3,r0,v1}/...`` paths, and the admin quarantine and delete endpoints.
+
+Servlets parse the request (query parameters, body, ``Content-Type``, file name) and call
+``MediaRepository``; a download answers with the bytes and the headers of
+``media_headers`` (type, a safe ``Content-Disposition``, CORP and a strict CSP). Every
+servlet name starts with ``media_``: the ``media_repository`` worker serves exactly those
+(homeserver/roles.py). docs/media.md lists the endpoints.
+"""
+
+# tests: tests/integration/test_media.py, tests/integration/test_media_nio.py
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.web.server import Request
+
+from homeserver.handlers.auth import Auth
+from homeserver.http.client_api._base import query_string
+from homeserver.http.server import Routes
+from homeserver.media.preview import UrlPreviewer
+from homeserver.media.repository import MediaFile, MediaRepository
+from homeserver.media.rules import (
+    SECURITY_HEADERS,
+    content_disposition,
+    normalise_content_type,
+    parse_thumbnail_query,
+    safe_upload_name,
+)
+from storage.kernel.errors import MatrixError, invalid_param, missing_param
+
+MEDIA_PREFIX = r"/_matrix/media/(?:v3|r0|v1)"
+CLIENT_MEDIA = r"/_matrix/client/v1/media"
+ADMIN_MEDIA = r"/_synapse/admin/v1/media"
+_SEG = r"[^/]+"
+
+
+def media_headers(request: Request, media: MediaFile, file_name: str | None = None) -> None:
+    request.setHeader(b"Content-Type", media.content_type.encode("ascii", "replace"))
+    request.setHeader(b"Content-Disposition", content_disposition(media.content_type, file_name or media.upload_name))
+    for name, value in SECURITY_HEADERS:
+        request.setHeader(name, value)
+
+
+def _upload_body(request: Request, repo: MediaRepository) -> bytes:
+    data = b""
+    if not getattr(request, "body_too_large", False):
+        assert request.content is not None
+        data = request.content.read()
+    if getattr(request, "body_too_large", False) or len(data) > repo.config.max_upload_size:
+        repo.metrics.uploads.labels(outcome="refused").inc()
+        raise MatrixError(413, "M_TOO_LARGE", f"Uploads are limited to {repo.config.max_upload_size} bytes")
+    return data
+
+
+def _upload_type(request: Request) -> str:
+    values = request.requestHeaders.getRawHeaders(b"Content-Type") or []
+    return normalise_content_type(values[0].decode("latin-1") if values else None)
+
+
+def timeout_ms(request: Request) -> int | None:
+    """The ``timeout_ms`` query parameter of a download (client and federation endpoints)."""
+    text = query_string(request, "timeout_ms")
+    if text is None:
+        return None
+    if not text.isascii() or not text.isdigit() or len(text) > 9:
+        raise invalid_param("timeout_ms must be a non-negative integer")
+    return int(text)
+
+
+def _allow_remote(request: Request) -> bool:
+    text = query_string(request, "allow_remote")
+    if text not in (None, "true", "false"):
+        raise invalid_param("allow_remote must be true or false")
+    return text != "false"
+
+
+def register_media_servlets(router: Routes, *, admin_router: Routes, auth: Auth, repo: MediaRepository,
+                            previewer: UrlPreviewer) -> None:
+    """The media endpoints on ``router``; quarantine and delete on ``admin_router``, which
+    serves ``/_synapse/admin/...`` on this process's client and admin listeners."""
+    async def config(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        return 200, {"m.upload.size": repo.config.max_upload_size}
+
+    async def upload(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        data = _upload_body(request, repo)
+        uri = await repo.upload(requester.user_id, data, _upload_type(request),
+                                safe_upload_name(query_string(request, "filename")))
+        return 200, {"content_uri": uri}
+
+    async def create(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        uri, expires = await repo.create(requester.user_id)
+        return 200, {"content_uri": uri, "unused_expires_at": expires}
+
+    async def upload_pending(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        data = _upload_body(request, repo)
+        await repo.upload_pending(requester.user_id, params["server"], params["media_id"], data,
+                                  _upload_type(request), safe_upload_name(query_string(request, "filename")))
+        return 200, {}
+
+    async def serve_download(request: Request, params: Mapping[str, str], *,
+                             unauthenticated: bool = True) -> tuple[int, Any]:
+        media = await repo.download(params["server"], params["media_id"], allow_remote=_allow_remote(request),
+                                    timeout_ms=timeout_ms(request), unauthenticated=unauthenticated)
+        media_headers(request, media, safe_upload_name(params.get("file_name")))
+        return 200, media.data
+
+    async def download(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        return await serve_download(request, params, unauthenticated=False)
+
+    async def serve_thumbnail(request: Request, params: Mapping[str, str], *,
+                              unauthenticated: bool = True) -> tuple[int, Any]:
+        try:
+            width, height, method, animated = parse_thumbnail_query(
+                query_string(request, "width"), query_string(request, "height"), query_string(request, "method"),
+                query_string(request, "animated"))
+        except ValueError as e:
+            raise invalid_param(str(e)) from None
+        media = await repo.thumbnail(params["server"], params["media_id"], width, height, method, animated=animated,
+                                     allow_remote=_allow_remote(request), timeout_ms=timeout_ms(request),
+                                     unauthenticated=unauthenticated)
+        media_headers(request, media)
+        return 200, media.data
+
+    async def thumbnail(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        await auth.get_user_by_req(request)
+        return await serve_thumbnail(request, params, unauthenticated=False)
+
+    async def preview_url(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        url = query_string(request, "url")
+        if url is None:
+            raise missing_param("Missing 'url'")
+        return 200, await previewer.preview(url, requester.user_id)
+
+    async def quarantine(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        await repo.quarantine(requester.user_id, params["server"], params["media_id"])
+        return 200, {}
+
+    async def delete(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        await repo.delete(requester.user_id, params["server"], params["media_id"])
+        return 200, {"deleted_media": [params["media_id"]], "total": 1}
+
+    media = rf"/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
+    named = rf"{media}(?:/(?P<file_name>[^/]*))?"  # nio sends a trailing "/" when it has no name
+    router.register(["GET"], f"{CLIENT_MEDIA}/config", config, "media_config")
+    router.register(["GET"], f"{MEDIA_PREFIX}/config", config, "media_config_legacy")
+    router.register(["POST"], f"{MEDIA_PREFIX}/upload", upload, "media_upload")
+    router.register(["POST"], f"{MEDIA_PREFIX}/create", create, "media_create")
+    router.register(["PUT"], f"{MEDIA_PREFIX}/upload{media}", upload_pending, "media_upload_pending")
+    router.register(["GET"], f"{CLIENT_MEDIA}/download{named}", download, "media_download")
+    router.register(["GET"], f"{MEDIA_PREFIX}/download{named}", serve_download, "media_download_legacy")
+    router.register(["GET"], f"{CLIENT_MEDIA}/thumbnail{media}", thumbnail, "media_thumbnail")
+    router.register(["GET"], f"{MEDIA_PREFIX}/thumbnail{media}", serve_thumbnail, "media_thumbnail_legacy")
+    router.register(["GET"], f"{CLIENT_MEDIA}/preview_url", preview_url, "media_preview_url")
+    router.register(["GET"], f"{MEDIA_PREFIX}/preview_url", preview_url, "media_preview_url_legacy")
+    admin_router.register(["POST"], f"{ADMIN_MEDIA}/quarantine{media}", quarantine, "media_admin_quarantine")
+    admin_router.register(["DELETE"], f"{ADMIN_MEDIA}{media}", delete, "media_admin_delete")
+
+
+def register_legacy_download_for_federation(router: Routes, *, repo: MediaRepository) -> None:
+    """The unauthenticated legacy download on the federation listener: what servers that do not
+    know the federation media endpoint fetch our media from (``allow_remote=false`` is implied:
+    a server never proxies a third server's media to another)."""
+
+    async def download(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        media_file = await repo.download(params["server"], params["media_id"], allow_remote=False,
+                                         timeout_ms=timeout_ms(request), unauthenticated=True)
+        media_headers(request, media_file, safe_upload_name(params.get("file_name")))
+        return 200, media_file.data
+
+    router.register(["GET"], rf"{MEDIA_PREFIX}/download/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
+                             rf"(?:/(?P<file_name>{_SEG}))?", download, "media_download_federation_legacy")

@@ -1,0 +1,1 @@
+"""The media repository: upload, download, thumbnails, remote media, URL previews (docs/media.md)."""

@@ -1,0 +1,226 @@
+"""The relations index (schema 0018): which events relate to which, for ``/relations``,
+``/threads`` and the aggregations bundled in ``unsigned.m.relations``.
+
+Rows are written by a trigger on ``events`` (the events writer, in the event's own
+transaction). Every read here counts only live relations: the child is in the timeline
+(not an outlier, not rejected, not soft-failed), is not redacted, and is in the parent's
+room. It knows nothing of visibility or of which edit applies; handlers decide those.
+"""
+
+# tests: tests/integration/test_relations.py
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Final
+
+import attrs
+
+from storage.database import Database, Transaction
+from storage.room_tokens import RoomPosition
+
+# A child is live: in the timeline and not redacted by a live redaction.
+LIVE_CHILD: Final = (
+    "NOT e.outlier AND e.rejection_reason IS NULL AND NOT e.soft_failed "
+    "AND NOT EXISTS (SELECT 1 FROM event_redactions x JOIN events red ON red.event_id = x.redaction_id "
+    "WHERE x.redacts = e.event_id AND x.room_id = e.room_id AND red.rejection_reason IS NULL "
+    "AND NOT red.outlier AND NOT red.soft_failed)"
+)
+
+# How many recursion levels ``recurse=true`` follows (relations of relations), as Synapse.
+MAX_RECURSION_DEPTH: Final = 3
+
+
+@attrs.frozen
+class RelationRow:
+    event_id: str
+    parent_id: str
+    relation_type: str
+    sender: str
+    type: str
+    stream_ordering: int
+
+
+@attrs.frozen
+class ThreadSummaryRow:
+    root_id: str
+    count: int
+    latest_ids: tuple[str, ...]  # newest first, a few, so the newest visible one can be picked
+    participated: bool
+
+
+@attrs.frozen
+class ThreadRow:
+    root_id: str
+    latest_ordering: int
+
+
+def _relations_txn(
+    txn: Transaction, room_id: str, parent_id: str, *, relation_type: str | None, event_type: str | None,
+    start: RoomPosition | None, end: RoomPosition | None, limit: int, backwards: bool, recurse: bool,
+) -> list[tuple[str, int]]:
+    conditions = ["r.room_id = %s", LIVE_CHILD]
+    params: list[object] = [room_id]
+    if relation_type is not None:
+        conditions.append("r.relation_type = %s")
+        params.append(relation_type)
+    if event_type is not None:
+        conditions.append("e.type = %s")
+        params.append(event_type)
+    if backwards:
+        if start is not None:
+            sql, p = start.sql_upto("e.")
+            conditions.append(sql)
+            params += p
+        if end is not None:
+            sql, p = end.sql_after("e.")
+            conditions.append(sql)
+            params += p
+    else:
+        if start is not None:
+            sql, p = start.sql_after("e.")
+            conditions.append(sql)
+            params += p
+        if end is not None:
+            sql, p = end.sql_upto("e.")
+            conditions.append(sql)
+            params += p
+    depth = MAX_RECURSION_DEPTH if recurse else 1
+    order = "DESC" if backwards else "ASC"
+    txn.execute(
+        f"""
+        WITH RECURSIVE tree (event_id, depth) AS (
+            SELECT event_id, 1 FROM event_relations WHERE relates_to_id = %s AND room_id = %s
+            UNION
+            SELECT c.event_id, t.depth + 1 FROM event_relations c JOIN tree t ON c.relates_to_id = t.event_id
+            WHERE t.depth < %s AND c.room_id = %s
+        )
+        SELECT DISTINCT e.event_id, e.stream_ordering
+        FROM tree JOIN event_relations r ON r.event_id = tree.event_id JOIN events e ON e.event_id = r.event_id
+        WHERE {" AND ".join(conditions)}
+        ORDER BY e.stream_ordering {order} LIMIT %s
+        """,
+        (parent_id, room_id, depth, room_id, *params, limit),
+    )
+    return [(str(row[0]), int(row[1])) for row in txn.fetchall()]
+
+
+def _children_txn(txn: Transaction, parent_ids: list[str], relation_types: list[str]) -> list[RelationRow]:
+    txn.execute(
+        f"""
+        SELECT e.event_id, r.relates_to_id, r.relation_type, e.sender, e.type, e.stream_ordering
+        FROM event_relations r JOIN events e ON e.event_id = r.event_id
+        JOIN events p ON p.event_id = r.relates_to_id AND p.room_id = r.room_id
+        WHERE r.relates_to_id = ANY(%s) AND r.relation_type = ANY(%s) AND {LIVE_CHILD}
+        ORDER BY e.stream_ordering
+        """,
+        (parent_ids, relation_types),
+    )
+    return [RelationRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5])) for r in txn.fetchall()]
+
+
+def _thread_summaries_txn(
+    txn: Transaction, root_ids: list[str], user_id: str, latest: int
+) -> dict[str, ThreadSummaryRow]:
+    txn.execute(
+        f"""
+        SELECT r.relates_to_id, count(*), (array_agg(e.event_id ORDER BY e.stream_ordering DESC))[1:%s],
+               bool_or(e.sender = %s)
+        FROM event_relations r JOIN events e ON e.event_id = r.event_id
+        JOIN events p ON p.event_id = r.relates_to_id AND p.room_id = r.room_id
+        WHERE r.relates_to_id = ANY(%s) AND r.relation_type = 'm.thread' AND {LIVE_CHILD}
+        GROUP BY r.relates_to_id
+        """,
+        (latest, user_id, root_ids),
+    )
+    return {
+        str(r[0]): ThreadSummaryRow(str(r[0]), int(r[1]), tuple(str(x) for x in r[2]), bool(r[3]))
+        for r in txn.fetchall()
+    }
+
+
+def _threads_txn(
+    txn: Transaction, room_id: str, *, participant: str | None, before: int | None, limit: int
+) -> list[ThreadRow]:
+    having = "" if before is None else "HAVING max(e.stream_ordering) < %s"
+    participated = "" if participant is None else (
+        "AND (root.sender = %s OR EXISTS (SELECT 1 FROM event_relations pr JOIN events pe ON pe.event_id = pr.event_id "
+        "WHERE pr.relates_to_id = r.relates_to_id AND pr.relation_type = 'm.thread' AND pe.sender = %s))"
+    )
+    params: list[object] = [room_id]
+    if participant is not None:
+        params += [participant, participant]
+    if before is not None:
+        params.append(before)
+    params.append(limit)
+    txn.execute(
+        f"""
+        SELECT r.relates_to_id, max(e.stream_ordering) AS latest
+        FROM event_relations r JOIN events e ON e.event_id = r.event_id
+        JOIN events root ON root.event_id = r.relates_to_id AND root.room_id = r.room_id
+        WHERE r.room_id = %s AND r.relation_type = 'm.thread' AND {LIVE_CHILD}
+          AND NOT root.outlier AND root.rejection_reason IS NULL AND NOT root.soft_failed {participated}
+        GROUP BY r.relates_to_id {having}
+        ORDER BY latest DESC LIMIT %s
+        """,
+        params,
+    )
+    return [ThreadRow(str(r[0]), int(r[1])) for r in txn.fetchall()]
+
+
+class RelationsStore:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def get_relations(
+        self, room_id: str, parent_id: str, *, relation_type: str | None, event_type: str | None,
+        start: RoomPosition | None, end: RoomPosition | None, limit: int, backwards: bool, recurse: bool,
+    ) -> list[tuple[str, int]]:
+        """Children of ``parent_id`` (and, with ``recurse``, theirs) with their stream orderings.
+        Backwards: ``end < so <= start``, newest first; forwards: ``start < so <= end``."""
+        return await self._db.run_interaction(
+            "get_relations", _relations_txn, room_id, parent_id, relation_type=relation_type,
+            event_type=event_type, start=start, end=end, limit=limit, backwards=backwards, recurse=recurse,
+        )
+
+    async def get_children(self, parent_ids: Collection[str], relation_types: Collection[str]) -> list[RelationRow]:
+        """Live children of the parents by the given relation types, oldest first."""
+        if not parent_ids:
+            return []
+        return await self._db.run_interaction(
+            "get_relation_children", _children_txn, sorted(parent_ids), sorted(relation_types)
+        )
+
+    async def get_aggregation_rows(
+        self, parent_ids: Collection[str], relation_types: Collection[str], user_id: str, *, latest: int = 5
+    ) -> tuple[list[RelationRow], dict[str, ThreadSummaryRow]]:
+        """``get_children`` and ``get_thread_summaries`` in one transaction (one pool checkout
+        per served batch of events, as ``/sync`` serialises room by room)."""
+        if not parent_ids:
+            return [], {}
+        parents = sorted(parent_ids)
+
+        def read(txn: Transaction) -> tuple[list[RelationRow], dict[str, ThreadSummaryRow]]:
+            return (_children_txn(txn, parents, sorted(relation_types)),
+                    _thread_summaries_txn(txn, parents, user_id, latest))
+
+        return await self._db.run_interaction("get_aggregations", read)
+
+    async def get_thread_summaries(
+        self, root_ids: Collection[str], user_id: str, *, latest: int = 5
+    ) -> dict[str, ThreadSummaryRow]:
+        """Per thread root with live replies: their count, the newest few and whether ``user_id`` replied."""
+        if not root_ids:
+            return {}
+        return await self._db.run_interaction(
+            "get_thread_summaries", _thread_summaries_txn, sorted(root_ids), user_id, latest
+        )
+
+    async def get_threads(
+        self, room_id: str, *, participant: str | None, before: int | None, limit: int
+    ) -> list[ThreadRow]:
+        """The room's thread roots by latest reply, newest first, older than ``before``; with
+        ``participant`` only threads they started or replied in."""
+        return await self._db.run_interaction(
+            "get_threads", _threads_txn, room_id, participant=participant, before=before, limit=limit
+        )

@@ -1,0 +1,68 @@
+"""The user directory's updater against an in-memory store: what it rewrites, and when the
+stored position moves."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from homeserver.handlers.user_directory import UserDirectoryUpdater, batches
+from storage.stores.user_directory import UserDirectoryStore
+
+
+class FakeStore(UserDirectoryStore):
+    def __init__(self, changes: dict[int, str]) -> None:
+        self.changes = changes  # stream ordering -> room with a state event there
+        self.position = 0
+        self.rebuilt: list[tuple[list[str], int | None]] = []
+
+    async def get_position(self) -> int:
+        return self.position
+
+    async def changed_rooms(self, after: int, upto: int) -> list[str]:
+        rooms: list[str] = []
+        for ordering in sorted(self.changes):
+            if after < ordering <= upto and self.changes[ordering] not in rooms:
+                rooms.append(self.changes[ordering])
+        return rooms
+
+    async def rebuild_rooms(self, room_ids: Collection[str], position: int | None) -> None:
+        self.rebuilt.append((sorted(room_ids), position))
+        if position is not None:
+            self.position = max(self.position, position)
+
+
+def run(updater: UserDirectoryUpdater) -> int:
+    d = Deferred.fromCoroutine(updater.update_once())
+    results: list[int] = []
+    d.addCallback(results.append)
+    assert results, "the fake store never waits"
+    return results[0]
+
+
+def test_batches_keep_order_and_size() -> None:
+    assert batches([], 2) == []
+    assert batches(["a", "b", "c"], 2) == [["a", "b"], ["c"]]
+
+
+def test_rewrites_changed_rooms_once_and_stores_the_position_with_the_last_batch() -> None:
+    store = FakeStore({1: "!a", 2: "!b", 3: "!a"})
+    position = [3]
+    updater = UserDirectoryUpdater(store, Clock(), lambda: position[0])
+    assert run(updater) == 2
+    assert store.rebuilt == [(["!a", "!b"], 3)] and store.position == 3
+    # Nothing new: nothing rewritten, the position stays.
+    assert run(updater) == 0 and store.rebuilt == [(["!a", "!b"], 3)]
+    # The stream moved past events that changed no state: only the position moves.
+    position[0] = 7
+    assert run(updater) == 0 and store.rebuilt[-1] == ([], 7) and store.position == 7
+
+
+def test_many_rooms_go_in_batches_with_the_position_last() -> None:
+    store = FakeStore({i: f"!r{i:03}" for i in range(1, 251)})
+    updater = UserDirectoryUpdater(store, Clock(), lambda: 250)
+    assert run(updater) == 250
+    assert [position for _, position in store.rebuilt] == [None, None, 250]
+    assert sum(len(rooms) for rooms, _ in store.rebuilt) == 250
