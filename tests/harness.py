@@ -37,10 +37,22 @@ def _kill_children() -> None:
             child.wait()
 
 
+# Ports handed out by free_port in this test process. A test takes all its ports before any
+# process binds them, and the kernel may give a just-released port to the next bind(0): without
+# this set two listeners of one test could be handed the same port (and a probe of the second
+# would be answered by the first).
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on, never the same one twice in this test process."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @attrs.define
@@ -274,8 +286,10 @@ class Nginx:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"nginx exited: {(self.directory / 'error.log').read_text(errors='replace')}")
+            # nginx writes its pid file once its listening sockets are open: a port that answers
+            # before then belongs to some other process.
             with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                if (self.directory / "nginx.pid").exists() and probe.connect_ex(("127.0.0.1", self.port)) == 0:
                     return
             time.sleep(0.05)
         raise RuntimeError("nginx did not start listening")
