@@ -26,6 +26,7 @@ from homeserver.http.client_api.rooms import ROOM, register_room_servlets
 from homeserver.http.client_api.directory import register_directory_servlets
 from homeserver.http.client_api.relations import register_relations_servlets
 from homeserver.http.client_api.search import register_search_servlets
+from homeserver.http.client_api.sliding_sync import register_sliding_sync_servlet
 from homeserver.http.client_api.room_upgrade import register_room_upgrade_servlet
 from homeserver.http.client_api._base import client_path, query_int, query_string
 from storage.kernel.errors import invalid_param, missing_param
@@ -156,6 +157,8 @@ def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: Ac
     register_room_upgrade_servlet(router, auth=accounts.auth, upgrades=rooms.upgrades)
     register_sync_servlets(router, auth=accounts.auth, sync=rooms.sync, filters=accounts.filters,
                            sync_tracker=sync_tracker)
+    register_sliding_sync_servlet(router, auth=accounts.auth, sliding_sync=rooms.sliding_sync,
+                                  sync_tracker=sync_tracker)
     register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers,
                           uia=accounts.uia)
     register_deactivate_servlet(router, auth=accounts.auth, uia=accounts.uia, deactivation=DeactivationHandler(

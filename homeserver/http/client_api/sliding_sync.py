@@ -1,0 +1,44 @@
+"""``POST /_matrix/client/unstable/org.matrix.simplified_msc3575/sync``: simplified sliding sync
+(MSC4186). Parses the body (``pos`` and ``timeout`` also from the query string, as clients send
+them) with ``sliding_sync_request`` and hands it to ``SlidingSyncHandler``; a syncing client is
+online unless ``set_presence`` says otherwise, as with ``/sync``."""
+
+# tests: tests/integration/test_sliding_sync.py
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from twisted.web.server import Request
+
+from homeserver.handlers.auth import Auth
+from homeserver.handlers.presence import SyncTracker
+from homeserver.handlers.sliding_sync import SlidingSyncHandler
+from homeserver.handlers.sliding_sync_request import parse_request
+from homeserver.http.client_api._base import parse_optional_json_object, query_string
+from homeserver.http.server import Routes
+
+SLIDING_SYNC_PATH: Final = r"/_matrix/client/unstable/org\.matrix\.simplified_msc3575/sync"
+
+
+def register_sliding_sync_servlet(router: Routes, *, auth: Auth, sliding_sync: SlidingSyncHandler,
+                                  sync_tracker: SyncTracker | None = None) -> None:
+    async def post_sync(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        requester = await auth.get_user_by_req(request)
+        parsed = parse_request(parse_optional_json_object(request), query_pos=query_string(request, "pos"),
+                               query_timeout=query_string(request, "timeout"))
+        tracked = sync_tracker is not None and parsed.set_presence == "online"
+        if tracked:
+            assert sync_tracker is not None
+            started = sync_tracker.begin(requester.user_id)
+            if started is not None:
+                await started
+        try:
+            return 200, await sliding_sync.wait_for_sync(requester, parsed)
+        finally:
+            if tracked:
+                assert sync_tracker is not None
+                sync_tracker.end(requester.user_id)
+
+    router.register(["POST"], SLIDING_SYNC_PATH, post_sync, "client_sliding_sync")
