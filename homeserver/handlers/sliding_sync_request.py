@@ -213,12 +213,14 @@ def unknown_pos(error: str) -> MatrixError:
     return MatrixError(400, "M_UNKNOWN_POS", error)
 
 
-def parse_timeout(value: object, field: str = "timeout") -> int:
-    if isinstance(value, str):  # the query parameter
-        if not value.isascii() or not value.isdigit() or len(value) > 10:
-            raise invalid_param(f"'{field}' must be a non-negative integer")
-        return min(int(value), MAX_TIMEOUT_MS)
-    return min(_int(value, field, minimum=0, maximum=2**53), MAX_TIMEOUT_MS)
+def parse_timeout(value: object, *, query: bool) -> int:
+    """Milliseconds to wait (capped): an integer in the body, decimal text in the query string."""
+    if query:
+        text = str(value)
+        if not text.isascii() or not text.isdigit() or len(text) > 10:
+            raise invalid_param("'timeout' must be a non-negative integer")
+        return min(int(text), MAX_TIMEOUT_MS)
+    return min(_int(value, "timeout", minimum=0, maximum=2**53), MAX_TIMEOUT_MS)
 
 
 def parse_required_state(value: object, field: str) -> StateSpec:
@@ -324,6 +326,7 @@ def parse_request(body: Mapping[str, Any], *, query_pos: str | None = None,
     conn_id = "" if body.get("conn_id") is None else _text(body["conn_id"], "conn_id")
     pos_value: object = body.get("pos", query_pos)
     timeout_value: object = body.get("timeout", query_timeout)
+    timeout_in_query = "timeout" not in body
     set_presence = "online" if body.get("set_presence") is None else _text(body["set_presence"], "set_presence")
     if set_presence not in PRESENCE_VALUES:
         raise invalid_param("'set_presence' must be one of online, offline, unavailable")
@@ -342,7 +345,8 @@ def parse_request(body: Mapping[str, Any], *, query_pos: str | None = None,
     return SlidingSyncRequest(
         conn_id=conn_id,
         pos=None if pos_value is None or pos_value == "" else parse_pos(pos_value),
-        timeout_ms=0 if timeout_value is None or timeout_value == "" else parse_timeout(timeout_value),
+        timeout_ms=0 if timeout_value is None or timeout_value == "" else parse_timeout(timeout_value,
+                                                                                         query=timeout_in_query),
         set_presence=set_presence,
         lists=lists,
         subscriptions=subscriptions,

@@ -96,7 +96,8 @@ def _type_condition(types: Sequence[str | None], params: list[object], column: s
         params.append(named)
     if any(t is None for t in types):
         parts.append(f"{column} IS NULL")
-    return "(" + " OR ".join(parts) + ")" if parts else "FALSE"
+    # NULL (a room without a type against named types) counts as no match, also under NOT.
+    return "COALESCE((" + " OR ".join(parts) + "), FALSE)" if parts else "FALSE"
 
 
 def _room_list_txn(

@@ -100,3 +100,116 @@ async def test_lists_ranges_required_state_and_timeline(database_dsn: str, tmp_p
         keys = {(e["type"], e["state_key"]) for e in lazy["rooms"][rooms[0]]["required_state"]}
         assert ("m.room.name", "") in keys and ("m.room.power_levels", "") in keys
         assert ("m.room.member", ALICE) in keys and ("m.room.member", BOB) not in keys
+
+
+async def test_filters_invites_and_subscriptions(database_dsn: str, tmp_path: Path) -> None:
+    """The MSC's filters (is_dm from m.direct, is_encrypted, is_invite, room_types, not_room_types,
+    spaces) select from the user's rooms; an invite carries its stripped state; a subscription to a
+    room the user is not in is ignored."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        plain = await _room(client, alice, "plain")
+        encrypted = await _room(client, alice, "secret", initial_state=[
+            {"type": "m.room.encryption", "state_key": "", "content": {"algorithm": "m.megolm.v1.aes-sha2"}}])
+        dm = await _room(client, alice)
+        space = await _room(client, alice, "space", creation_content={"type": "m.space"})
+        await _ok(client, "PUT", f"rooms/{space}/state/m.space.child/{quote(plain)}", {"via": ["localhost"]},
+                  token=alice)
+        for room_id in (plain, encrypted, dm, space):
+            await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        invite = await _room(client, alice, "invite only", preset="private_chat", invite=[BOB])
+        elsewhere = await _room(client, alice, "not bob's")
+        await _ok(client, "PUT", f"user/{quote(BOB)}/account_data/m.direct", {ALICE: [dm]}, token=bob)
+
+        def listed(name: str, filters: dict[str, Any]) -> dict[str, Any]:
+            return {name: {"ranges": [[0, 20]], "timeline_limit": 0, "required_state": [], "filters": filters}}
+
+        lists: dict[str, Any] = {}
+        for name, filters in {"dm": {"is_dm": True}, "not_dm": {"is_dm": False}, "enc": {"is_encrypted": True},
+                              "inv": {"is_invite": True}, "spaces": {"room_types": ["m.space"]},
+                              "no_spaces": {"not_room_types": ["m.space"]}, "untyped": {"room_types": [None]},
+                              "in_space": {"spaces": [space]}}.items():
+            lists.update(listed(name, filters))
+        answer = await _ss(client, bob, {"lists": lists, "room_subscriptions": {
+            elsewhere: {"timeline_limit": 5, "required_state": ALL_STATE}}})
+        ids = {name: set(result["ops"][0]["room_ids"]) for name, result in answer["lists"].items()}
+        assert ids["dm"] == {dm} and ids["not_dm"] == {plain, encrypted, space, invite}
+        assert ids["enc"] == {encrypted} and ids["inv"] == {invite}
+        assert ids["spaces"] == {space} and ids["no_spaces"] == ids["untyped"] == {plain, encrypted, dm, invite}
+        assert ids["in_space"] == {plain}
+        assert answer["lists"]["not_dm"]["count"] == 4
+        assert elsewhere not in answer["rooms"]
+        assert answer["rooms"][dm]["is_dm"] is True and "is_dm" not in answer["rooms"][plain]
+        invited = answer["rooms"][invite]
+        assert invited["membership"] == "invite" and invited["initial"] is True
+        stripped = {(e["type"], e["state_key"]) for e in invited["invite_state"]}
+        assert ("m.room.name", "") in stripped and ("m.room.member", BOB) in stripped
+        assert "timeline" not in invited
+        # A nameless room has heroes instead of a name.
+        assert "name" not in answer["rooms"][dm]
+        assert [h["user_id"] for h in answer["rooms"][dm]["heroes"]] == [ALICE]
+
+
+async def test_pos_errors_and_request_validation(database_dsn: str, tmp_path: Path) -> None:
+    """An unknown pos is 400 M_UNKNOWN_POS (also another conn_id's, or one superseded by a new
+    connection); the last two positions both work (a retried request); bad bodies are 400s."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = await _room(client, alice, "r")
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        body = {"conn_id": "main", "lists": {"l": {"ranges": [[0, 5]], "timeline_limit": 1, "required_state": []}}}
+        first = await _ss(client, bob, body)
+        second = await _ss(client, bob, body, pos=first["pos"], timeout=0)
+        # The client lost ``second``'s answer and retries with ``first``: the same rooms again? none.
+        retried = await _ss(client, bob, body, pos=first["pos"], timeout=0)
+        assert retried["rooms"] == {}
+        for pos, conn in ((second["pos"], "main"), ("123456789", "main"), ("abc", "main"), (retried["pos"], "other")):
+            response = await client.request("POST", f"{SS}?pos={pos}", {**body, "conn_id": conn}, token=bob)
+            assert response.status == 400 and response.errcode == "M_UNKNOWN_POS", (pos, conn, response)
+        # Another user cannot use bob's position.
+        stolen = await client.request("POST", f"{SS}?pos={retried['pos']}", body, token=alice)
+        assert stolen.status == 400 and stolen.errcode == "M_UNKNOWN_POS"
+        # A new connection with the same conn_id replaces the old one.
+        await _ss(client, bob, body)
+        gone = await client.request("POST", f"{SS}?pos={retried['pos']}", body, token=bob)
+        assert gone.status == 400 and gone.errcode == "M_UNKNOWN_POS"
+        for bad, errcode in (
+            ({"lists": []}, "M_BAD_JSON"),
+            ({"lists": {"l": {"ranges": [[5, 1]], "timeline_limit": 1}}}, "M_INVALID_PARAM"),
+            ({"lists": {"l": {"ranges": [[0, "x"]], "timeline_limit": 1}}}, "M_BAD_JSON"),
+            ({"lists": {"l": {"timeline_limit": -1}}}, "M_INVALID_PARAM"),
+            ({"lists": {"l": {"timeline_limit": 1, "required_state": [["only type"]]}}}, "M_BAD_JSON"),
+            ({"lists": {"l": {"timeline_limit": 1, "filters": {"is_dm": "yes"}}}}, "M_BAD_JSON"),
+            ({"room_subscriptions": {"not a room": {"timeline_limit": 1}}}, "M_INVALID_PARAM"),
+            ({"set_presence": "dancing"}, "M_INVALID_PARAM"),
+            ({"extensions": {"to_device": {"enabled": True, "since": "x1"}}}, "M_INVALID_PARAM"),
+            ({"timeout": "soon"}, "M_BAD_JSON"),
+        ):
+            response = await client.request("POST", SS, bad, token=bob)
+            assert response.status == 400 and response.errcode == errcode, (bad, response)
+        not_json = await client.request("POST", SS, raw=b"[1]", token=bob)
+        assert not_json.status == 400 and not_json.errcode in ("M_BAD_JSON", "M_NOT_JSON")
+        versions = await client.request("GET", "/_matrix/client/versions")
+        assert versions.body["unstable_features"]["org.matrix.simplified_msc3575"] is True
+
+
+async def test_long_poll_is_woken_by_a_send(database_dsn: str, tmp_path: Path) -> None:
+    """With a pos and a timeout the request waits for news; a message wakes it at once (the /sync
+    notifier), and no waiter is left behind."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (hs, client):
+        alice, bob = await _users(client)
+        room_id = await _room(client, alice, "r")
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        body = {"lists": {"l": {"ranges": [[0, 5]], "timeline_limit": 3, "required_state": []}}}
+        first = await _ss(client, bob, body)
+        started = time.monotonic()
+        waiting = Deferred.fromCoroutine(_ss(client, bob, body, pos=first["pos"], timeout=20000))
+        sent = await _send(client, alice, room_id, "wake")
+        woken = await waiting
+        assert time.monotonic() - started < 10
+        assert [e["event_id"] for e in woken["rooms"][room_id]["timeline"]] == [sent]
+        assert hs.process.notifier.waiter_count() == 0
+        # Nothing new: a short timeout answers empty when it passes.
+        started = time.monotonic()
+        idle = await _ss(client, bob, body, pos=woken["pos"], timeout=300)
+        assert idle["rooms"] == {} and time.monotonic() - started >= 0.3
