@@ -36,7 +36,7 @@ WILDCARD: Final = "*"
 LAZY: Final = "$LAZY"
 ME: Final = "$ME"
 PRESENCE_VALUES: Final = ("online", "offline", "unavailable")
-EXTENSIONS: Final = ("to_device", "e2e", "account_data", "receipts", "typing")
+EXTENSIONS: Final = ("to_device", "e2ee", "account_data", "receipts", "typing")
 
 
 @attrs.frozen
@@ -315,7 +315,7 @@ def parse_extensions(value: object) -> Extensions:
             if not text.isascii() or not text.isdigit() or len(text) > 18:
                 raise invalid_param(f"'extensions.to_device.since' {text[:50]!r} is not a to-device position")
             since = int(text)
-    return Extensions(to_device=enabled["to_device"], to_device_since=since, e2e=enabled["e2e"],
+    return Extensions(to_device=enabled["to_device"], to_device_since=since, e2e=enabled["e2ee"],
                       account_data=enabled["account_data"], receipts=enabled["receipts"], typing=enabled["typing"])
 
 

@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import pytest
 from twisted.internet.defer import Deferred
 
+from tests.conftest import scratch_database
+from tests.harness import Nginx, TributaryProcess, configure_workers
+from tests.integration.test_client_e2e import signed_keys
 from tests.integration.test_client_rooms import ALICE, BOB, ROOM_LIMITS, _ok, _users
 from tests.integration.test_client_support import Client, running_server
 
@@ -213,3 +217,103 @@ async def test_long_poll_is_woken_by_a_send(database_dsn: str, tmp_path: Path) -
         started = time.monotonic()
         idle = await _ss(client, bob, body, pos=woken["pos"], timeout=300)
         assert idle["rooms"] == {} and time.monotonic() - started >= 0.3
+
+
+async def test_extensions(database_dsn: str, tmp_path: Path) -> None:
+    """to_device (with ``since``; acknowledged messages are deleted, as /sync does), e2ee (one-time
+    key counts, fallback key types, device list changes), account data (global and per room),
+    receipts and typing, each first whole and then as changes."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        bob_device = (await _ok(client, "GET", "account/whoami", token=bob))["device_id"]
+        alice_device = (await _ok(client, "GET", "account/whoami", token=alice))["device_id"]
+        room_id = await _room(client, alice, "r")
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        message = await _send(client, alice, room_id, "hello")
+        await _ok(client, "POST", f"rooms/{room_id}/receipt/m.read/{quote(message)}", {}, token=alice)
+        await _ok(client, "PUT", "sendToDevice/m.test/t1", {"messages": {BOB: {bob_device: {"n": 1}}}}, token=alice)
+        await _ok(client, "POST", "keys/upload", {
+            "one_time_keys": {"signed_curve25519:K1": {"key": "k1"}, "signed_curve25519:K2": {"key": "k2"}},
+            "fallback_keys": {"signed_curve25519:F1": {"key": "f", "fallback": True}}}, token=bob)
+        await _ok(client, "PUT", f"user/{quote(BOB)}/account_data/m.test.global", {"g": 1}, token=bob)
+        await _ok(client, "PUT", f"user/{quote(BOB)}/rooms/{room_id}/account_data/m.test.room", {"r": 1}, token=bob)
+        await _ok(client, "PUT", f"rooms/{room_id}/typing/{quote(ALICE)}", {"typing": True, "timeout": 30000},
+                  token=alice)
+        extensions = {name: {"enabled": True} for name in ("to_device", "e2ee", "account_data", "receipts", "typing")}
+        body: dict[str, Any] = {"lists": {"l": {"ranges": [[0, 5]], "timeline_limit": 5, "required_state": []}},
+                                "extensions": extensions}
+        first = await _ss(client, bob, body)
+        ext = first["extensions"]
+        assert [e["content"] for e in ext["to_device"]["events"]] == [{"n": 1}]
+        assert ext["to_device"]["events"][0]["sender"] == ALICE
+        assert ext["e2ee"]["device_one_time_keys_count"]["signed_curve25519"] == 2
+        assert ext["e2ee"]["device_unused_fallback_key_types"] == ["signed_curve25519"]
+        global_types = {e["type"]: e["content"] for e in ext["account_data"]["global"]}
+        assert global_types["m.test.global"] == {"g": 1} and "m.push_rules" in global_types
+        assert ext["account_data"]["rooms"][room_id] == [{"type": "m.test.room", "content": {"r": 1}}]
+        assert ALICE in ext["receipts"]["rooms"][room_id]["content"][message]["m.read"]
+        assert ext["typing"]["rooms"][room_id]["content"]["user_ids"] == [ALICE]
+
+        # Changes only, from the connection's position and the to-device ``since``.
+        await _ok(client, "PUT", "sendToDevice/m.test/t2", {"messages": {BOB: {bob_device: {"n": 2}}}}, token=alice)
+        await _ok(client, "PUT", f"user/{quote(BOB)}/account_data/m.test.global", {"g": 2}, token=bob)
+        await _ok(client, "PUT", f"rooms/{room_id}/typing/{quote(ALICE)}", {"typing": False}, token=alice)
+        await _ok(client, "POST", "keys/upload", {"device_keys": signed_keys(ALICE, alice_device)}, token=alice)
+        since = {**extensions, "to_device": {"enabled": True, "since": ext["to_device"]["next_batch"]}}
+        second = await _ss(client, bob, {**body, "extensions": since}, pos=first["pos"], timeout=0)
+        ext = second["extensions"]
+        assert [e["content"] for e in ext["to_device"]["events"]] == [{"n": 2}]
+        assert ext["account_data"]["global"] == [{"type": "m.test.global", "content": {"g": 2}}]
+        assert ext["account_data"]["rooms"] == {}
+        assert ext["typing"]["rooms"][room_id]["content"]["user_ids"] == []
+        assert ext["receipts"]["rooms"] == {}
+        assert ALICE in ext["e2ee"]["device_lists"]["changed"]
+        # The first message was acknowledged by ``since``: gone even for a client starting over.
+        over = await _ss(client, bob, {"extensions": {"to_device": {"enabled": True}}})
+        assert [e["content"] for e in over["extensions"]["to_device"]["events"]] == [{"n": 2}]
+
+
+@pytest.mark.timeout(120)
+async def test_a_connection_continues_on_another_process(postgres_template: str, redis_url: str,
+                                                         tmp_path: Path) -> None:
+    """The connection's state is in PostgreSQL: a ``pos`` the main process answered is continued by
+    the generic worker (only what is new, nothing initial), and a long poll there, reached
+    through docker/nginx.conf's routing, is woken by a message sent on the main process."""
+    with scratch_database(postgres_template) as dsn:
+        main, workers, generic_port = configure_workers(tmp_path / "a", dsn, redis_url, persisters=0, senders=0)
+        nginx = Nginx.for_workers(tmp_path / "nginx", main_port=main.client_port, generic_port=generic_port)
+        started: list[TributaryProcess] = []
+        try:
+            for process in (main, workers["g1"]):
+                process.start()
+                started.append(process)
+            nginx.start()
+            on_main, on_worker = Client(main.base_url), Client(f"http://127.0.0.1:{generic_port}")
+            front = Client(f"http://127.0.0.1:{nginx.port}")
+            alice = (await on_main.register_ok("alice"))["access_token"]
+            bob = (await on_main.register_ok("bob"))["access_token"]
+            rooms = [await _room(on_main, alice, f"r{i}") for i in range(2)]
+            for room_id in rooms:
+                await _ok(on_main, "POST", f"rooms/{room_id}/join", {}, token=bob)
+            body = {"conn_id": "phone", "lists": {"l": {"ranges": [[0, 9]], "timeline_limit": 5,
+                                                        "required_state": [["m.room.name", ""]]}}}
+            first = await _ss(on_main, bob, body)
+            assert set(first["rooms"]) == set(rooms)
+            sent = await _send(on_main, alice, rooms[0], "after the first answer")
+            second = await _ss(on_worker, bob, body, pos=first["pos"], timeout=10000)
+            assert set(second["rooms"]) == {rooms[0]}
+            assert [e["event_id"] for e in second["rooms"][rooms[0]]["timeline"]] == [sent]
+            assert "initial" not in second["rooms"][rooms[0]]
+
+            waiting = Deferred.fromCoroutine(_ss(front, bob, body, pos=second["pos"], timeout=20000))
+            woke = await _send(on_main, alice, rooms[1], "wake the worker")
+            woken = await waiting
+            assert set(woken["rooms"]) == {rooms[1]}
+            assert [e["event_id"] for e in woken["rooms"][rooms[1]]["timeline"]] == [woke]
+            # ... and the main process continues from the worker's answer.
+            third = await _ss(on_main, bob, body, pos=woken["pos"], timeout=0)
+            assert third["rooms"] == {}
+        finally:
+            nginx.stop()
+            for process in reversed(started):
+                assert process.stop() == 0, process.output[-5000:]
