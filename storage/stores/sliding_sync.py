@@ -229,7 +229,9 @@ def _save_position_txn(
     return position_id
 
 
-def _prune_connections_txn(txn: Transaction, before_ts: int, batch: int) -> int:
+def prune_connections_txn(txn: Transaction, before_ts: int, batch: int) -> int:
+    """Delete up to ``batch`` connections last used before ``before_ts``, with their state (the
+    pruning job's, storage/stores/pruning.py)."""
     txn.execute(
         "DELETE FROM sliding_sync_connections WHERE connection_key IN "
         "(SELECT connection_key FROM sliding_sync_connections WHERE last_used_ts < %s LIMIT %s)",
@@ -385,8 +387,3 @@ class SlidingSyncStore:
         return await self._db.run_interaction(
             "sliding_sync_save_position", _save_position_txn, connection_key, token, changes, now_ms
         )
-
-    async def prune_connections(self, before_ts: int, batch: int) -> int:
-        """Delete up to ``batch`` connections last used before ``before_ts`` (with their state)."""
-        return await self._db.run_interaction("prune_sliding_sync_connections", _prune_connections_txn,
-                                              before_ts, batch)
