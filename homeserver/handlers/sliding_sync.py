@@ -460,7 +460,7 @@ class SlidingSyncHandler:
             current = _position(now, SyncStreamKey.TO_DEVICE)
             messages = await self._e2e.to_device_for(requester, after, current) if current > after or after else []
             out["to_device"] = {"next_batch": str(max(current, after)), "events": messages}
-        if wanted.e2e:
+        if wanted.e2ee:
             counts, fallback = await self._e2e.key_counts(requester)
             e2ee: dict[str, Any] = {"device_one_time_keys_count": counts,
                                     "device_unused_fallback_key_types": fallback}

@@ -140,13 +140,13 @@ class ListConfig:
 class Extensions:
     to_device: bool = False
     to_device_since: int | None = None
-    e2e: bool = False
+    e2ee: bool = False
     account_data: bool = False
     receipts: bool = False
     typing: bool = False
 
     def any(self) -> bool:
-        return self.to_device or self.e2e or self.account_data or self.receipts or self.typing
+        return self.to_device or self.e2ee or self.account_data or self.receipts or self.typing
 
 
 @attrs.frozen
@@ -242,8 +242,8 @@ def parse_required_state(value: object, field: str) -> StateSpec:
         return StateSpec(include, elements("exclude"))
     pairs = set()
     for i, item in enumerate(_array(value, field, MAX_REQUIRED_STATE)):
-        pair = _array(item, f"{field}[{i}]", 2)
-        if len(pair) != 2:
+        pair = item
+        if not isinstance(pair, list) or len(pair) != 2:
             raise bad_json(f"'{field}[{i}]' must be a [type, state_key] pair")
         pairs.add((_text(pair[0], f"{field}[{i}][0]"), _text(pair[1], f"{field}[{i}][1]")))
     return StateSpec(frozenset(pairs))
@@ -282,9 +282,9 @@ def parse_filters(value: object, field: str) -> ListFilters:
 
 
 def _range(value: object, field: str) -> tuple[int, int]:
-    pair = _array(value, field, 2)
-    if len(pair) != 2:
+    if not isinstance(value, list) or len(value) != 2:
         raise bad_json(f"'{field}' must be a [start, end] pair")
+    pair = value
     start = _int(pair[0], f"{field}[0]", minimum=0, maximum=MAX_RANGE_INDEX)
     end = _int(pair[1], f"{field}[1]", minimum=0, maximum=MAX_RANGE_INDEX)
     if end < start:
@@ -315,7 +315,7 @@ def parse_extensions(value: object) -> Extensions:
             if not text.isascii() or not text.isdigit() or len(text) > 18:
                 raise invalid_param(f"'extensions.to_device.since' {text[:50]!r} is not a to-device position")
             since = int(text)
-    return Extensions(to_device=enabled["to_device"], to_device_since=since, e2e=enabled["e2ee"],
+    return Extensions(to_device=enabled["to_device"], to_device_since=since, e2ee=enabled["e2ee"],
                       account_data=enabled["account_data"], receipts=enabled["receipts"], typing=enabled["typing"])
 
 
