@@ -127,9 +127,7 @@ class SlidingSyncHandler:
         until there is something to send, then recorded as the connection's next ``pos``."""
         user_id, device_id = requester.user_id, requester.device_id
         if request.pos is None:
-            key = await self._store.new_connection(user_id, device_id, request.conn_id, now_ms=self._now_ms(),
-                                                   max_per_device=MAX_CONNECTIONS_PER_DEVICE)
-            position = ConnectionPosition(key, 0, "", {})
+            position = ConnectionPosition(0, 0, "", {})  # the connection is (re)started with its answer
             since: StreamToken | None = None
         else:
             found = await self._store.resume(user_id, device_id, request.conn_id, request.pos, now_ms=self._now_ms())
@@ -162,8 +160,13 @@ class SlidingSyncHandler:
                 break
             woken_at = self._clock.seconds() if woken else None
         try:
-            new_pos = await self._store.save_position(position.connection_key, now.to_string(), computed.changes,
-                                                      now_ms=self._now_ms())
+            if request.pos is None:
+                new_pos = await self._store.save_new_connection(
+                    user_id, device_id, request.conn_id, now.to_string(), computed.changes, now_ms=self._now_ms(),
+                    max_per_device=MAX_CONNECTIONS_PER_DEVICE)
+            else:
+                new_pos = await self._store.save_position(position.connection_key, now.to_string(),
+                                                          computed.changes, now_ms=self._now_ms())
         except ConnectionGone:
             raise unknown_pos("The connection was restarted or expired") from None
         return {"pos": str(new_pos), **computed.body}
@@ -300,12 +303,9 @@ class SlidingSyncHandler:
 
         full_state_rooms = [r for r in shown if (starts[r] is None or r in expanded)
                             and in_view[r].entry.membership not in (C.INVITE, C.KNOCK)]
-        timelines: dict[str, tuple[list[FrozenEvent], bool, str]] = {}
-        for room_id in shown:
-            if in_view[room_id].entry.membership in (C.INVITE, C.KNOCK):
-                continue
-            timelines[room_id] = await self._timeline_of(
-                requester, room_id, recent.get(room_id, []), in_view[room_id], whole=starts[room_id] is None, now=now)
+        timelines = await self._timelines(
+            requester, {r: in_view[r] for r in shown if in_view[r].entry.membership not in (C.INVITE, C.KNOCK)},
+            recent, whole={r for r in shown if starts[r] is None}, now=now)
         lazy_members: dict[str, set[str]] = {}
         for room_id, (events, _, _) in timelines.items():
             if in_view[room_id].config.lazy:
@@ -326,10 +326,10 @@ class SlidingSyncHandler:
         unread = await self._push.get_unread_counts(user_id, [r for r in shown if in_view[r].entry.membership == C.JOIN],
                                                     upto=upto.maximum)
         live_positions: dict[str, tuple[str, int]] = {}
-        if since_pos is not None:
-            live_positions = await self._timeline.get_event_positions(
-                [e.event_id for room_id, (events, _, _) in timelines.items() if starts[room_id] != since_pos
-                 for e in events])
+        older = [e.event_id for room_id, (events, _, _) in timelines.items() if starts[room_id] != since_pos
+                 for e in events]
+        if since_pos is not None and older:
+            live_positions = await self._timeline.get_event_positions(older)
 
         # The state events each room result sends.
         room_state: dict[str, dict[StateKey, str]] = {}
@@ -357,6 +357,8 @@ class SlidingSyncHandler:
             sorted({eid for state in room_state.values() for eid in state.values()}))}
 
         hero_ids: dict[str, list[str]] = {}
+        timeline_of: dict[str, list[FrozenEvent]] = {}
+        state_of: dict[str, list[FrozenEvent]] = {}
         out: dict[str, Any] = {}
         for room_id in shown:
             view = in_view[room_id]
@@ -376,8 +378,7 @@ class SlidingSyncHandler:
             if whole and room_id in direct:
                 result["is_dm"] = True
             events, limited, prev_batch = timelines[room_id]
-            result["timeline"] = await self._client_events.serialize(
-                events, access_token_id=requester.access_token_id, include_room_id=False, bundle_for=user_id)
+            timeline_of[room_id] = events
             result["limited"] = limited
             result["prev_batch"] = prev_batch
             if since_pos is None:
@@ -390,8 +391,7 @@ class SlidingSyncHandler:
             state_ids = room_state[room_id]
             send = {k: v for k, v in state_ids.items() if k not in ((C.NAME, ""), ("m.room.avatar", ""))
                     or view.config.matches(k[0], k[1], user_id)}
-            result["required_state"] = await self._client_events.serialize(
-                [loaded[v] for _, v in sorted(send.items()) if v in loaded], include_room_id=False)
+            state_of[room_id] = [loaded[v] for _, v in sorted(send.items()) if v in loaded]
             name_event = loaded.get(state_ids.get((C.NAME, ""), ""))
             avatar_event = loaded.get(state_ids.get(("m.room.avatar", ""), ""))
             name = name_event.content.get("name") if name_event is not None else None
@@ -415,26 +415,55 @@ class SlidingSyncHandler:
                 result["notification_count"] = sum(n for n, _ in by_thread.values())
                 result["highlight_count"] = sum(h for _, h in by_thread.values())
             out[room_id] = result
+        # Every room's events in one serialisation each (one read of redactions and txn IDs).
+        for field, of, served in (
+            ("timeline", timeline_of, await self._client_events.serialize(
+                [e for events in timeline_of.values() for e in events], access_token_id=requester.access_token_id,
+                include_room_id=False, bundle_for=user_id)),
+            ("required_state", state_of, await self._client_events.serialize(
+                [e for events in state_of.values() for e in events], include_room_id=False)),
+        ):
+            offset = 0
+            for room_id, events in of.items():
+                out[room_id][field] = served[offset:offset + len(events)]
+                offset += len(events)
         profiles = await self._store.get_member_profiles(hero_ids)
         for room_id, heroes in hero_ids.items():
             out[room_id]["heroes"] = [_hero(user, *profiles.get((room_id, user), (None, None))) for user in heroes]
         return out
 
-    async def _timeline_of(
-        self, requester: Requester, room_id: str, rows: list[tuple[str, int]], view: _InView, *, whole: bool,
-        now: StreamToken,
-    ) -> tuple[list[FrozenEvent], bool, str]:
-        """The room's timeline events (oldest first), whether it is limited, and its ``prev_batch``."""
-        limit = view.config.timeline_limit
-        limited = len(rows) > limit
-        rows = list(reversed(rows[:limit]))
-        events = await self._client_events.load([event_id for event_id, _ in rows])
-        if whole or view.entry.membership != C.JOIN:
-            # A room sent whole may reach back past the user's join; a left room is seen as left.
-            events = await self._client_events.filter_visible(
-                requester.user_id, events, joined_now=view.entry.membership == C.JOIN)
-        prev_batch = room_token(rows[0][1] - 1) if rows else now.events.to_string()
-        return events, limited, prev_batch
+    async def _timelines(
+        self, requester: Requester, rooms: Mapping[str, _InView], recent: Mapping[str, list[tuple[str, int]]], *,
+        whole: set[str], now: StreamToken,
+    ) -> dict[str, tuple[list[FrozenEvent], bool, str]]:
+        """Per room: its timeline events (oldest first), whether it is limited, and its
+        ``prev_batch``. The events of all the rooms are loaded, checked and later serialised
+        together, so a response costs the same few reads for 1 room or 20."""
+        rows_of: dict[str, list[tuple[str, int]]] = {}
+        limited: dict[str, bool] = {}
+        for room_id, view in rooms.items():
+            rows = recent.get(room_id, [])
+            limited[room_id] = len(rows) > view.config.timeline_limit
+            rows_of[room_id] = list(reversed(rows[:view.config.timeline_limit]))
+        loaded = {e.event_id: e for e in await self._client_events.load(
+            [event_id for rows in rows_of.values() for event_id, _ in rows])}
+        # A room sent whole may reach back past the user's join (what follows the join the user
+        # sees, being joined since); a left room is seen as left.
+        joined_check = [loaded[eid] for r, rows in rows_of.items() if r in whole and rooms[r].entry.membership == C.JOIN
+                        for eid, so in rows if eid in loaded and so <= rooms[r].entry.member_stream_ordering]
+        left_check = [loaded[eid] for r, rows in rows_of.items() if rooms[r].entry.membership != C.JOIN
+                      for eid, _ in rows if eid in loaded]
+        hidden = {e.event_id for e in joined_check + left_check}
+        hidden -= {e.event_id for e in await self._client_events.filter_visible(
+            requester.user_id, joined_check, joined_now=True)}
+        hidden -= {e.event_id for e in await self._client_events.filter_visible(
+            requester.user_id, left_check, joined_now=False)}
+        out: dict[str, tuple[list[FrozenEvent], bool, str]] = {}
+        for room_id, rows in rows_of.items():
+            events = [loaded[eid] for eid, _ in rows if eid in loaded and eid not in hidden]
+            prev_batch = room_token(rows[0][1] - 1) if rows else now.events.to_string()
+            out[room_id] = (events, limited[room_id], prev_batch)
+        return out
 
     async def _invite_state(self, room_id: str, member_event_id: str) -> list[Any]:
         keys: list[StateKey] = [(t, "") for t in INVITE_STATE_TYPES]

@@ -58,6 +58,8 @@ class RoomListEntry:
     # the member event's stream ordering otherwise.
     event_id: str
     bump_stamp: int
+    # The member event's stream ordering: a joined user sees every event of the room after it.
+    member_stream_ordering: int
 
 
 @attrs.frozen
@@ -132,7 +134,8 @@ def _room_list_txn(
             WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership = ANY(%s)
         )
         SELECT m.room_id, m.membership, m.event_id,
-               COALESCE(b.stream_ordering, m.stream_ordering) AS bump, count(*) OVER () AS total
+               COALESCE(b.stream_ordering, m.stream_ordering) AS bump, count(*) OVER () AS total,
+               m.stream_ordering
         FROM m LEFT JOIN LATERAL (
             SELECT stream_ordering FROM events
             WHERE m.membership = 'join' AND events.room_id = m.room_id AND type IN {_BUMP_SQL} AND {_LIVE}
@@ -146,7 +149,7 @@ def _room_list_txn(
     )
     rows = txn.fetchall()
     total = int(rows[0][4]) if rows else 0
-    return total, [RoomListEntry(str(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
+    return total, [RoomListEntry(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[5])) for r in rows]
 
 
 def _resume_txn(
@@ -205,6 +208,14 @@ def _new_connection_txn(
     return int(row[0])
 
 
+def _save_new_connection_txn(
+    txn: Transaction, user_id: str, device_id: str, conn_id: str, token: str, changes: Sequence[RoomStatusChange],
+    now_ms: int, max_per_device: int,
+) -> int:
+    key = _new_connection_txn(txn, user_id, device_id, conn_id, now_ms, max_per_device)
+    return _save_position_txn(txn, key, token, changes, now_ms)
+
+
 def _save_position_txn(
     txn: Transaction, connection_key: int, token: str, changes: Sequence[RoomStatusChange], now_ms: int
 ) -> int:
@@ -257,7 +268,8 @@ class SlidingSyncStore:
         def txn_fn(txn: Transaction) -> dict[str, RoomListEntry]:
             txn.execute(
                 f"""
-                SELECT c.room_id, c.membership, c.event_id, COALESCE(b.stream_ordering, e.stream_ordering)
+                SELECT c.room_id, c.membership, c.event_id, COALESCE(b.stream_ordering, e.stream_ordering),
+                       e.stream_ordering
                 FROM current_state_events c JOIN events e ON e.event_id = c.event_id
                 LEFT JOIN LATERAL (
                     SELECT stream_ordering FROM events
@@ -269,7 +281,8 @@ class SlidingSyncStore:
                 """,
                 (sorted(room_ids), user_id, list(LIST_MEMBERSHIPS)),
             )
-            return {str(r[0]): RoomListEntry(str(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in txn.fetchall()}
+            return {str(r[0]): RoomListEntry(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]))
+                    for r in txn.fetchall()}
 
         if not room_ids:
             return {}
@@ -363,11 +376,16 @@ class SlidingSyncStore:
 
     # --- connections --------------------------------------------------------------------------
 
-    async def new_connection(self, user_id: str, device_id: str, conn_id: str, *, now_ms: int,
-                             max_per_device: int) -> int:
-        """Start (or restart) the connection: its earlier state is dropped. Its key."""
+    async def save_new_connection(
+        self, user_id: str, device_id: str, conn_id: str, token: str, changes: Sequence[RoomStatusChange], *,
+        now_ms: int, max_per_device: int,
+    ) -> int:
+        """Start (or restart) the connection with its first position (its earlier state is
+        dropped; the device's least recently used connections beyond ``max_per_device`` too):
+        the position's ID."""
         return await self._db.run_interaction(
-            "sliding_sync_new_connection", _new_connection_txn, user_id, device_id, conn_id, now_ms, max_per_device
+            "sliding_sync_save_new_connection", _save_new_connection_txn, user_id, device_id, conn_id, token,
+            changes, now_ms, max_per_device,
         )
 
     async def resume(
