@@ -13,7 +13,7 @@ from typing import Any, Final
 from twisted.web.server import Request
 
 from homeserver.handlers.auth import Auth
-from homeserver.handlers.presence import SyncTracker
+from homeserver.handlers.presence import SyncTracker, while_syncing
 from homeserver.handlers.sliding_sync import SlidingSyncHandler
 from homeserver.handlers.sliding_sync_request import parse_request
 from homeserver.http.client_api._base import parse_optional_json_object, query_string
@@ -28,17 +28,7 @@ def register_sliding_sync_servlet(router: Routes, *, auth: Auth, sliding_sync: S
         requester = await auth.get_user_by_req(request)
         parsed = parse_request(parse_optional_json_object(request), query_pos=query_string(request, "pos"),
                                query_timeout=query_string(request, "timeout"))
-        tracked = sync_tracker is not None and parsed.set_presence == "online"
-        if tracked:
-            assert sync_tracker is not None
-            started = sync_tracker.begin(requester.user_id)
-            if started is not None:
-                await started
-        try:
-            return 200, await sliding_sync.wait_for_sync(requester, parsed)
-        finally:
-            if tracked:
-                assert sync_tracker is not None
-                sync_tracker.end(requester.user_id)
+        return 200, await while_syncing(sync_tracker, requester.user_id, parsed.set_presence,
+                                        lambda: sliding_sync.wait_for_sync(requester, parsed))
 
     router.register(["POST"], SLIDING_SYNC_PATH, post_sync, "client_sliding_sync")

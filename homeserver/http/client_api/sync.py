@@ -15,7 +15,7 @@ from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.auth import Auth
 from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.filters import FilterHandler, validate_filter
-from homeserver.handlers.presence import PRESENCE_STATES, SyncTracker
+from homeserver.handlers.presence import PRESENCE_STATES, SyncTracker, while_syncing
 from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.legacy_sync import LegacySyncHandler
 from homeserver.handlers.sync import DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncHandler
@@ -118,25 +118,13 @@ def register_sync_servlets(router: Routes, *, auth: Auth, sync: SyncHandler, fil
             else:
                 filter_json = await filters.get_filter(requester, requester.user_id, filter_text)
         # A syncing client is online (set_presence=offline or unavailable: the client says otherwise).
-        tracked = sync_tracker is not None and set_presence == "online"
-        if tracked:
-            assert sync_tracker is not None
-            started = sync_tracker.begin(requester.user_id)
-            if started is not None:
-                await started
-        try:
-            result = await sync.wait_for_sync(
-                requester,
-                since,
-                timeout_ms=timeout_ms,
-                full_state=full_state_text == "true",
-                sync_filter=SyncFilter.parse(filter_json),
-            )
-        finally:
-            if tracked:
-                assert sync_tracker is not None
-                sync_tracker.end(requester.user_id)
-        return 200, result
+        return 200, await while_syncing(sync_tracker, requester.user_id, set_presence, lambda: sync.wait_for_sync(
+            requester,
+            since,
+            timeout_ms=timeout_ms,
+            full_state=full_state_text == "true",
+            sync_filter=SyncFilter.parse(filter_json),
+        ))
 
     router.register(["GET"], client_path(r"/sync"), get_sync, "client_sync")
 
