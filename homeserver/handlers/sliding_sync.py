@@ -208,11 +208,13 @@ class SlidingSyncHandler:
         for room_id, view in in_view.items():
             old = position.rooms.get(room_id)
             config_json = view.config.to_json()
-            if old is None or not old.live or old.config != config_json:
-                changes.append(RoomStatusChange(room_id, RoomStatus(True, None, config_json)))
+            membership = view.entry.membership
+            if old is None or not old.live or old.config != config_json or old.membership != membership:
+                changes.append(RoomStatusChange(room_id, RoomStatus(True, None, config_json, membership)))
         for room_id, old in position.rooms.items():
             if old.live and room_id not in in_view:
-                changes.append(RoomStatusChange(room_id, RoomStatus(False, position.token, old.config)))
+                changes.append(RoomStatusChange(room_id, RoomStatus(False, position.token, old.config,
+                                                                    old.membership)))
 
         extensions = await self._extensions(requester, request, since, now, since_pos, upto, in_view, rooms)
         has_data = bool(rooms) or any(bool(value) for value in _extension_data(extensions))
@@ -246,7 +248,8 @@ class SlidingSyncHandler:
         expanded: set[str] = set()
         for room_id, view in in_view.items():
             status = position.rooms.get(room_id)
-            if status is None:
+            if status is None or (view.entry.membership == C.JOIN and status.membership in (C.INVITE, C.KNOCK)):
+                # Never sent, or sent as an invite (stripped state only) and joined since: whole.
                 starts[room_id] = None
                 continue
             if status.live:

@@ -40,6 +40,8 @@ CREATE TABLE sliding_sync_rooms (
     last_token TEXT,
     -- The combined room config (timeline_limit, required_state) it was last sent with, as JSON.
     config TEXT NOT NULL,
+    -- The user's membership when it was last sent (an invite then joined is sent whole again).
+    membership TEXT NOT NULL,
     PRIMARY KEY (connection_key, room_id, position_id)
 );
 

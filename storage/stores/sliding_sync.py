@@ -65,11 +65,13 @@ class RoomListEntry:
 @attrs.frozen
 class RoomStatus:
     """What a connection has of a room: ``live`` (everything up to the position's token) or
-    sent up to ``last_token`` only; ``config`` is the room config it was sent with (JSON)."""
+    sent up to ``last_token`` only; ``config`` is the room config it was sent with (JSON), and
+    ``membership`` the user's membership then."""
 
     live: bool
     last_token: str | None
     config: str
+    membership: str
 
 
 @attrs.frozen
@@ -179,8 +181,9 @@ def _resume_txn(
     txn.execute("DELETE FROM sliding_sync_positions WHERE connection_key = %s AND position_id <> %s",
                 (key, position_id))
     txn.execute("UPDATE sliding_sync_connections SET last_used_ts = %s WHERE connection_key = %s", (now_ms, key))
-    txn.execute("SELECT room_id, status, last_token, config FROM sliding_sync_rooms WHERE connection_key = %s", (key,))
-    rooms = {str(r[0]): RoomStatus(r[1] == "live", r[2], str(r[3])) for r in txn.fetchall()}
+    txn.execute("SELECT room_id, status, last_token, config, membership FROM sliding_sync_rooms "
+                "WHERE connection_key = %s", (key,))
+    rooms = {str(r[0]): RoomStatus(r[1] == "live", r[2], str(r[3]), str(r[4])) for r in txn.fetchall()}
     return ConnectionPosition(key, position_id, token, rooms)
 
 
@@ -231,11 +234,13 @@ def _save_position_txn(
     position_id = int(row[0])
     if changes:
         txn.execute(
-            "INSERT INTO sliding_sync_rooms (connection_key, position_id, room_id, status, last_token, config) "
-            "SELECT %s, %s, r, s, t, c FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS u(r, s, t, c)",
+            "INSERT INTO sliding_sync_rooms (connection_key, position_id, room_id, status, last_token, config, "
+            "membership) SELECT %s, %s, r, s, t, c, m "
+            "FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) AS u(r, s, t, c, m)",
             (connection_key, position_id, [c.room_id for c in changes],
              ["live" if c.status.live else "previously" for c in changes],
-             [c.status.last_token for c in changes], [c.status.config for c in changes]),
+             [c.status.last_token for c in changes], [c.status.config for c in changes],
+             [c.status.membership for c in changes]),
         )
     return position_id
 

@@ -317,3 +317,43 @@ async def test_a_connection_continues_on_another_process(postgres_template: str,
             nginx.stop()
             for process in reversed(started):
                 assert process.stop() == 0, process.output[-5000:]
+
+
+async def test_membership_changes(database_dsn: str, tmp_path: Path) -> None:
+    """An invite accepted is sent whole again (the client had stripped state only); a kick and
+    a leave of a room the connection has are sent once, the timeline ending at the membership
+    event; the list keeps the kicked room and drops the left one once it was sent."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        invited = await _room(client, alice, "invited", preset="private_chat", invite=[BOB])
+        kicked = await _room(client, alice, "kicked")
+        left = await _room(client, alice, "left")
+        for room_id in (kicked, left):
+            await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        body = {"lists": {"l": {"ranges": [[0, 9]], "timeline_limit": 3, "required_state": [["m.room.create", ""]]}}}
+        first = await _ss(client, bob, body)
+        assert first["rooms"][invited]["membership"] == "invite" and first["lists"]["l"]["count"] == 3
+
+        await _ok(client, "POST", f"rooms/{invited}/join", {}, token=bob)
+        joined = await _ss(client, bob, body, pos=first["pos"], timeout=0)
+        room = joined["rooms"][invited]
+        assert room["initial"] is True and room["membership"] == "join" and room["name"] == "invited"
+        assert [e["type"] for e in room["required_state"]] == ["m.room.create"]
+
+        await _ok(client, "POST", f"rooms/{kicked}/kick", {"user_id": BOB}, token=alice)
+        await _ok(client, "POST", f"rooms/{left}/leave", {}, token=bob)
+        await _send(client, alice, kicked, "after the kick")
+        changed = await _ss(client, bob, body, pos=joined["pos"], timeout=0)
+        assert changed["rooms"][kicked]["membership"] == "leave"
+        kick_event = changed["rooms"][kicked]["timeline"][-1]
+        assert (kick_event["type"], kick_event["state_key"], kick_event["sender"]) == ("m.room.member", BOB, ALICE)
+        assert "after the kick" not in [e["content"].get("body") for e in changed["rooms"][kicked]["timeline"]]
+        leave_event = changed["rooms"][left]["timeline"][-1]
+        assert (leave_event["type"], leave_event["sender"], leave_event["content"]["membership"]) == (
+            "m.room.member", BOB, "leave")
+        assert changed["rooms"][left]["membership"] == "leave"
+        quiet = await _ss(client, bob, body, pos=changed["pos"], timeout=0)
+        assert quiet["rooms"] == {}
+        # A new connection lists the kicked room, not the one bob left himself.
+        fresh = await _ss(client, bob, body)
+        assert set(fresh["lists"]["l"]["ops"][0]["room_ids"]) == {invited, kicked}
