@@ -305,7 +305,8 @@ class SlidingSyncHandler:
             return {}
 
         full_state_rooms = [r for r in shown if (starts[r] is None or r in expanded)
-                            and in_view[r].entry.membership not in (C.INVITE, C.KNOCK)]
+                            and in_view[r].entry.membership == C.JOIN]
+        left_rooms = [r for r in shown if in_view[r].entry.membership in (C.LEAVE, C.BAN)]
         timelines = await self._timelines(
             requester, {r: in_view[r] for r in shown if in_view[r].entry.membership not in (C.INVITE, C.KNOCK)},
             recent, whole={r for r in shown if starts[r] is None}, now=now)
@@ -321,11 +322,14 @@ class SlidingSyncHandler:
             full_state_rooms, all_members=any(in_view[r].config.all_members() for r in full_state_rooms),
             members=wanted_members,
         )
+        # A room the user left is seen as it was when they left (what came later is not theirs).
+        for room_id in left_rooms:
+            full_state[room_id] = await self._client_events.state_after(in_view[room_id].entry.event_id)
         # Lazy members of rooms sent incrementally: their current member events.
         incremental_lazy = [r for r in lazy_members if r not in full_state]
         lazy_state = await self._store.get_state_ids(incremental_lazy, all_members=False, members=wanted_members)
         summaries = await self._timeline.get_room_summaries(
-            [r for r in shown if in_view[r].entry.membership not in (C.INVITE, C.KNOCK)], candidates=MAX_HEROES + 1)
+            [r for r in shown if in_view[r].entry.membership == C.JOIN], candidates=MAX_HEROES + 1)
         unread = await self._push.get_unread_counts(user_id, [r for r in shown if in_view[r].entry.membership == C.JOIN],
                                                     upto=upto.maximum)
         live_positions: dict[str, tuple[str, int]] = {}

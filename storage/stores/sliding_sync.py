@@ -29,6 +29,12 @@ BUMP_TYPES: Final = (
 _BUMP_SQL: Final = "(" + ", ".join(f"'{t}'" for t in BUMP_TYPES) + ")"
 # Events clients may see (storage/stores/timeline.py's rule), as the partial index states it.
 _LIVE: Final = "NOT outlier AND rejection_reason IS NULL AND NOT soft_failed"
+# A room the user left or was banned from is theirs to see only when they were once joined
+# (MSC4186: not a ban without a join, nor an invite withdrawn); ``m`` is the user's member row.
+_EVER_JOINED: Final = (
+    "(m.membership NOT IN ('leave', 'ban') OR EXISTS (SELECT 1 FROM room_memberships j "
+    "WHERE j.user_id = m.state_key AND j.room_id = m.room_id AND j.membership = 'join'))"
+)
 # The memberships a room list holds (MSC4186 "Lists").
 LIST_MEMBERSHIPS: Final = ("join", "invite", "knock", "leave", "ban")
 
@@ -131,7 +137,7 @@ def _room_list_txn(
     txn.execute(
         f"""
         WITH m AS (
-            SELECT c.room_id, c.membership, c.event_id, e.stream_ordering, e.sender
+            SELECT c.room_id, c.state_key, c.membership, c.event_id, e.stream_ordering, e.sender
             FROM current_state_events c JOIN events e ON e.event_id = c.event_id
             WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership = ANY(%s)
         )
@@ -143,7 +149,8 @@ def _room_list_txn(
             WHERE m.membership = 'join' AND events.room_id = m.room_id AND type IN {_BUMP_SQL} AND {_LIVE}
             ORDER BY stream_ordering DESC LIMIT 1
         ) b ON TRUE
-        WHERE (m.membership <> 'leave' OR m.sender <> %s OR m.room_id = ANY(%s)) AND {' AND '.join(where)}
+        WHERE (m.membership <> 'leave' OR m.sender <> %s OR m.room_id = ANY(%s)) AND {_EVER_JOINED}
+        AND {' AND '.join(where)}
         ORDER BY bump DESC, m.room_id
         LIMIT %s
         """,
@@ -273,16 +280,16 @@ class SlidingSyncStore:
         def txn_fn(txn: Transaction) -> dict[str, RoomListEntry]:
             txn.execute(
                 f"""
-                SELECT c.room_id, c.membership, c.event_id, COALESCE(b.stream_ordering, e.stream_ordering),
+                SELECT m.room_id, m.membership, m.event_id, COALESCE(b.stream_ordering, e.stream_ordering),
                        e.stream_ordering
-                FROM current_state_events c JOIN events e ON e.event_id = c.event_id
+                FROM current_state_events m JOIN events e ON e.event_id = m.event_id
                 LEFT JOIN LATERAL (
                     SELECT stream_ordering FROM events
-                    WHERE c.membership = 'join' AND events.room_id = c.room_id AND type IN {_BUMP_SQL} AND {_LIVE}
+                    WHERE m.membership = 'join' AND events.room_id = m.room_id AND type IN {_BUMP_SQL} AND {_LIVE}
                     ORDER BY stream_ordering DESC LIMIT 1
                 ) b ON TRUE
-                WHERE c.room_id = ANY(%s) AND c.type = 'm.room.member' AND c.state_key = %s
-                AND c.membership = ANY(%s)
+                WHERE m.room_id = ANY(%s) AND m.type = 'm.room.member' AND m.state_key = %s
+                AND m.membership = ANY(%s) AND {_EVER_JOINED}
                 """,
                 (sorted(room_ids), user_id, list(LIST_MEMBERSHIPS)),
             )

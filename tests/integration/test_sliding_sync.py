@@ -354,6 +354,15 @@ async def test_membership_changes(database_dsn: str, tmp_path: Path) -> None:
         assert changed["rooms"][left]["membership"] == "leave"
         quiet = await _ss(client, bob, body, pos=changed["pos"], timeout=0)
         assert quiet["rooms"] == {}
+        # What happens after the kick is not bob's to see; a ban from a room bob never joined
+        # lists nothing.
+        await _ok(client, "PUT", f"rooms/{kicked}/state/m.room.name", {"name": "renamed"}, token=alice)
+        banned = await _room(client, alice, "banned before joining")
+        await _ok(client, "POST", f"rooms/{banned}/ban", {"user_id": BOB}, token=alice)
         # A new connection lists the kicked room, not the one bob left himself.
         fresh = await _ss(client, bob, body)
         assert set(fresh["lists"]["l"]["ops"][0]["room_ids"]) == {invited, kicked}
+        assert fresh["rooms"][kicked]["name"] == "kicked" and "joined_count" not in fresh["rooms"][kicked]
+        subscribed = await _ss(client, bob, {"room_subscriptions": {banned: {"timeline_limit": 5,
+                                                                             "required_state": ALL_STATE}}})
+        assert subscribed["rooms"] == {}
