@@ -366,3 +366,37 @@ async def test_membership_changes(database_dsn: str, tmp_path: Path) -> None:
         subscribed = await _ss(client, bob, {"room_subscriptions": {banned: {"timeline_limit": 5,
                                                                              "required_state": ALL_STATE}}})
         assert subscribed["rooms"] == {}
+
+
+async def test_rooms_sliding_out_of_range_and_back(database_dsn: str, tmp_path: Path) -> None:
+    """A [0,0] window follows activity: a room bumped into it is sent whole the first time;
+    one that slides out and comes back brings only what happened since it was last sent
+    (possibly limited), not ``initial``. Asking for more state re-sends a room with it."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        first_room, second_room = [await _room(client, alice, f"r{i}") for i in range(2)]
+        for room_id in (first_room, second_room):
+            await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        await _send(client, alice, first_room, "first is on top")
+        top: dict[str, Any] = {"lists": {"top": {"ranges": [[0, 0]], "timeline_limit": 2,
+                                                 "required_state": [["m.room.create", ""]]}}}
+        answer = await _ss(client, bob, top)
+        assert set(answer["rooms"]) == {first_room}
+
+        await _send(client, alice, second_room, "second takes the top")
+        answer = await _ss(client, bob, top, pos=answer["pos"], timeout=0)
+        assert set(answer["rooms"]) == {second_room} and answer["rooms"][second_room]["initial"] is True
+
+        missed = [await _send(client, alice, first_room, f"while away {i}") for i in range(3)]
+        answer = await _ss(client, bob, top, pos=answer["pos"], timeout=0)
+        back = answer["rooms"][first_room]
+        assert set(answer["rooms"]) == {first_room} and "initial" not in back
+        assert [e["event_id"] for e in back["timeline"]] == missed[-2:] and back["limited"] is True
+
+        more_state = {"lists": {"top": {**top["lists"]["top"], "required_state": [["m.room.create", ""],
+                                                                                 ["m.room.join_rules", ""]]}}}
+        answer = await _ss(client, bob, more_state, pos=answer["pos"], timeout=0)
+        assert {(e["type"], e["state_key"]) for e in answer["rooms"][first_room]["required_state"]} == {
+            ("m.room.create", ""), ("m.room.join_rules", "")}
+        answer = await _ss(client, bob, more_state, pos=answer["pos"], timeout=0)
+        assert answer["rooms"] == {}
