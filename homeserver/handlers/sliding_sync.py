@@ -29,10 +29,11 @@ from homeserver.handlers.messages import room_token
 from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.push_rules import effective_rules
 from homeserver.handlers.receipts import ReceiptsHandler
+from homeserver.handlers.remote_invites import event_of
 from homeserver.handlers.sliding_sync_request import (
     ListConfig, RoomConfig, SlidingSyncRequest, in_ranges, range_limit, unknown_pos,
 )
-from homeserver.handlers.sync import MAX_HEROES, MAX_TIMEOUT_S, SyncHandler
+from homeserver.handlers.sync import INVITE_STATE_TYPES, MAX_HEROES, MAX_TIMEOUT_S, SyncHandler
 from homeserver.handlers.typing import TypingHandler
 from storage.notifier import Notifier
 from storage.room_tokens import RoomPosition, RoomTokens
@@ -49,8 +50,6 @@ from storage.tokens import InvalidTokenError, StreamToken, SyncStreamKey
 MAX_LIST_ROOMS: Final = 10_000
 # A device keeps at most this many connections (MSC4186 "Security considerations").
 MAX_CONNECTIONS_PER_DEVICE: Final = 20
-INVITE_STATE_TYPES: Final = (C.CREATE, C.JOIN_RULES, C.NAME, C.CANONICAL_ALIAS, "m.room.avatar",
-                             "m.room.encryption", "m.room.topic")
 
 
 @attrs.frozen
@@ -377,7 +376,7 @@ class SlidingSyncHandler:
             if whole:
                 result["initial"] = True
             if entry.membership in (C.INVITE, C.KNOCK):
-                stripped = await self._invite_state(room_id, entry.event_id)
+                stripped = await self._invite_state(user_id, entry)
                 result["invite_state" if entry.membership == C.INVITE else "knock_state"] = stripped
                 result["stripped_state"] = stripped
                 out[room_id] = result
@@ -472,10 +471,19 @@ class SlidingSyncHandler:
             out[room_id] = (events, limited[room_id], prev_batch)
         return out
 
-    async def _invite_state(self, room_id: str, member_event_id: str) -> list[Any]:
+    async def _invite_state(self, user_id: str, entry: RoomListEntry) -> list[Any]:
+        """An invite's or knock's stripped state, as /sync's ``invite_state``: the room's from here,
+        or, for a room this server is not in, what the invite (or knock) carried."""
+        if entry.remote:
+            row = await self._store.get_remote_invite(user_id, entry.room_id)
+            if row is None:
+                return []
+            state = [e for e in json.loads(row.invite_state)
+                     if isinstance(e, dict) and (e.get("type"), e.get("state_key")) != (C.MEMBER, user_id)]
+            return [*state, strip_event(event_of(row))]
         keys: list[StateKey] = [(t, "") for t in INVITE_STATE_TYPES]
-        ids = await self._events_store.get_current_state_for_keys(room_id, keys)
-        events = await self._client_events.load(sorted(ids.values()) + [member_event_id])
+        ids = await self._events_store.get_current_state_for_keys(entry.room_id, keys)
+        events = await self._client_events.load(sorted(ids.values()) + [entry.event_id])
         return [strip_event(e) for e in events]
 
     # --- extensions -------------------------------------------------------------------------------------

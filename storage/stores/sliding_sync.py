@@ -19,6 +19,7 @@ import attrs
 from storage.database import Database, Transaction
 from storage.room_tokens import RoomPosition
 from storage.stores.events import StateKey
+from storage.stores.remote_invites import RemoteInviteRow, get_remote_invites_txn
 
 # MSC4186 ``bump_stamp``: the event types that count as activity in a room (the partial index
 # ``events_room_bump`` of schema 0022 lists the same).
@@ -66,6 +67,8 @@ class RoomListEntry:
     bump_stamp: int
     # The member event's stream ordering: a joined user sees every event of the room after it.
     member_stream_ordering: int
+    # An invite (or knock) to a room this server is not in: only its remote_invites row is known.
+    remote: bool = False
 
 
 @attrs.frozen
@@ -113,7 +116,7 @@ def _type_condition(types: Sequence[str | None], params: list[object], column: s
 def _room_list_txn(
     txn: Transaction, user_id: str, query: RoomListQuery, limit: int
 ) -> tuple[int, list[RoomListEntry]]:
-    params: list[object] = [user_id, list(LIST_MEMBERSHIPS), user_id, sorted(query.sent_rooms)]
+    params: list[object] = [user_id, list(LIST_MEMBERSHIPS), user_id, user_id, sorted(query.sent_rooms)]
     where = ["TRUE"]
     if query.is_dm is not None:
         where.append(("" if query.is_dm else "NOT ") + "(m.room_id = ANY(%s))")
@@ -137,13 +140,20 @@ def _room_list_txn(
     txn.execute(
         f"""
         WITH m AS (
-            SELECT c.room_id, c.state_key, c.membership, c.event_id, e.stream_ordering, e.sender
+            SELECT c.room_id, c.state_key, c.membership, c.event_id, e.stream_ordering, e.sender, FALSE AS remote
             FROM current_state_events c JOIN events e ON e.event_id = c.event_id
             WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership = ANY(%s)
+            UNION ALL
+            -- Invites (and knocks) to rooms this server is not in (storage/stores/remote_invites.py).
+            SELECT ri.room_id, ri.user_id, ri.membership, ri.event_id, ri.stream_ordering, '', TRUE
+            FROM remote_invites ri
+            WHERE ri.user_id = %s AND ri.membership IN ('invite', 'knock') AND NOT EXISTS (
+                SELECT 1 FROM current_state_events o WHERE o.room_id = ri.room_id AND o.type = 'm.room.member'
+                AND o.state_key = ri.user_id)
         )
         SELECT m.room_id, m.membership, m.event_id,
                COALESCE(b.stream_ordering, m.stream_ordering) AS bump, count(*) OVER () AS total,
-               m.stream_ordering
+               m.stream_ordering, m.remote
         FROM m LEFT JOIN LATERAL (
             SELECT stream_ordering FROM events
             WHERE m.membership = 'join' AND events.room_id = m.room_id AND type IN {_BUMP_SQL} AND {_LIVE}
@@ -158,7 +168,7 @@ def _room_list_txn(
     )
     rows = txn.fetchall()
     total = int(rows[0][4]) if rows else 0
-    return total, [RoomListEntry(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[5])) for r in rows]
+    return total, [RoomListEntry(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[5]), bool(r[6])) for r in rows]
 
 
 def _resume_txn(
@@ -319,6 +329,14 @@ class SlidingSyncStore:
         if not space_ids:
             return frozenset()
         return await self._db.run_interaction("sliding_sync_space_children", txn_fn)
+
+    async def get_remote_invite(self, user_id: str, room_id: str) -> RemoteInviteRow | None:
+        """The user's invite (or knock) row for a room this server is not in."""
+
+        def txn_fn(txn: Transaction) -> RemoteInviteRow | None:
+            return next((row for row in get_remote_invites_txn(txn, user_id) if row.room_id == room_id), None)
+
+        return await self._db.run_interaction("sliding_sync_remote_invite", txn_fn)
 
     # --- room state ---------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ and typing.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from tests.harness import Nginx, TributaryProcess, configure_workers
 from tests.integration.test_client_e2e import signed_keys
 from tests.integration.test_client_rooms import ALICE, BOB, ROOM_LIMITS, _ok, _users
 from tests.integration.test_client_support import Client, running_server
+from storage.stores.remote_invites import RemoteInviteRow, RemoteInviteStore
 
 SS = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
 ALL_STATE = [["*", "*"]]
@@ -400,3 +402,27 @@ async def test_rooms_sliding_out_of_range_and_back(database_dsn: str, tmp_path: 
             ("m.room.create", ""), ("m.room.join_rules", "")}
         answer = await _ss(client, bob, more_state, pos=answer["pos"], timeout=0)
         assert answer["rooms"] == {}
+
+
+async def test_an_invite_to_a_room_on_another_server_is_listed(database_dsn: str, tmp_path: Path) -> None:
+    """An invite from another server to a room this server is not in (kept as a remote_invites
+    row when it arrived over federation) is in the list, with the stripped state it carried."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (hs, client):
+        _, bob = await _users(client)
+        room_id = "!elsewhere:remote.example"
+        invite = {"type": "m.room.member", "state_key": BOB, "sender": "@carol:remote.example", "room_id": room_id,
+                  "content": {"membership": "invite"}, "origin_server_ts": 1, "depth": 5, "prev_events": [],
+                  "auth_events": [], "hashes": {"sha256": "x"}, "signatures": {}}
+        carried = [{"type": "m.room.name", "state_key": "", "sender": "@carol:remote.example",
+                    "content": {"name": "Far away"}}]
+        assert hs.process.db is not None
+        await RemoteInviteStore(hs.process.db).put(RemoteInviteRow(
+            BOB, room_id, "invite", "$invite:remote.example", "10", json.dumps(invite), json.dumps(carried), 10**9,
+            "master"))
+        answer = await _ss(client, bob, {"lists": {"inv": {"ranges": [[0, 9]], "timeline_limit": 1,
+                                                           "required_state": [], "filters": {"is_invite": True}}}})
+        assert answer["lists"]["inv"]["ops"][0]["room_ids"] == [room_id]
+        room = answer["rooms"][room_id]
+        assert room["membership"] == "invite" and room["initial"] is True
+        assert [(e["type"], e["content"]) for e in room["invite_state"]] == [
+            ("m.room.name", {"name": "Far away"}), ("m.room.member", {"membership": "invite"})]
