@@ -137,32 +137,46 @@ def _room_list_txn(
         where.append("m.room_id = ANY(%s)")
         params.append(sorted(query.space_rooms))
     params.append(limit)
+    # The user's member rows only (no event read) for all the rooms, the newest bump event of
+    # each joined room by one probe of the partial index events_room_bump; the member event
+    # itself is read only where needed: a room without a bump event, a left room's sender, and
+    # the rows the range keeps.
+    def member_so(alias: str) -> str:
+        return f"(SELECT stream_ordering FROM events me WHERE me.event_id = {alias}.event_id)"
+
     txn.execute(
         f"""
         WITH m AS (
-            SELECT c.room_id, c.state_key, c.membership, c.event_id, e.stream_ordering, e.sender, FALSE AS remote
-            FROM current_state_events c JOIN events e ON e.event_id = c.event_id
+            SELECT c.room_id, c.state_key, c.membership, c.event_id, NULL::bigint AS stream_ordering,
+                   FALSE AS remote
+            FROM current_state_events c
             WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership = ANY(%s)
             UNION ALL
             -- Invites (and knocks) to rooms this server is not in (storage/stores/remote_invites.py).
-            SELECT ri.room_id, ri.user_id, ri.membership, ri.event_id, ri.stream_ordering, '', TRUE
+            SELECT ri.room_id, ri.user_id, ri.membership, ri.event_id, ri.stream_ordering, TRUE
             FROM remote_invites ri
             WHERE ri.user_id = %s AND ri.membership IN ('invite', 'knock') AND NOT EXISTS (
                 SELECT 1 FROM current_state_events o WHERE o.room_id = ri.room_id AND o.type = 'm.room.member'
                 AND o.state_key = ri.user_id)
+        ), ranked AS (
+            SELECT m.room_id, m.membership, m.event_id, m.remote, m.stream_ordering,
+                   COALESCE(b.stream_ordering, m.stream_ordering, {member_so('m')}) AS bump,
+                   count(*) OVER () AS total
+            FROM m LEFT JOIN LATERAL (
+                SELECT stream_ordering FROM events
+                WHERE m.membership = 'join' AND events.room_id = m.room_id AND type IN {_BUMP_SQL} AND {_LIVE}
+                ORDER BY stream_ordering DESC LIMIT 1
+            ) b ON TRUE
+            WHERE CASE WHEN m.membership = 'leave' AND NOT m.remote THEN
+                    (SELECT me.sender FROM events me WHERE me.event_id = m.event_id) <> %s OR m.room_id = ANY(%s)
+                  ELSE TRUE END
+            AND {_EVER_JOINED} AND {' AND '.join(where)}
+            ORDER BY bump DESC, m.room_id
+            LIMIT %s
         )
-        SELECT m.room_id, m.membership, m.event_id,
-               COALESCE(b.stream_ordering, m.stream_ordering) AS bump, count(*) OVER () AS total,
-               m.stream_ordering, m.remote
-        FROM m LEFT JOIN LATERAL (
-            SELECT stream_ordering FROM events
-            WHERE m.membership = 'join' AND events.room_id = m.room_id AND type IN {_BUMP_SQL} AND {_LIVE}
-            ORDER BY stream_ordering DESC LIMIT 1
-        ) b ON TRUE
-        WHERE (m.membership <> 'leave' OR m.sender <> %s OR m.room_id = ANY(%s)) AND {_EVER_JOINED}
-        AND {' AND '.join(where)}
-        ORDER BY bump DESC, m.room_id
-        LIMIT %s
+        SELECT room_id, membership, event_id, bump, total, COALESCE(stream_ordering, {member_so("r")}),
+               remote
+        FROM ranked r ORDER BY bump DESC, room_id
         """,
         params,
     )
