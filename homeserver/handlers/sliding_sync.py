@@ -245,6 +245,9 @@ class SlidingSyncHandler:
         # Where each room's news starts: None for a room sent whole.
         starts: dict[str, RoomPosition | None] = {}
         expanded: set[str] = set()
+        # Rooms whose timeline_limit grew: their newest events again (MSC4186 "Changes to
+        # timeline_limit": the server does not track which it sent), as ``expanded_timeline``.
+        longer: set[str] = set()
         for room_id, view in in_view.items():
             status = position.rooms.get(room_id)
             if status is None or (view.entry.membership == C.JOIN and status.membership in (C.INVITE, C.KNOCK)):
@@ -262,6 +265,8 @@ class SlidingSyncHandler:
                     starts[room_id] = None
             if view.config.state_expanded_from(status.config):
                 expanded.add(room_id)
+            if view.entry.membership == C.JOIN and view.config.timeline_expanded_from(status.config):
+                longer.add(room_id)
 
         joined = [r for r, v in in_view.items() if v.entry.membership == C.JOIN]
         left = [r for r, v in in_view.items() if v.entry.membership in (C.LEAVE, C.BAN)]
@@ -269,7 +274,7 @@ class SlidingSyncHandler:
         recent: dict[str, list[tuple[str, int]]] = {}
         groups: dict[RoomPosition | None, list[str]] = {}
         for room_id in joined:
-            groups.setdefault(starts[room_id], []).append(room_id)
+            groups.setdefault(None if room_id in longer else starts[room_id], []).append(room_id)
         for start, room_ids in groups.items():
             limit = max(in_view[r].config.timeline_limit for r in room_ids) + 1
             recent.update(await self._timeline.get_recent_events(
@@ -283,16 +288,20 @@ class SlidingSyncHandler:
                 [room_id], after=start if start is not None else 0, upto=left_at,
                 limit=in_view[room_id].config.timeline_limit + 1))
         state_changes: dict[str, dict[StateKey, str]] = {}
-        for start, room_ids in groups.items():
+        state_groups: dict[RoomPosition, list[str]] = {}
+        for room_id in joined:
+            start = starts[room_id]
             if start is not None:
-                state_changes.update(await self._store.get_state_changes(room_ids, after=start, upto=upto))
+                state_groups.setdefault(start, []).append(room_id)
+        for start, room_ids in state_groups.items():
+            state_changes.update(await self._store.get_state_changes(room_ids, after=start, upto=upto))
 
         # Rooms with something to send.
         shown: list[str] = []
         for room_id, view in in_view.items():
             start = starts[room_id]
             membership = view.entry.membership
-            if start is None or room_id in expanded:
+            if start is None or room_id in expanded or room_id in longer:
                 shown.append(room_id)
             elif membership == C.JOIN and (recent.get(room_id) or state_changes.get(room_id)):
                 shown.append(room_id)
@@ -308,7 +317,7 @@ class SlidingSyncHandler:
         left_rooms = [r for r in shown if in_view[r].entry.membership in (C.LEAVE, C.BAN)]
         timelines = await self._timelines(
             requester, {r: in_view[r] for r in shown if in_view[r].entry.membership not in (C.INVITE, C.KNOCK)},
-            recent, whole={r for r in shown if starts[r] is None}, now=now)
+            recent, whole={r for r in shown if starts[r] is None or r in longer}, now=now)
         lazy_members: dict[str, set[str]] = {}
         for room_id, (events, _, _) in timelines.items():
             if in_view[room_id].config.lazy:
@@ -332,8 +341,8 @@ class SlidingSyncHandler:
         unread = await self._push.get_unread_counts(user_id, [r for r in shown if in_view[r].entry.membership == C.JOIN],
                                                     upto=upto.maximum)
         live_positions: dict[str, tuple[str, int]] = {}
-        older = [e.event_id for room_id, (events, _, _) in timelines.items() if starts[room_id] != since_pos
-                 for e in events]
+        older = [e.event_id for room_id, (events, _, _) in timelines.items()
+                 if starts[room_id] != since_pos or room_id in longer for e in events]
         if since_pos is not None and older:
             live_positions = await self._timeline.get_event_positions(older)
 
@@ -387,9 +396,11 @@ class SlidingSyncHandler:
             timeline_of[room_id] = events
             result["limited"] = limited
             result["prev_batch"] = prev_batch
+            if room_id in longer and not whole:
+                result["expanded_timeline"] = True
             if since_pos is None:
                 result["num_live"] = 0
-            elif starts[room_id] == since_pos:
+            elif starts[room_id] == since_pos and room_id not in longer:
                 result["num_live"] = len(events)
             else:
                 result["num_live"] = sum(1 for e in events if e.event_id in live_positions

@@ -108,6 +108,14 @@ class RoomConfig:
         specs = sorted([sorted(map(list, s.include)), sorted(map(list, s.exclude))] for s in self.required_state)
         return json.dumps({"timeline_limit": self.timeline_limit, "required_state": specs}, sort_keys=True)
 
+    def timeline_expanded_from(self, stored: str) -> bool:
+        """Whether this config's timeline limit is larger than that of the config stored as ``stored``."""
+        try:
+            old_limit = json.loads(stored)["timeline_limit"]
+        except (ValueError, KeyError, TypeError):
+            return False
+        return isinstance(old_limit, int) and self.timeline_limit > old_limit
+
     def state_expanded_from(self, stored: str) -> bool:
         """Whether this config may return state the config stored as ``stored`` did not."""
         try:

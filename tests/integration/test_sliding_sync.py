@@ -373,7 +373,8 @@ async def test_membership_changes(database_dsn: str, tmp_path: Path) -> None:
 async def test_rooms_sliding_out_of_range_and_back(database_dsn: str, tmp_path: Path) -> None:
     """A [0,0] window follows activity: a room bumped into it is sent whole the first time;
     one that slides out and comes back brings only what happened since it was last sent
-    (possibly limited), not ``initial``. Asking for more state re-sends a room with it."""
+    (possibly limited), not ``initial``. Asking for more state re-sends a room with it, and a
+    larger ``timeline_limit`` its newest events (``expanded_timeline``)."""
     async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
         alice, bob = await _users(client)
         first_room, second_room = [await _room(client, alice, f"r{i}") for i in range(2)]
@@ -402,6 +403,14 @@ async def test_rooms_sliding_out_of_range_and_back(database_dsn: str, tmp_path: 
             ("m.room.create", ""), ("m.room.join_rules", "")}
         answer = await _ss(client, bob, more_state, pos=answer["pos"], timeout=0)
         assert answer["rooms"] == {}
+        # A larger timeline_limit brings the room's newest events again at once, marked as such.
+        longer = {"lists": {"top": {**more_state["lists"]["top"], "timeline_limit": 4}}}
+        answer = await _ss(client, bob, longer, pos=answer["pos"], timeout=0)
+        again = answer["rooms"][first_room]
+        assert again["expanded_timeline"] is True and "initial" not in again and again["num_live"] == 0
+        assert [e["content"]["body"] for e in again["timeline"]] == [
+            "first is on top", "while away 0", "while away 1", "while away 2"]
+        assert (await _ss(client, bob, longer, pos=answer["pos"], timeout=0))["rooms"] == {}
 
 
 async def test_an_invite_to_a_room_on_another_server_is_listed(database_dsn: str, tmp_path: Path) -> None:

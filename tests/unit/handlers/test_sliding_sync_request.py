@@ -87,6 +87,8 @@ def test_combined_configs_are_a_superset_and_expansion_is_seen() -> None:
     assert combined.state_expanded_from(names.to_json())
     assert not names.state_expanded_from(combined.to_json())
     assert names.state_expanded_from("not json")
+    assert combined.timeline_expanded_from(names.to_json()) and not names.timeline_expanded_from(combined.to_json())
+    assert not combined.timeline_expanded_from(combined.to_json()) and not combined.timeline_expanded_from("{}")
 
 
 def test_ranges_slice_the_ordered_list() -> None:
