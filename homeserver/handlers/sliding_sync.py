@@ -513,8 +513,12 @@ class SlidingSyncHandler:
         if wanted.to_device:
             after = wanted.to_device_since or 0
             current = _position(now, SyncStreamKey.TO_DEVICE)
-            messages = await self._e2e.to_device_for(requester, after, current) if current > after or after else []
-            out["to_device"] = {"next_batch": str(max(current, after)), "events": messages}
+            messages: list[Any] = []
+            reached = max(current, after)
+            if current > after or after:
+                messages, reached = await self._e2e.to_device_page(requester, after, current, wanted.to_device_limit)
+                reached = max(reached, after)
+            out["to_device"] = {"next_batch": str(reached), "events": messages}
         if wanted.e2ee:
             counts, fallback = await self._e2e.key_counts(requester)
             e2ee: dict[str, Any] = {"device_one_time_keys_count": counts,

@@ -36,6 +36,8 @@ WILDCARD: Final = "*"
 LAZY: Final = "$LAZY"
 ME: Final = "$ME"
 PRESENCE_VALUES: Final = ("online", "offline", "unavailable")
+DEFAULT_TO_DEVICE_LIMIT: Final = 100
+MAX_TO_DEVICE_LIMIT: Final = 1000
 EXTENSIONS: Final = ("to_device", "e2ee", "account_data", "receipts", "typing")
 
 
@@ -148,6 +150,7 @@ class ListConfig:
 class Extensions:
     to_device: bool = False
     to_device_since: int | None = None
+    to_device_limit: int = DEFAULT_TO_DEVICE_LIMIT
     e2ee: bool = False
     account_data: bool = False
     receipts: bool = False
@@ -315,6 +318,7 @@ def parse_extensions(value: object) -> Extensions:
     raw = _object(value, "extensions")
     enabled: dict[str, bool] = {}
     since: int | None = None
+    limit = DEFAULT_TO_DEVICE_LIMIT
     for name in EXTENSIONS:
         config = _object(raw.get(name), f"extensions.{name}")
         enabled[name] = _bool(config.get("enabled"), f"extensions.{name}.enabled") is True
@@ -323,7 +327,10 @@ def parse_extensions(value: object) -> Extensions:
             if not text.isascii() or not text.isdigit() or len(text) > 18:
                 raise invalid_param(f"'extensions.to_device.since' {text[:50]!r} is not a to-device position")
             since = int(text)
-    return Extensions(to_device=enabled["to_device"], to_device_since=since, e2ee=enabled["e2ee"],
+        if name == "to_device" and config.get("limit") is not None:
+            limit = _int(config["limit"], "extensions.to_device.limit", minimum=1, maximum=2**31)
+    return Extensions(to_device=enabled["to_device"], to_device_since=since,
+                      to_device_limit=min(limit, MAX_TO_DEVICE_LIMIT), e2ee=enabled["e2ee"],
                       account_data=enabled["account_data"], receipts=enabled["receipts"], typing=enabled["typing"])
 
 

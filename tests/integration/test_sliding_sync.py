@@ -273,6 +273,15 @@ async def test_extensions(database_dsn: str, tmp_path: Path) -> None:
         # The first message was acknowledged by ``since``: gone even for a client starting over.
         over = await _ss(client, bob, {"extensions": {"to_device": {"enabled": True}}})
         assert [e["content"] for e in over["extensions"]["to_device"]["events"]] == [{"n": 2}]
+        # ``limit`` pages through the messages: ``next_batch`` stops at the last one sent.
+        for n in (3, 4, 5):
+            await _ok(client, "PUT", f"sendToDevice/m.test/t{n}", {"messages": {BOB: {bob_device: {"n": n}}}},
+                      token=alice)
+        page = await _ss(client, bob, {"extensions": {"to_device": {"enabled": True, "limit": 2}}})
+        assert [e["content"]["n"] for e in page["extensions"]["to_device"]["events"]] == [2, 3]
+        rest = await _ss(client, bob, {"extensions": {"to_device": {
+            "enabled": True, "limit": 2, "since": page["extensions"]["to_device"]["next_batch"]}}})
+        assert [e["content"]["n"] for e in rest["extensions"]["to_device"]["events"]] == [4, 5]
 
 
 @pytest.mark.timeout(120)
