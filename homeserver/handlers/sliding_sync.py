@@ -230,7 +230,8 @@ class SlidingSyncHandler:
                   if filters.spaces is not None else None)
         query = RoomListQuery(is_dm=filters.is_dm, dm_rooms=direct, is_encrypted=filters.is_encrypted,
                               is_invite=filters.is_invite, room_types=filters.room_types,
-                              not_room_types=filters.not_room_types, space_rooms=spaces, sent_rooms=sent)
+                              not_room_types=filters.not_room_types, space_rooms=spaces, sent_rooms=sent,
+                              tags=filters.tags, not_tags=filters.not_tags)
         count, rows = await self._store.get_room_list(user_id, query, limit=range_limit(config.ranges, MAX_LIST_ROOMS))
         ids = [row.room_id for row in rows]
         selected = set(in_ranges(ids, config.ranges))

@@ -137,6 +137,9 @@ class ListFilters:
     room_types: tuple[str | None, ...] | None = None
     not_room_types: tuple[str | None, ...] = ()
     spaces: tuple[str, ...] | None = None
+    # Room tags (the m.tag room account data): any of ``tags``, none of ``not_tags``.
+    tags: tuple[str, ...] | None = None
+    not_tags: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -273,6 +276,10 @@ def _types(value: object, field: str) -> tuple[str | None, ...]:
                  for i, t in enumerate(_array(value, field, MAX_FILTER_ITEMS)))
 
 
+def _strings(value: object, field: str) -> tuple[str, ...]:
+    return tuple(_text(t, f"{field}[{i}]") for i, t in enumerate(_array(value, field, MAX_FILTER_ITEMS)))
+
+
 def parse_filters(value: object, field: str) -> ListFilters:
     raw = _object(value, field)
     is_invite = raw.get("is_invited", raw.get("is_invite"))
@@ -289,6 +296,8 @@ def parse_filters(value: object, field: str) -> ListFilters:
             check_room_id(_text(s, f"{field}.spaces[{i}]"))
             for i, s in enumerate(_array(spaces, f"{field}.spaces", MAX_FILTER_ITEMS))
         ),
+        tags=None if raw.get("tags") is None else _strings(raw["tags"], f"{field}.tags"),
+        not_tags=() if raw.get("not_tags") is None else _strings(raw["not_tags"], f"{field}.not_tags"),
     )
 
 

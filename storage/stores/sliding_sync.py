@@ -55,6 +55,9 @@ class RoomListQuery:
     space_rooms: frozenset[str] | None = None
     # Rooms the user left themselves are listed only when the connection already has them.
     sent_rooms: frozenset[str] = frozenset()
+    # Room tags (m.tag room account data): any of ``tags`` (None: no filter), none of ``not_tags``.
+    tags: tuple[str, ...] | None = None
+    not_tags: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -136,6 +139,15 @@ def _room_list_txn(
     if query.space_rooms is not None:
         where.append("m.room_id = ANY(%s)")
         params.append(sorted(query.space_rooms))
+    tagged = ("EXISTS (SELECT 1 FROM account_data ad WHERE ad.user_id = m.state_key AND ad.room_id = m.room_id "
+              "AND ad.account_data_type = 'm.tag' AND jsonb_typeof(ad.content::jsonb -> 'tags') = 'object' "
+              "AND (ad.content::jsonb -> 'tags') ?| %s::text[])")
+    if query.tags is not None:
+        where.append(tagged)
+        params.append(list(query.tags))
+    if query.not_tags:
+        where.append("NOT " + tagged)
+        params.append(list(query.not_tags))
     params.append(limit)
     # The user's member rows only (no event read) for all the rooms, the newest bump event of
     # each joined room by one probe of the partial index events_room_bump; the member event

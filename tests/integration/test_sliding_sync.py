@@ -110,7 +110,7 @@ async def test_lists_ranges_required_state_and_timeline(database_dsn: str, tmp_p
 
 async def test_filters_invites_and_subscriptions(database_dsn: str, tmp_path: Path) -> None:
     """The MSC's filters (is_dm from m.direct, is_encrypted, is_invite, room_types, not_room_types,
-    spaces) select from the user's rooms; an invite carries its stripped state; a subscription to a
+    spaces, tags and not_tags from m.tag) select from the user's rooms; an invite carries its stripped state; a subscription to a
     room the user is not in is ignored."""
     async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
         alice, bob = await _users(client)
@@ -126,6 +126,10 @@ async def test_filters_invites_and_subscriptions(database_dsn: str, tmp_path: Pa
         invite = await _room(client, alice, "invite only", preset="private_chat", invite=[BOB])
         elsewhere = await _room(client, alice, "not bob's")
         await _ok(client, "PUT", f"user/{quote(BOB)}/account_data/m.direct", {ALICE: [dm]}, token=bob)
+        await _ok(client, "PUT", f"user/{quote(BOB)}/rooms/{plain}/account_data/m.tag",
+                  {"tags": {"m.favourite": {"order": 0.5}}}, token=bob)
+        await _ok(client, "PUT", f"user/{quote(BOB)}/rooms/{encrypted}/account_data/m.tag",
+                  {"tags": {"m.favourite": {}, "m.lowpriority": {}}}, token=bob)
 
         def listed(name: str, filters: dict[str, Any]) -> dict[str, Any]:
             return {name: {"ranges": [[0, 20]], "timeline_limit": 0, "required_state": [], "filters": filters}}
@@ -134,7 +138,9 @@ async def test_filters_invites_and_subscriptions(database_dsn: str, tmp_path: Pa
         for name, filters in {"dm": {"is_dm": True}, "not_dm": {"is_dm": False}, "enc": {"is_encrypted": True},
                               "inv": {"is_invite": True}, "spaces": {"room_types": ["m.space"]},
                               "no_spaces": {"not_room_types": ["m.space"]}, "untyped": {"room_types": [None]},
-                              "in_space": {"spaces": [space]}}.items():
+                              "in_space": {"spaces": [space]}, "favourites": {"tags": ["m.favourite"]},
+                              "fav_not_low": {"tags": ["m.favourite"], "not_tags": ["m.lowpriority"]},
+                              "not_low": {"not_tags": ["m.lowpriority"]}}.items():
             lists.update(listed(name, filters))
         answer = await _ss(client, bob, {"lists": lists, "room_subscriptions": {
             elsewhere: {"timeline_limit": 5, "required_state": ALL_STATE}}})
@@ -143,6 +149,8 @@ async def test_filters_invites_and_subscriptions(database_dsn: str, tmp_path: Pa
         assert ids["enc"] == {encrypted} and ids["inv"] == {invite}
         assert ids["spaces"] == {space} and ids["no_spaces"] == ids["untyped"] == {plain, encrypted, dm, invite}
         assert ids["in_space"] == {plain}
+        assert ids["favourites"] == {plain, encrypted} and ids["fav_not_low"] == {plain}
+        assert ids["not_low"] == {plain, dm, space, invite}
         assert answer["lists"]["not_dm"]["count"] == 4
         assert elsewhere not in answer["rooms"]
         assert answer["rooms"][dm]["is_dm"] is True and "is_dm" not in answer["rooms"][plain]
