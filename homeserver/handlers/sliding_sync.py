@@ -31,7 +31,7 @@ from homeserver.handlers.push_rules import effective_rules
 from homeserver.handlers.receipts import ReceiptsHandler
 from homeserver.handlers.remote_invites import event_of
 from homeserver.handlers.sliding_sync_request import (
-    ListConfig, RoomConfig, SlidingSyncRequest, in_ranges, range_limit, unknown_pos,
+    MAX_SUBSCRIPTIONS, ListConfig, RoomConfig, SlidingSyncRequest, in_ranges, range_limit, unknown_pos,
 )
 from homeserver.handlers.sync import INVITE_STATE_TYPES, MAX_HEROES, MAX_TIMEOUT_S, SyncHandler
 from homeserver.handlers.typing import TypingHandler
@@ -44,6 +44,7 @@ from storage.stores.sliding_sync import (
     ConnectionGone, ConnectionPosition, RoomListEntry, RoomListQuery, RoomStatus, RoomStatusChange, SlidingSyncStore,
 )
 from storage.stores.timeline import TimelineStore
+from storage.kernel.errors import invalid_param
 from storage.tokens import InvalidTokenError, StreamToken, SyncStreamKey
 
 # A list without ranges covers at most this many rooms.
@@ -66,6 +67,29 @@ class _Computed:
     body: dict[str, Any]
     changes: list[RoomStatusChange]
     has_data: bool
+
+
+def _subscriptions(position: ConnectionPosition, request: SlidingSyncRequest) -> dict[str, RoomConfig]:
+    """The room subscriptions in force: the connection's (they hold until ``unsubscribe_rooms``
+    names them, as clients of the older sliding sync expect), those of this request replacing
+    theirs. A stored one that cannot be read any more is dropped."""
+    out: dict[str, RoomConfig] = {}
+    try:
+        stored = json.loads(position.subscriptions)
+    except ValueError:
+        stored = {}
+    for room_id, text in (stored.items() if isinstance(stored, dict) else ()):
+        try:
+            out[str(room_id)] = RoomConfig.from_json(str(text))
+        except (ValueError, KeyError, TypeError):
+            continue
+    out.update(request.subscriptions)
+    for room_id in request.unsubscribe:
+        out.pop(room_id, None)
+    if len(out) > MAX_SUBSCRIPTIONS:
+        raise invalid_param(f"a connection holds at most {MAX_SUBSCRIPTIONS} room subscriptions; "
+                            "unsubscribe_rooms drops some")
+    return out
 
 
 def _position(token: StreamToken, key: SyncStreamKey) -> int:
@@ -138,13 +162,14 @@ class SlidingSyncHandler:
                 await self._room_tokens.position(since.events)
             except InvalidTokenError:
                 raise unknown_pos("The position's token is no longer understood") from None
+        subscriptions = _subscriptions(position, request)
         deadline = self._clock.seconds() + min(request.timeout_ms / 1000.0, MAX_TIMEOUT_S)
         woken_at: float | None = None
         while True:
             now = self._sync.current_token()
             kind = "sliding_initial" if since is None else "sliding_incremental"
             with self._metrics.duration.labels(kind).time():
-                computed = await self._compute(requester, request, position, since, now)
+                computed = await self._compute(requester, request, subscriptions, position, since, now)
             if computed.has_data and woken_at is not None:
                 self._metrics.wake_latency.observe(self._clock.seconds() - woken_at)
             remaining = deadline - self._clock.seconds()
@@ -158,13 +183,14 @@ class SlidingSyncHandler:
             if not woken and self._notifier.closed:
                 break
             woken_at = self._clock.seconds() if woken else None
+        stored = json.dumps({room_id: config.to_json() for room_id, config in sorted(subscriptions.items())})
         try:
             if request.pos is None:
                 new_pos = await self._store.save_new_connection(
-                    user_id, device_id, request.conn_id, now.to_string(), computed.changes, now_ms=self._now_ms(),
-                    max_per_device=MAX_CONNECTIONS_PER_DEVICE)
+                    user_id, device_id, request.conn_id, now.to_string(), stored, computed.changes,
+                    now_ms=self._now_ms(), max_per_device=MAX_CONNECTIONS_PER_DEVICE)
             else:
-                new_pos = await self._store.save_position(position.connection_key, now.to_string(),
+                new_pos = await self._store.save_position(position.connection_key, now.to_string(), stored,
                                                           computed.changes, now_ms=self._now_ms())
         except ConnectionGone:
             raise unknown_pos("The connection was restarted or expired") from None
@@ -173,8 +199,8 @@ class SlidingSyncHandler:
     # --- one response -------------------------------------------------------------------------------
 
     async def _compute(
-        self, requester: Requester, request: SlidingSyncRequest, position: ConnectionPosition,
-        since: StreamToken | None, now: StreamToken,
+        self, requester: Requester, request: SlidingSyncRequest, subscriptions: Mapping[str, RoomConfig],
+        position: ConnectionPosition, since: StreamToken | None, now: StreamToken,
     ) -> _Computed:
         user_id = requester.user_id
         upto = await self._room_tokens.position(now.events)
@@ -195,9 +221,9 @@ class SlidingSyncHandler:
                     _InView(entry, config.config, (name,)) if seen is None
                     else _InView(entry, seen.config.combine(config.config), (*seen.lists, name))
                 )
-        subscribed = await self._store.get_memberships(user_id, request.subscriptions)
+        subscribed = await self._store.get_memberships(user_id, subscriptions)
         for room_id, entry in subscribed.items():
-            room_config = request.subscriptions[room_id]
+            room_config = subscriptions[room_id]
             seen = in_view.get(room_id)
             in_view[room_id] = (_InView(entry, room_config, ()) if seen is None
                                 else _InView(entry, seen.config.combine(room_config), seen.lists))

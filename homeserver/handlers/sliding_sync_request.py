@@ -105,6 +105,13 @@ class RoomConfig:
     def member_keys(self, user_id: str) -> set[str]:
         return {key for spec in self.required_state for key in spec.member_keys(user_id)}
 
+    @classmethod
+    def from_json(cls, text: str) -> RoomConfig:
+        """The config ``to_json`` wrote (a stored subscription)."""
+        data = json.loads(text)
+        return cls(int(data["timeline_limit"]), frozenset(
+            StateSpec(frozenset(map(tuple, inc)), frozenset(map(tuple, exc))) for inc, exc in data["required_state"]))
+
     def to_json(self) -> str:
         """A canonical text, stored per room to tell when the config changed."""
         specs = sorted([sorted(map(list, s.include)), sorted(map(list, s.exclude))] for s in self.required_state)
@@ -171,6 +178,8 @@ class SlidingSyncRequest:
     set_presence: str = "online"
     lists: Mapping[str, ListConfig] = attrs.Factory(dict)
     subscriptions: Mapping[str, RoomConfig] = attrs.Factory(dict)
+    # Subscriptions of earlier requests to drop (they hold until then).
+    unsubscribe: frozenset[str] = frozenset()
     extensions: Extensions = Extensions()
 
 
@@ -374,6 +383,9 @@ def parse_request(body: Mapping[str, Any], *, query_pos: str | None = None,
         set_presence=set_presence,
         lists=lists,
         subscriptions=subscriptions,
+        unsubscribe=frozenset() if body.get("unsubscribe_rooms") is None else frozenset(
+            check_room_id(_text(r, f"unsubscribe_rooms[{i}]"))
+            for i, r in enumerate(_array(body["unsubscribe_rooms"], "unsubscribe_rooms", MAX_SUBSCRIPTIONS))),
         extensions=parse_extensions(body.get("extensions")),
     )
 

@@ -26,6 +26,9 @@ CREATE TABLE sliding_sync_positions (
     connection_key BIGINT NOT NULL REFERENCES sliding_sync_connections (connection_key) ON DELETE CASCADE,
     -- The /sync StreamToken (storage/tokens.py) the response reached.
     token TEXT NOT NULL,
+    -- The connection's room subscriptions as of this position (they hold until unsubscribed):
+    -- JSON, room ID -> room config.
+    subscriptions TEXT NOT NULL DEFAULT '{}',
     created_ts BIGINT NOT NULL
 );
 CREATE INDEX sliding_sync_positions_connection ON sliding_sync_positions (connection_key);

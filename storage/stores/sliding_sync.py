@@ -92,6 +92,8 @@ class ConnectionPosition:
     position_id: int
     token: str
     rooms: dict[str, RoomStatus]
+    # The room subscriptions in force (JSON: room ID -> room config).
+    subscriptions: str = "{}"
 
 
 @attrs.frozen
@@ -201,7 +203,7 @@ def _resume_txn(
     txn: Transaction, user_id: str, device_id: str, conn_id: str, position_id: int, now_ms: int
 ) -> ConnectionPosition | None:
     txn.execute(
-        "SELECT c.connection_key, p.token FROM sliding_sync_connections c "
+        "SELECT c.connection_key, p.token, p.subscriptions FROM sliding_sync_connections c "
         "JOIN sliding_sync_positions p ON p.connection_key = c.connection_key "
         "WHERE c.user_id = %s AND c.device_id = %s AND c.conn_id = %s AND p.position_id = %s",
         (user_id, device_id, conn_id, position_id),
@@ -209,7 +211,7 @@ def _resume_txn(
     row = txn.fetchone()
     if row is None:
         return None
-    key, token = int(row[0]), str(row[1])
+    key, token, subscriptions = int(row[0]), str(row[1]), str(row[2])
     # The client has processed ``position_id``: later answers were never used, earlier rows are
     # folded into it (each room keeps its newest row at or below it).
     txn.execute("DELETE FROM sliding_sync_rooms WHERE connection_key = %s AND position_id > %s", (key, position_id))
@@ -227,7 +229,7 @@ def _resume_txn(
     txn.execute("SELECT room_id, status, last_token, config, membership FROM sliding_sync_rooms "
                 "WHERE connection_key = %s", (key,))
     rooms = {str(r[0]): RoomStatus(r[1] == "live", r[2], str(r[3]), str(r[4])) for r in txn.fetchall()}
-    return ConnectionPosition(key, position_id, token, rooms)
+    return ConnectionPosition(key, position_id, token, rooms, subscriptions)
 
 
 def _new_connection_txn(
@@ -255,21 +257,22 @@ def _new_connection_txn(
 
 
 def _save_new_connection_txn(
-    txn: Transaction, user_id: str, device_id: str, conn_id: str, token: str, changes: Sequence[RoomStatusChange],
-    now_ms: int, max_per_device: int,
+    txn: Transaction, user_id: str, device_id: str, conn_id: str, token: str, subscriptions: str,
+    changes: Sequence[RoomStatusChange], now_ms: int, max_per_device: int,
 ) -> int:
     key = _new_connection_txn(txn, user_id, device_id, conn_id, now_ms, max_per_device)
-    return _save_position_txn(txn, key, token, changes, now_ms)
+    return _save_position_txn(txn, key, token, subscriptions, changes, now_ms)
 
 
 def _save_position_txn(
-    txn: Transaction, connection_key: int, token: str, changes: Sequence[RoomStatusChange], now_ms: int
+    txn: Transaction, connection_key: int, token: str, subscriptions: str, changes: Sequence[RoomStatusChange],
+    now_ms: int,
 ) -> int:
     txn.execute(
-        "INSERT INTO sliding_sync_positions (connection_key, token, created_ts) "
-        "SELECT connection_key, %s, %s FROM sliding_sync_connections WHERE connection_key = %s "
+        "INSERT INTO sliding_sync_positions (connection_key, token, subscriptions, created_ts) "
+        "SELECT connection_key, %s, %s, %s FROM sliding_sync_connections WHERE connection_key = %s "
         "RETURNING position_id",
-        (token, now_ms, connection_key),
+        (token, subscriptions, now_ms, connection_key),
     )
     row = txn.fetchone()
     if row is None:
@@ -433,15 +436,15 @@ class SlidingSyncStore:
     # --- connections --------------------------------------------------------------------------
 
     async def save_new_connection(
-        self, user_id: str, device_id: str, conn_id: str, token: str, changes: Sequence[RoomStatusChange], *,
-        now_ms: int, max_per_device: int,
+        self, user_id: str, device_id: str, conn_id: str, token: str, subscriptions: str,
+        changes: Sequence[RoomStatusChange], *, now_ms: int, max_per_device: int,
     ) -> int:
         """Start (or restart) the connection with its first position (its earlier state is
         dropped; the device's least recently used connections beyond ``max_per_device`` too):
         the position's ID."""
         return await self._db.run_interaction(
             "sliding_sync_save_new_connection", _save_new_connection_txn, user_id, device_id, conn_id, token,
-            changes, now_ms, max_per_device,
+            subscriptions, changes, now_ms, max_per_device,
         )
 
     async def resume(
@@ -454,10 +457,11 @@ class SlidingSyncStore:
         )
 
     async def save_position(
-        self, connection_key: int, token: str, changes: Sequence[RoomStatusChange], *, now_ms: int
+        self, connection_key: int, token: str, subscriptions: str, changes: Sequence[RoomStatusChange], *,
+        now_ms: int,
     ) -> int:
         """A new position of the connection, reaching ``token``, with the rooms whose status changed.
         Raises ``ConnectionGone`` when the connection no longer exists."""
         return await self._db.run_interaction(
-            "sliding_sync_save_position", _save_position_txn, connection_key, token, changes, now_ms
+            "sliding_sync_save_position", _save_position_txn, connection_key, token, subscriptions, changes, now_ms
         )

@@ -452,3 +452,23 @@ async def test_an_invite_to_a_room_on_another_server_is_listed(database_dsn: str
         assert room["membership"] == "invite" and room["initial"] is True
         assert [(e["type"], e["content"]) for e in room["invite_state"]] == [
             ("m.room.name", {"name": "Far away"}), ("m.room.member", {"membership": "invite"})]
+
+
+async def test_subscriptions_hold_until_unsubscribed(database_dsn: str, tmp_path: Path) -> None:
+    """A room subscription holds for the connection's later requests (matrix-js-sdk sends it
+    once) until ``unsubscribe_rooms`` names it; it also survives a retried ``pos``."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = await _room(client, alice, "followed")
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        first = await _ss(client, bob, {"room_subscriptions": {room_id: {"timeline_limit": 2, "required_state": []}}})
+        assert first["rooms"][room_id]["initial"] is True
+        sent = await _send(client, alice, room_id, "still followed")
+        later = await _ss(client, bob, {}, pos=first["pos"], timeout=0)
+        assert [e["event_id"] for e in later["rooms"][room_id]["timeline"]] == [sent]
+        dropped = await _ss(client, bob, {"unsubscribe_rooms": [room_id]}, pos=later["pos"], timeout=0)
+        assert dropped["rooms"] == {}
+        await _send(client, alice, room_id, "no longer followed")
+        assert (await _ss(client, bob, {}, pos=dropped["pos"], timeout=0))["rooms"] == {}
+        bad = await client.request("POST", SS, {"unsubscribe_rooms": ["not a room"]}, token=bob)
+        assert bad.status == 400 and bad.errcode == "M_INVALID_PARAM"

@@ -1,6 +1,6 @@
 """Sliding sync requests are hostile input: any JSON body parses to a request or raises a
 400 ``MatrixError`` (never another exception), and a request's room configs combine into a
-superset of each (what either matches, the combination matches)."""
+superset of each (what either matches, the combination matches), stored and read back whole."""
 
 from __future__ import annotations
 
@@ -54,3 +54,4 @@ def test_combined_configs_are_a_superset(a: RoomConfig, b: RoomConfig, event_typ
         assert combined.matches(event_type, state_key, "@me:x")
     assert not combined.state_expanded_from(combined.to_json())
     assert combined.lazy == (a.lazy or b.lazy)
+    assert RoomConfig.from_json(combined.to_json()) == combined  # a stored subscription reads back
