@@ -40,6 +40,7 @@ services:
 	@bash .ci/install-observability.sh
 	@bash .ci/install-spark.sh
 	@bash .ci/install-browser.sh
+	@bash .ci/install-js-client.sh
 
 test: $(TEST_STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -18,7 +18,8 @@ from workers.pusher import start_pusher
 
 GENERIC: Final = WorkerRole(
     name="generic",
-    description="Client reads (/sync, /messages, state, members, events, profiles) and inbound federation; "
+    description="Client reads (/sync, simplified sliding sync, /messages, state, members, events, profiles) "
+                "and inbound federation; "
                 "writes are forwarded to their owners.",
     resources=frozenset({"client", "federation", "keys", "replication", "health"}),
     servlets="worker",
