@@ -20,6 +20,7 @@ from typing import Any, Final
 import attrs
 from twisted.internet.threads import deferToThreadPool
 
+from homeserver.appservice.registration import AppServiceRegistry
 from homeserver.config import HomeserverConfig
 from homeserver.handlers.account_data import AccountDataHandler, StreamIdAllocator
 from homeserver.handlers.auth import Auth, PasswordHasher
@@ -106,7 +107,7 @@ class AccountServices:
         account_data_store = AccountDataStore(db)
         hasher = PasswordHasher(config.bcrypt_rounds, _thread_runner(reactor))
         ratelimiters = Ratelimiters.from_config(config)
-        auth = Auth(accounts, device_store, clock=clock)
+        auth = Auth(accounts, device_store, clock=clock, app_services=AppServiceRegistry(config.app_services))
         devices = DeviceHandler(device_store, auth)
         login = LoginHandler(
             server_name=config.server_name,

@@ -157,6 +157,7 @@ class RoomServices:
             remote=remote,
             directory=directory,
             publish=room_directory.publish,
+            app_services=accounts.auth.app_services,
             is_blocked=blocked_rooms,
         )
         accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
