@@ -22,6 +22,7 @@ import attrs
 import yaml
 
 from federation_sender.config import BackoffConfig, CatchUpConfig, FederationSenderConfig
+from homeserver.appservice.config import DEFAULT_APP_SERVICE_BACKOFF, AppServiceSenderConfig
 from homeserver.appservice.registration import AppService, Namespace
 from homeserver.media.config import MediaConfig, RateLimitSpec, UrlPreviewConfig
 from homeserver.media.rules import ThumbnailSpec
@@ -347,9 +348,8 @@ def _federation(path: str, raw: object) -> FederationConfig:
     return result
 
 
-def _backoff(path: str, raw: object) -> BackoffConfig:
+def _backoff(path: str, raw: object, defaults: BackoffConfig = BackoffConfig()) -> BackoffConfig:
     s = _Section(path, raw)
-    defaults = BackoffConfig()
 
     def jitter(p: str, v: object) -> tuple[float, float]:
         items = _expect_list(p, v)
@@ -648,7 +648,7 @@ def _media(path: str, raw: object, path_value: Callable[[str, object], Path]) ->
 
 # Worker roles the launcher knows (issue 9 makes them pluggable; the names are fixed here).
 WORKER_APPS: Final = ("generic", "event_persister", "federation_sender", "background", "media_repository",
-                      "pusher")
+                      "pusher", "appservice")
 # Streams whose writer is configurable in ``stream_writers``.
 WRITABLE_STREAMS: Final = ("events", "typing", "receipts", "presence", "to_device", "account_data")
 MAIN_INSTANCE: Final = "master"
@@ -793,6 +793,11 @@ def _check_worker_layout(config: HomeserverConfig) -> None:
     if len(pushers) > 1:
         # Each would deliver every notification: users would get every push twice.
         raise ConfigError(f"workers.{pushers[1]}.app", f"only one pusher worker may run; {', '.join(pushers)} are")
+    senders = sorted(name for name, worker in config.workers.items() if worker.app == "appservice")
+    if len(senders) > 1:
+        # Each would send every transaction: services would get every event twice.
+        raise ConfigError(f"workers.{senders[1]}.app",
+                          f"only one appservice worker may run; {', '.join(senders)} are")
     if config.workers and MAIN_INSTANCE not in config.instance_map:
         raise ConfigError(
             "instance_map",
@@ -862,6 +867,7 @@ class HomeserverConfig:
     media: MediaConfig = MediaConfig()
     # ``app_service_config_files``: one registration per file (docs/appservices.md).
     app_services: tuple[AppService, ...] = ()
+    app_service_sender: AppServiceSenderConfig = AppServiceSenderConfig()
 
     @property
     def media_store_path(self) -> Path:
@@ -968,6 +974,19 @@ def parse_app_service(raw: object, *, server_name: str, source: str = "") -> App
         s.used.add(ignored)
     s.finish()
     return service
+
+
+def _app_service_sender(path: str, raw: object) -> AppServiceSenderConfig:
+    s = _Section(path, raw)
+    defaults = AppServiceSenderConfig()
+    result = AppServiceSenderConfig(
+        backoff=s.get("backoff", lambda p, v: _backoff(p, v, DEFAULT_APP_SERVICE_BACKOFF), defaults.backoff),
+        max_events_per_transaction=s.get("max_events_per_transaction", lambda p, v: _expect_int(p, v, 1, 10_000),
+                                         defaults.max_events_per_transaction),
+        request_timeout=s.get("request_timeout", _positive_duration, defaults.request_timeout),
+    )
+    s.finish()
+    return result
 
 
 def _app_services(base: Path, server_name: str) -> Callable[[str, object], tuple[AppService, ...]]:
@@ -1098,6 +1117,7 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         workers=s.get("workers", _workers, {}),
         media=s.get("media", lambda p, v: _media(p, v, path_value), MediaConfig()),
         app_services=s.get("app_service_config_files", _app_services(base, server_name), ()),
+        app_service_sender=s.get("app_service_sender", _app_service_sender, AppServiceSenderConfig()),
     )
     _check_worker_layout(config)
     if not config.allow_unauthenticated_replication:
