@@ -39,8 +39,10 @@ class AppServiceClient:
     def __init__(self, reactor: Any, *, timeout: float) -> None:
         self._reactor = reactor
         self._timeout = timeout
-        self._pool = HTTPConnectionPool(reactor, persistent=True)
-        self._pool.retryAutomatically = False  # a transaction must not be sent twice behind our back
+        # A connection per request: a service that stopped is seen to have stopped, and a
+        # transaction is never resent behind our back on a stale connection.
+        self._pool = HTTPConnectionPool(reactor, persistent=False)
+        self._pool.retryAutomatically = False
         self._agent = Agent(reactor, pool=self._pool, connectTimeout=min(timeout, 10.0))
 
     async def request(self, service: AppService, method: str, path: str, *, body: Mapping[str, Any] | None = None,

@@ -175,7 +175,10 @@ class RoomHandler:
         is_blocked: Callable[[str], Awaitable[bool]] | None = None,
         publish: Callable[[str], Awaitable[None]] | None = None,
         app_services: AppServiceRegistry | None = None,
+        ask_services_alias: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
+        # Asks application services about an unknown alias of their namespaces (they may make it).
+        self._ask_services_alias = ask_services_alias
         # Lists a room created with ``visibility: public`` in the room directory.
         self._publish = publish
         # Exclusive alias namespaces are kept from everyone but their service.
@@ -419,6 +422,8 @@ class RoomHandler:
         if self._directory is not None and alias.split(":", 1)[1] != self._server_name:
             return await self._directory.query_directory(alias)
         entry = await self._timeline.get_alias(alias)
+        if entry is None and self._ask_services_alias is not None and await self._ask_services_alias(alias):
+            entry = await self._timeline.get_alias(alias)
         if entry is None:
             raise not_found(f"Room alias {alias} not found")
         return {"room_id": entry[0], "servers": [self._server_name]}
