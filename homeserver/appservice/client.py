@@ -62,7 +62,7 @@ class AppServiceClient:
             pending: Deferred[Any] = self._agent.request(method.encode("ascii"), url.encode("utf-8"), headers, producer)
             pending.addTimeout(self._timeout, self._reactor)
             response = await pending
-            if response.length is not None and response.length != -1 and response.length > MAX_RESPONSE_BYTES:
+            if isinstance(response.length, int) and response.length > MAX_RESPONSE_BYTES:
                 response.deliverBody(_Discard())
                 return int(response.code), None
             read: Deferred[bytes] = readBody(response)
