@@ -42,4 +42,8 @@ async def start_appservice_sender(context: RoleContext) -> AppServiceSender:
     )
     await sender.start()
     events.add_position_listener(lambda *_: sender.on_new_events())
+    typing, receipts = context.streams["typing"], context.streams["receipts"]
+    sender.follow_ephemeral(typing.get_current_token, receipts.get_current_token)
+    typing.add_position_listener(lambda *_: sender.on_new_ephemeral())
+    receipts.add_position_listener(lambda *_: sender.on_new_ephemeral())
     return sender

@@ -36,7 +36,7 @@ from homeserver.appservice.core import (
 from homeserver.appservice.metrics import AppServiceMetrics
 from homeserver.appservice.registration import AppService, EventFacts, is_interested
 from storage.kernel.background import run_in_background
-from storage.stores.appservice import AppServiceStore
+from storage.stores.appservice import AppServiceStore, Ephemeral
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,11 @@ class AppServiceSender:
         self._links: dict[str, ServiceLink] = {}
         self._timers: dict[str, Any] = {}
         self._stopped = False
+        # Ephemeral events: the typing and receipts positions followed, and how far they are read.
+        self._ephemeral_streams: tuple[Callable[[], int], Callable[[], int]] | None = None
+        self._ephemeral_at = (0, 0)
+        self._ephemeral_dirty = False
+        self._ephemeral_reading = False
 
     def _now(self) -> int:
         return int(self._clock.seconds() * 1000)
@@ -98,14 +103,48 @@ class AppServiceSender:
         for link in self._links.values():
             self._dispatch(link, link.on_new_events(self._now()))
 
-    def on_ephemeral(self, pick: Callable[[AppService], Sequence[Mapping[str, Any]]]) -> None:
-        """Ephemeral events: ``pick`` says which of them each service (asking for them) gets."""
+    def follow_ephemeral(self, typing_position: Callable[[], int], receipts_position: Callable[[], int]) -> None:
+        """Start following the typing and receipts streams from their positions now (for the
+        services with ``receive_ephemeral``); call ``on_new_ephemeral`` when either moves."""
+        self._ephemeral_streams = (typing_position, receipts_position)
+        self._ephemeral_at = (typing_position(), receipts_position())
+
+    def on_new_ephemeral(self) -> None:
+        if self._ephemeral_streams is None or not any(s.receive_ephemeral for s in self._services.values()):
+            return
+        self._ephemeral_dirty = True
+        if not self._ephemeral_reading:
+            run_in_background("appservice_ephemeral", self._read_ephemeral())
+
+    async def _read_ephemeral(self) -> None:
+        """Reads until nothing new is left; one read at a time, so rows are handed on in order."""
+        assert self._ephemeral_streams is not None
+        self._ephemeral_reading = True
+        try:
+            while self._ephemeral_dirty and not self._stopped:
+                self._ephemeral_dirty = False
+                upto = (self._ephemeral_streams[0](), self._ephemeral_streams[1]())
+                (typing_after, receipts_after) = self._ephemeral_at
+                items = await self._store.ephemeral((typing_after, upto[0]), (receipts_after, upto[1]))
+                self._ephemeral_at = upto
+                if items:
+                    await self._hand_out_ephemeral(items)
+        finally:
+            self._ephemeral_reading = False
+
+    async def _hand_out_ephemeral(self, items: Sequence[Ephemeral]) -> None:
+        facts = await self._store.room_facts({item.room_id for item in items})
         for service_id, link in self._links.items():
             service = self._services[service_id]
-            if service.receive_ephemeral:
-                items = pick(service)
-                if items:
-                    self._dispatch(link, link.on_ephemeral(items, self._now()))
+            if not service.receive_ephemeral:
+                continue
+            wanted = [
+                item.event for item in items
+                if is_interested(service, EventFacts("", item.room_id, None, facts[item.room_id].aliases,
+                                                     facts[item.room_id].members))
+            ]
+            if wanted:
+                self._dispatch(link, link.on_ephemeral(wanted, self._now()))
 
     def service_up(self, service_id: str) -> None:
         link = self._links.get(service_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
+from typing import Any
 
 import attrs
 
@@ -42,6 +43,14 @@ class StreamEvent:
     sender: str
     # The user a membership event is about.
     member: str | None
+
+
+@attrs.frozen
+class Ephemeral:
+    """A typing or receipt event (the client format of ``/sync``'s ephemeral events) and its room."""
+
+    room_id: str
+    event: dict[str, Any]
 
 
 @attrs.frozen
@@ -140,6 +149,31 @@ def _set_retry_txn(txn: Transaction, as_id: str, last_ts: int, interval: int, fa
     )
 
 
+def _ephemeral_txn(txn: Transaction, typing: tuple[int, int], receipts: tuple[int, int]) -> list[Ephemeral]:
+    out: list[Ephemeral] = []
+    # A room's typing row is its whole typing set: only the newest in the range counts.
+    txn.execute(
+        "SELECT DISTINCT ON (room_id) room_id, user_ids, stream_id FROM typing_stream "
+        "WHERE stream_id > %s AND stream_id <= %s ORDER BY room_id, stream_id DESC",
+        typing,
+    )
+    for room_id, user_ids, _ in txn.fetchall():
+        out.append(Ephemeral(str(room_id), {"type": "m.typing", "room_id": room_id,
+                                            "content": {"user_ids": list(user_ids)}}))
+    txn.execute(
+        "SELECT room_id, receipt_type, user_id, thread_id, event_id, data FROM receipts "
+        "WHERE stream_id > %s AND stream_id <= %s ORDER BY stream_id",
+        receipts,
+    )
+    for room_id, receipt_type, user_id, thread_id, event_id, data in txn.fetchall():
+        info = json.loads(data) if data else {}
+        if thread_id is not None and isinstance(info, dict):
+            info = {**info, "thread_id": thread_id}
+        out.append(Ephemeral(str(room_id), {"type": "m.receipt", "room_id": room_id,
+                                            "content": {event_id: {receipt_type: {user_id: info}}}}))
+    return out
+
+
 class AppServiceStore:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -170,3 +204,7 @@ class AppServiceStore:
 
     async def set_retry(self, as_id: str, last_ts: int, interval: int, failure_ts: int | None) -> None:
         await self._db.run_interaction("appservice_set_retry", _set_retry_txn, as_id, last_ts, interval, failure_ts)
+
+    async def ephemeral(self, typing: tuple[int, int], receipts: tuple[int, int]) -> list[Ephemeral]:
+        """Typing sets (the newest per room) and receipts written in the (after, upto] ranges."""
+        return await self._db.run_interaction("appservice_ephemeral", _ephemeral_txn, typing, receipts)

@@ -49,6 +49,7 @@ class FakeService(Resource):
         self.user_queries: list[str] = []
         self.alias_queries: list[str] = []
         self.pings: list[Any] = []
+        self.ephemeral: list[dict[str, Any]] = []
         self.lookups: list[tuple[str, dict[str, list[str]]]] = []
         # Called for a user or alias query: returns whether the service made it.
         self.make: Callable[[str], Deferred[bool]] | None = None
@@ -73,6 +74,8 @@ class FakeService(Resource):
             else:
                 self.txns[txn_id] = body["events"]
                 self.order.append(txn_id)
+                assert body.get("ephemeral") == body.get("de.sorunome.msc2409.ephemeral")
+                self.ephemeral.extend(body.get("ephemeral", []))
             return b"{}"
         if path.startswith(("/_matrix/app/v1/users/", "/_matrix/app/v1/rooms/")):
             name = unquote(path.rsplit("/", 1)[1])
@@ -135,7 +138,7 @@ def write_registration(tmp_path: Path, url: str) -> Path:
         "id": "irc", "url": url, "as_token": AS_TOKEN, "hs_token": HS_TOKEN, "sender_localpart": "ircbot",
         "namespaces": {"users": [{"exclusive": True, "regex": "@irc_.*"}],
                        "aliases": [{"exclusive": True, "regex": "#irc_.*"}], "rooms": []},
-        "rate_limited": False, "protocols": ["irc"],
+        "rate_limited": False, "protocols": ["irc"], "receive_ephemeral": True,
     }))
     return path
 
@@ -237,6 +240,17 @@ async def test_a_bridge_acts_in_its_namespace_and_gets_every_event_once_in_order
         assert [m["content"]["membership"] for m in members] == ["invite", "join"]
         assert service.events("m.room.message")[0]["sender"] == IRC_ALICE
         assert service.events("m.room.message")[0]["room_id"] == room_id
+
+        # --- typing and read receipts ride along (receive_ephemeral) ----------------------------
+        alice_id = f"@alice:{SERVER_NAME}"
+        await ok(client, "PUT", f"rooms/{room_id}/typing/{quote(alice_id)}", {"typing": True, "timeout": 30000},
+                 token=alice)
+        await ok(client, "POST", f"rooms/{room_id}/receipt/m.read/{quote(sent[-1])}", {}, token=alice)
+        await wait_for(lambda: {e["type"] for e in service.ephemeral} >= {"m.typing", "m.receipt"}, "ephemeral")
+        typing = next(e for e in service.ephemeral if e["type"] == "m.typing")
+        assert typing["room_id"] == room_id and typing["content"]["user_ids"] == [alice_id]
+        receipt = next(e for e in service.ephemeral if e["type"] == "m.receipt")
+        assert alice_id in receipt["content"][sent[-1]]["m.read"]
 
         # --- the bridge goes down: messages wait; it comes back: every one, once, in order -----
         await listener.stop()
