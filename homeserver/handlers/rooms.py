@@ -125,11 +125,13 @@ def unknown_room(room_id: str) -> MatrixError:
 
 
 def make_template(
-    event_type: str, content: Mapping[str, Any], state_key: str | None = None, redacts: str | None = None
+    event_type: str, content: Mapping[str, Any], state_key: str | None = None, redacts: str | None = None,
+    origin_server_ts: int | None = None,
 ) -> EventTemplate:
     """An ``EventTemplate``; content that is not canonical JSON (floats, ...) is 400 ``M_BAD_JSON``."""
     try:
-        return EventTemplate(type=event_type, content=content, state_key=state_key, redacts=redacts)
+        return EventTemplate(type=event_type, content=content, state_key=state_key, redacts=redacts,
+                             origin_server_ts=origin_server_ts)
     except EventsError as e:
         raise events_error(e) from None
     except (TypeError, ValueError) as e:
@@ -236,12 +238,15 @@ class RoomHandler:
 
     async def send_event(
         self, requester: Requester, room_id: str, event_type: str, content: Mapping[str, Any], txn_id: str | None,
-        *, ratelimited: bool = True,
+        *, ratelimited: bool = True, ts: int | None = None,
     ) -> str:
+        """Send a message event; ``ts`` (an application service's timestamp massaging) sets its
+        ``origin_server_ts``."""
         if txn_id is None:
             if ratelimited and requester.ratelimited:  # server notices are not (the admin API limits the admin)
                 self._ratelimit(requester, self._limits.message, requester.user_id)
-            return (await self._send(room_id, make_template(event_type, content), requester.user_id)).event_id
+            return (await self._send(room_id, make_template(event_type, content, origin_server_ts=ts),
+                                     requester.user_id)).event_id
         key = (str(requester.access_token_id), txn_id)
         sent = self._sent_txns.get(key)
         if sent is not None:
@@ -252,7 +257,8 @@ class RoomHandler:
         try:
             self._ratelimit(requester, self._limits.message, requester.user_id)
             # An unknown room surfaces from _send_idempotent as RoomNotFound -> 404.
-            event_id = await self._send_idempotent(room_id, make_template(event_type, content), requester.user_id, txn)
+            event_id = await self._send_idempotent(room_id, make_template(event_type, content, origin_server_ts=ts),
+                                                   requester.user_id, txn)
         except MatrixError:
             # A retry whose first attempt this process does not remember still gets
             # that event's ID, even if the user could no longer send it now.
@@ -264,7 +270,8 @@ class RoomHandler:
         return event_id
 
     async def send_state(
-        self, requester: Requester, room_id: str, event_type: str, state_key: str, content: Mapping[str, Any]
+        self, requester: Requester, room_id: str, event_type: str, state_key: str, content: Mapping[str, Any],
+        *, ts: int | None = None,
     ) -> str:
         if event_type == C.MEMBER:
             return await self._send_member_state(requester, room_id, state_key, content)
@@ -277,7 +284,7 @@ class RoomHandler:
                 await self._check_room(room_id)
                 raise forbidden("You are not in this room")
             await self._check_canonical_alias(room_id, content)
-        template = make_template(event_type, content, state_key)
+        template = make_template(event_type, content, state_key, origin_server_ts=ts)
         return (await self._send(room_id, template, requester.user_id)).event_id
 
     async def _send_member_state(

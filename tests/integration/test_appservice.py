@@ -228,10 +228,12 @@ async def test_a_bridge_acts_in_its_namespace_and_gets_every_event_once_in_order
             sent.append(event_id)
             return event_id
 
-        for i in range(14):
-            await say(AS_TOKEN, f"from irc {i}", as_alice)
+        for i in range(14):  # the first with timestamp massaging: when it was said on IRC
+            await say(AS_TOKEN, f"from irc {i}", as_alice + ("&ts=1500000000000" if i == 0 else ""))
+        await refused(client, "PUT", f"rooms/{room_id}/send/m.room.message/bad-ts?{as_alice}&ts=soon",
+                      {"msgtype": "m.text", "body": "x"}, AS_TOKEN, 400, "M_INVALID_PARAM")
         for i in range(12):
-            await say(dave, f"dave {i}")
+            await say(dave, f"dave {i}", "ts=1500000000000" if i == 0 else "")  # not a service's: ignored
         await refused(client, "PUT", f"rooms/{room_id}/send/m.room.message/dave-too-many",
                       {"msgtype": "m.text", "body": "x"}, dave, 429, "M_LIMIT_EXCEEDED")
         await say(alice, "hello bridge")
@@ -240,6 +242,8 @@ async def test_a_bridge_acts_in_its_namespace_and_gets_every_event_once_in_order
         assert [m["content"]["membership"] for m in members] == ["invite", "join"]
         assert service.events("m.room.message")[0]["sender"] == IRC_ALICE
         assert service.events("m.room.message")[0]["room_id"] == room_id
+        assert service.events("m.room.message")[0]["origin_server_ts"] == 1500000000000
+        assert service.events("m.room.message")[14]["origin_server_ts"] > 1600000000000  # dave's
 
         # --- typing and read receipts ride along (receive_ephemeral) ----------------------------
         alice_id = f"@alice:{SERVER_NAME}"
