@@ -353,3 +353,68 @@ async def test_queries_thirdparty_and_ping(database_dsn: str, tmp_path: Path) ->
     finally:
         await hs.stop()
         await listener.stop()
+
+
+async def test_an_appservice_worker_pushes_and_the_main_process_does_not(
+    database_dsn: str, tmp_path: Path, redis_url: str
+) -> None:
+    """The main process and an ``appservice`` worker over Redis: the worker follows the events
+    stream by replication and pushes; stopped while messages are sent and started again, it
+    sends each of them once, in order; the main process has no sender of its own."""
+    service = FakeService()
+    listener = ServicePort(service)
+    listener.start()
+    internal, health = free_port(), free_port()
+    raw = server_config(
+        database_dsn, tmp_path, rc_joins={"local": GENEROUS, "remote": GENEROUS}, rc_message=GENEROUS,
+        app_service_config_files=[str(write_registration(tmp_path, listener.url))],
+        app_service_sender={"backoff": {"initial": "100ms", "max": "400ms"}},
+        redis={"enabled": True, "url": redis_url}, worker_replication_secret="a shared secret",
+        instance_map={"master": {"host": "127.0.0.1", "port": internal}},
+        workers={"appservice1": {"app": "appservice",
+                                 "listeners": [{"type": "http", "port": health, "resources": ["health"]}]}},
+    )
+    raw["listeners"] = [*raw["listeners"], {"type": "http", "port": internal, "resources": ["replication"]}]
+    config = parse_config(raw, config_path=tmp_path / "homeserver.yaml")
+    assert [s.id for s in config.app_services] == ["irc"]
+    main = HomeServer(config, reactor, registry=CollectorRegistry())
+
+    def new_worker() -> HomeServer:
+        return HomeServer(config, reactor, registry=CollectorRegistry(), instance_name="appservice1")
+
+    await main.start()
+    worker = new_worker()
+    try:
+        await worker.start()
+        client = Client(f"http://127.0.0.1:{config.listeners[0].port}")
+        await ok(client, "POST", "register", {"type": "m.login.application_service", "username": "irc_alice"},
+                 token=AS_TOKEN)
+        alice = (await client.register_ok("alice"))["access_token"]
+        room_id = (await ok(client, "POST", "createRoom", {"preset": "public_chat", "invite": [IRC_ALICE]},
+                            token=alice))["room_id"]
+        sent: list[str] = []
+
+        async def say(text: str) -> None:
+            path = f"rooms/{room_id}/send/m.room.message/{quote(text)}"
+            sent.append((await ok(client, "PUT", path, {"msgtype": "m.text", "body": text}, token=alice))["event_id"])
+
+        await say("first")
+        await wait_for(lambda: len(service.events("m.room.message")) == 1, "the first message")
+        await worker.stop()
+        for i in range(3):
+            await say(f"while the worker is down {i}")
+        await _sleep(0.3)
+        assert len(service.events("m.room.message")) == 1  # nobody pushes while the worker is down
+        assert main.registry.get_sample_value("tributary_appservice_transactions_sent_total",
+                                              {"service": "irc"}) is None
+        worker = new_worker()
+        await worker.start()
+        await wait_for(lambda: len(service.events("m.room.message")) == len(sent), "the messages sent meanwhile")
+        await say("last")
+        await wait_for(lambda: len(service.events("m.room.message")) == len(sent), "the last message")
+        assert [e["event_id"] for e in service.events("m.room.message")] == sent
+        assert metric(worker, "tributary_appservice_transactions_sent_total") > 0
+    finally:
+        await worker.stop()
+        await main.stop()
+        await listener.stop()
