@@ -293,7 +293,6 @@ class Destination(RequestLink[Request]):
         self._has_queue = retry.healthy
         self._in_flight: PlannedTransaction | None = None
         self._retry_dirty = False
-        self._resume: PersistPosition | None = None
         # To-device messages read for the next transaction.
         self._outbox: tuple[OutboxMessage, ...] | None = None
         # Device-list updates read for the next transaction, and the stream position they cover.
@@ -608,13 +607,9 @@ class Destination(RequestLink[Request]):
 
     def _next(self, now_ms: int) -> list[Action]:
         """What to do now that nothing is outstanding (nothing, while something is)."""
-        if self._step is not None:
-            return []
-        if self._resting(now_ms):
-            return self._schedule_wake(self._resting_until)
-        if self._resume is not None:
-            resume, self._resume = self._resume, None
-            return self._begin(resume)
+        first = self._before_deciding(now_ms)
+        if first is not None:
+            return first
         if self._retry_dirty:
             self._retry_dirty = False
             return self._begin(PersistRetry(self._queue.retry))

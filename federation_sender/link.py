@@ -49,6 +49,8 @@ class RequestLink(Generic[R]):
         # Crashes in a row, and no request before this moment after one.
         self._crashes = 0
         self._resting_until = 0
+        # A request whose carrying out crashed and that must be made again as it was.
+        self._resume: R | None = None
 
     @property
     def outstanding(self) -> R | None:
@@ -72,6 +74,18 @@ class RequestLink(Generic[R]):
 
     def _resting(self, now_ms: int) -> bool:
         return now_ms < self._resting_until
+
+    def _before_deciding(self, now_ms: int) -> list[Any] | None:
+        """What comes before a link decides its next request: nothing while one is outstanding,
+        a wake-up while it rests after a crash, the request to redo. None: the link decides."""
+        if self._step is not None:
+            return []
+        if self._resting(now_ms):
+            return self._schedule_wake(self._resting_until)
+        if self._resume is not None:
+            resume, self._resume = self._resume, None
+            return self._begin(resume)
+        return None
 
     def _crashed(self, now_ms: int) -> tuple[R | None, list[Any]]:
         """Carrying out the outstanding request raised: forget it (the caller decides how it is

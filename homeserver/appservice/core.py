@@ -160,7 +160,6 @@ class ServiceLink(RequestLink[Request]):
         # Recorded and not yet accepted: resent as it is.
         self._retained: Transaction | None = None
         self._retry_dirty = False
-        self._resume: Request | None = None
 
     # --- what the loop may look at ---------------------------------------------------------
 
@@ -281,13 +280,9 @@ class ServiceLink(RequestLink[Request]):
         return Transaction(self._last_txn_id + 1, events, ephemeral, to_device, upto)
 
     def _next(self, now_ms: int) -> list[Action]:
-        if self._step is not None:
-            return []
-        if self._resting(now_ms):
-            return self._schedule_wake(self._resting_until)
-        if self._resume is not None:
-            resume, self._resume = self._resume, None
-            return self._begin(resume)
+        first = self._before_deciding(now_ms)
+        if first is not None:
+            return first
         if self._retry_dirty:
             self._retry_dirty = False
             return self._begin(PersistRetry(self.retry))
