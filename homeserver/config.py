@@ -969,10 +969,9 @@ def parse_app_service(raw: object, *, server_name: str, source: str = "") -> App
         device_masquerading=s.get("org.matrix.msc3202", _expect_bool, True),
         source=source,
     )
-    # Keys registration generators write that change nothing here.
-    for ignored in ("org.matrix.msc3202.push_device_lists", "push_ephemeral", "de.sorunome.msc2409.push_to_device"):
-        s.used.add(ignored)
-    s.finish()
+    # Other top-level keys are the bridge's own (heisenbridge's ``heisenbridge`` section, say):
+    # left alone, as Synapse does, or the files bridges generate would not load. A namespace
+    # entry, which is ours to read, refuses unknown keys.
     return service
 
 

@@ -35,6 +35,8 @@ def test_a_registration_parses_into_typed_values() -> None:
     assert not service.rate_limited and service.protocols == ("irc",)
     assert service.receive_ephemeral  # the MSC2409 name is accepted too
     assert parse_app_service(registration(url=None), server_name=HS).url is None
+    # A bridge's own section is its business.
+    assert parse_app_service(registration(heisenbridge={"displayname": "H"}), server_name=HS).id == "irc"
 
 
 @pytest.mark.parametrize(("change", "key"), [
@@ -46,7 +48,7 @@ def test_a_registration_parses_into_typed_values() -> None:
     ({"namespaces": {"users": [{"regex": "@a"}]}}, "namespaces.users[0].exclusive"),
     ({"namespaces": {"people": []}}, "namespaces.people"),
     ({"rate_limited": "no"}, "rate_limited"),
-    ({"colour": "blue"}, "colour"),
+    ({"namespaces": {"users": [{"exclusive": True, "regex": "@a", "colour": "blue"}]}}, "namespaces.users[0].colour"),
 ])
 def test_errors_name_the_key(change: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as caught:
