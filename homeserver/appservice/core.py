@@ -181,14 +181,6 @@ class ServiceLink(RequestLink[Request]):
         self._woken(now_ms)
         return self._next(now_ms)
 
-    def on_service_up(self, now_ms: int) -> list[Action]:
-        """The service showed it is up (it answered a ping): its backoff goes."""
-        if self.retry.healthy:
-            return self._next(now_ms)
-        self.retry = HEALTHY
-        self._retry_dirty = True
-        return [Recovered(), *self._next(now_ms)]
-
     def on_crashed(self, now_ms: int) -> list[Action]:
         """Carrying out the outstanding request raised: it is redone after a rest."""
         step, wake = self._crashed(now_ms)

@@ -146,11 +146,6 @@ class AppServiceSender:
             if wanted:
                 self._dispatch(link, link.on_ephemeral(wanted, self._now()))
 
-    def service_up(self, service_id: str) -> None:
-        link = self._links.get(service_id)
-        if link is not None:
-            self._dispatch(link, link.on_service_up(self._now()))
-
     def stop(self) -> None:
         self._stopped = True
         for timer in self._timers.values():
