@@ -23,7 +23,7 @@ from homeserver.config import HomeserverConfig
 from homeserver.handlers.auth import MAX_TOKEN_LENGTH, Auth, client_ip
 from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.login import LOGIN_TYPE_PASSWORD, LoginHandler, invalid_credentials, user_from_identifier
-from homeserver.handlers.register import RegistrationHandler
+from homeserver.handlers.register import RegistrationHandler, RegistrationResult
 from homeserver.handlers.server_info import client_well_known
 from homeserver.handlers.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, LOGIN_REGISTRATION_TOKEN, UserInteractiveAuth
 from homeserver.handlers.validation import (
@@ -186,13 +186,17 @@ def register_account_servlets(
             if session.has_result:  # a concurrent request of this session registered first
                 return 200, session.result
             raise
+        response = registered(result)
+        session.set_result(response)
+        session.params = None  # forget the password
+        return 200, response
+
+    def registered(result: RegistrationResult) -> dict[str, Any]:
         response: dict[str, Any] = {"user_id": result.user_id, "home_server": server_name}
         if result.login is not None:
             response["access_token"] = result.login.access_token
             response["device_id"] = result.login.device_id
-        session.set_result(response)
-        session.params = None  # forget the password
-        return 200, response
+        return response
 
     def check_not_exclusive(user_id: str) -> None:
         if auth.app_services.exclusive_user_owner(user_id) is not None:
@@ -221,12 +225,9 @@ def register_account_servlets(
             ),
             inhibit_login=optional_bool(body, "inhibit_login", False),
             ip=client_ip(request),
+            counted=False,
         )
-        response: dict[str, Any] = {"user_id": result.user_id, "home_server": server_name}
-        if result.login is not None:
-            response["access_token"] = result.login.access_token
-            response["device_id"] = result.login.device_id
-        return 200, response
+        return 200, registered(result)
 
     async def register_guest(request: Request) -> tuple[int, Any]:
         # The spec: every body field but initial_device_display_name is ignored and
