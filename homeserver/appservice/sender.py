@@ -193,6 +193,8 @@ class AppServiceSender:
         try:
             actions = await self._answer(link, service, request)
         except Exception:
+            if self._stopped:
+                return  # shutting down: the database may be closed under it; the row says where to go on
             logger.exception("[%s] carrying out %r failed", link.name, request)
             actions = link.on_crashed(self._now())
         self._dispatch(link, actions)
