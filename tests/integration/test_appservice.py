@@ -324,6 +324,18 @@ async def test_queries_thirdparty_and_ping(database_dsn: str, tmp_path: Path) ->
         await refused(client, "GET", f"profile/{quote('@irc_ghost:' + SERVER_NAME)}", None, bob, 404, "M_NOT_FOUND")
         await refused(client, "GET", f"profile/{quote('@nobody:' + SERVER_NAME)}", None, bob, 404, "M_NOT_FOUND")
         assert service.user_queries == [f"@irc_new:{SERVER_NAME}", f"@irc_ghost:{SERVER_NAME}"]
+
+        # Logging in as one of its users (m.login.application_service).
+        flows = (await ok(client, "GET", "login", token=bob))["flows"]
+        assert {"type": "m.login.application_service"} in flows
+        as_login = {"type": "m.login.application_service", "identifier": {"type": "m.id.user", "user": "irc_new"}}
+        logged_in = await ok(client, "POST", "login", as_login, token=AS_TOKEN)
+        assert logged_in["user_id"] == f"@irc_new:{SERVER_NAME}"
+        whoami = await ok(client, "GET", "account/whoami", token=logged_in["access_token"])
+        assert whoami["device_id"] == logged_in["device_id"]
+        await refused(client, "POST", "login", as_login, None, 401, "M_MISSING_TOKEN")
+        await refused(client, "POST", "login", {**as_login, "identifier": {"type": "m.id.user", "user": "bob"}},
+                      AS_TOKEN, 400, "M_EXCLUSIVE")
         found = await ok(client, "GET", f"directory/room/{quote('#irc_lobby:' + SERVER_NAME)}", token=bob)
         assert found["room_id"].startswith("!")
         await refused(client, "GET", f"directory/room/{quote('#elsewhere:' + SERVER_NAME)}", None, bob, 404,
