@@ -965,6 +965,7 @@ def parse_app_service(raw: object, *, server_name: str, source: str = "") -> App
         rate_limited=s.get("rate_limited", _expect_bool, True),
         protocols=s.get("protocols", _as_protocols, ()),
         receive_ephemeral=ephemeral,
+        receive_to_device=s.get("org.matrix.msc2409.receive_to_device", _expect_bool, False),
         device_masquerading=s.get("org.matrix.msc3202", _expect_bool, True),
         source=source,
     )

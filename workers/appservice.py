@@ -1,10 +1,12 @@
 """The ``appservice`` role's hook: push events to application services (``homeserver/appservice/``).
 
 Runs in one process of a deployment: the ``appservice`` worker when the config has one, else
-the main process. It follows the events stream (new events wake every service's link) and the
-typing and receipts streams (ephemeral events, for services with ``receive_ephemeral``),
-through the stream positions this process knows, locally or by replication. Each service's
-position is in ``appservice_stream_positions``, written only here.
+the main process. It follows the events stream (new events wake every service's link), the
+typing and receipts streams (ephemeral events, for services with ``receive_ephemeral``) and
+the to_device stream (to-device messages for the users of services with
+``org.matrix.msc2409.receive_to_device``), through the stream positions this process knows,
+locally or by replication. Each service's position is in ``appservice_stream_positions``,
+written only here.
 """
 
 # tests: tests/integration/test_appservice.py
@@ -42,8 +44,8 @@ async def start_appservice_sender(context: RoleContext) -> AppServiceSender:
     )
     await sender.start()
     events.add_position_listener(lambda *_: sender.on_new_events())
-    typing, receipts = context.streams["typing"], context.streams["receipts"]
-    sender.follow_ephemeral(typing.get_current_token, receipts.get_current_token)
-    typing.add_position_listener(lambda *_: sender.on_new_ephemeral())
-    receipts.add_position_listener(lambda *_: sender.on_new_ephemeral())
+    followed = [context.streams[name] for name in ("typing", "receipts", "to_device")]
+    sender.follow_ephemeral(*(stream.get_current_token for stream in followed))
+    for stream in followed:
+        stream.add_position_listener(lambda *_: sender.on_new_ephemeral())
     return sender

@@ -12,8 +12,9 @@ transaction is resent, with the same ID and the same events, after the backoff; 
 with a recorded transaction re-reads exactly its events and resends it under its ID. Every
 failure is retried (a service, unlike a server, has no other way to get what it missed).
 
-Ephemeral events (typing, receipts) are held in memory, bounded, and ride on the next
-transaction: lossy by design, as their worth is in being now.
+Ephemeral events (typing, receipts) and to-device messages are held in memory, bounded, and
+ride on the next transaction: lossy by design, as the worth of the first is in being now (the
+second stay in the device inbox for a device that syncs).
 
 It does not read the clock, log, count metrics, or know about Twisted, Postgres or HTTP.
 """
@@ -31,8 +32,9 @@ import attrs
 from federation_sender.backoff import HEALTHY, BackoffPolicy, Jitter, RetryState, after_failure
 from federation_sender.link import RequestLink, ScheduleWake
 
-# Ephemeral events kept for a service, the oldest dropped beyond it.
+# Ephemeral events and to-device messages kept for a service, the oldest dropped beyond it.
 MAX_HELD_EPHEMERAL: Final = 1_000
+MAX_HELD_TO_DEVICE: Final = 1_000
 
 
 @attrs.frozen
@@ -42,6 +44,7 @@ class Transaction:
     txn_id: int
     events: tuple[Mapping[str, Any], ...]
     ephemeral: tuple[Mapping[str, Any], ...] = ()
+    to_device: tuple[Mapping[str, Any], ...] = ()
     # The events stream position it covers once accepted (None: it carries no events' worth).
     upto: int | None = None
 
@@ -49,6 +52,8 @@ class Transaction:
         body: dict[str, Any] = {"events": [dict(e) for e in self.events]}
         if self.ephemeral:
             body["ephemeral"] = body["de.sorunome.msc2409.ephemeral"] = [dict(e) for e in self.ephemeral]
+        if self.to_device:
+            body["de.sorunome.msc2409.to_device"] = [dict(m) for m in self.to_device]
         return body
 
 
@@ -152,6 +157,7 @@ class ServiceLink(RequestLink[Request]):
         # The stream may hold events above the position (start-up: assume so).
         self._events_pending = True
         self._ephemeral: deque[Mapping[str, Any]] = deque(maxlen=MAX_HELD_EPHEMERAL)
+        self._to_device: deque[Mapping[str, Any]] = deque(maxlen=MAX_HELD_TO_DEVICE)
         # Recorded and not yet accepted: resent as it is.
         self._retained: Transaction | None = None
         self._retry_dirty = False
@@ -175,6 +181,10 @@ class ServiceLink(RequestLink[Request]):
 
     def on_ephemeral(self, items: Sequence[Mapping[str, Any]], now_ms: int) -> list[Action]:
         self._ephemeral.extend(items)
+        return self._next(now_ms)
+
+    def on_to_device(self, messages: Sequence[Mapping[str, Any]], now_ms: int) -> list[Action]:
+        self._to_device.extend(messages)
         return self._next(now_ms)
 
     def on_wake(self, now_ms: int) -> list[Action]:
@@ -208,7 +218,7 @@ class ServiceLink(RequestLink[Request]):
             txn = Transaction(replay[0], tuple(events), upto=replay[1])
             self._events_pending = True
             return self._begin(SendTransaction(self._hold(txn)))
-        if not events and not self._ephemeral:
+        if not events and not self._ephemeral and not self._to_device:
             if covered <= self._position:
                 return self._next(now_ms)
             return self._begin(Advance(covered, clear_retry=False))
@@ -256,10 +266,11 @@ class ServiceLink(RequestLink[Request]):
         return txn
 
     def _build(self, events: tuple[Mapping[str, Any], ...], covered: int) -> Transaction:
-        ephemeral = tuple(self._ephemeral)
+        ephemeral, to_device = tuple(self._ephemeral), tuple(self._to_device)
         self._ephemeral.clear()
+        self._to_device.clear()
         upto = covered if covered > self._position else None
-        return Transaction(self._last_txn_id + 1, events, ephemeral, upto)
+        return Transaction(self._last_txn_id + 1, events, ephemeral, to_device, upto)
 
     def _next(self, now_ms: int) -> list[Action]:
         first = self._before_deciding(now_ms)
@@ -277,6 +288,6 @@ class ServiceLink(RequestLink[Request]):
         if self._events_pending:
             self._events_pending = False
             return self._begin(ReadEvents(self._position, None, self._max_events))
-        if self._ephemeral:
+        if self._ephemeral or self._to_device:
             return self._begin(RecordTransaction(self._build((), self._position)))
         return []

@@ -58,6 +58,8 @@ class AppService:
     protocols: tuple[str, ...] = ()
     # Typing, receipts and presence in transactions (MSC2409 ``receive_ephemeral``).
     receive_ephemeral: bool = False
+    # To-device messages for its users in transactions (MSC2409's ``receive_to_device``).
+    receive_to_device: bool = False
     # ``device_id`` masquerading (``org.matrix.msc3202``; standard since spec v1.17 anyway).
     device_masquerading: bool = True
     # The file it came from, for messages.

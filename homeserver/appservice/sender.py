@@ -70,9 +70,10 @@ class AppServiceSender:
         self._links: dict[str, ServiceLink] = {}
         self._timers: dict[str, Any] = {}
         self._stopped = False
-        # Ephemeral events: the typing and receipts positions followed, and how far they are read.
-        self._ephemeral_streams: tuple[Callable[[], int], Callable[[], int]] | None = None
-        self._ephemeral_at = (0, 0)
+        # Ephemeral events and to-device messages: the typing, receipts and to_device positions
+        # followed, and how far they are read.
+        self._ephemeral_streams: tuple[Callable[[], int], Callable[[], int], Callable[[], int]] | None = None
+        self._ephemeral_at = (0, 0, 0)
         self._ephemeral_dirty = False
         self._ephemeral_reading = False
 
@@ -103,14 +104,17 @@ class AppServiceSender:
         for link in self._links.values():
             self._dispatch(link, link.on_new_events(self._now()))
 
-    def follow_ephemeral(self, typing_position: Callable[[], int], receipts_position: Callable[[], int]) -> None:
-        """Start following the typing and receipts streams from their positions now (for the
-        services with ``receive_ephemeral``); call ``on_new_ephemeral`` when either moves."""
-        self._ephemeral_streams = (typing_position, receipts_position)
-        self._ephemeral_at = (typing_position(), receipts_position())
+    def follow_ephemeral(self, typing: Callable[[], int], receipts: Callable[[], int],
+                         to_device: Callable[[], int]) -> None:
+        """Start following the typing, receipts and to_device streams (their positions now), for
+        the services with ``receive_ephemeral`` or ``receive_to_device``; call
+        ``on_new_ephemeral`` when any of them moves."""
+        self._ephemeral_streams = (typing, receipts, to_device)
+        self._ephemeral_at = (typing(), receipts(), to_device())
 
     def on_new_ephemeral(self) -> None:
-        if self._ephemeral_streams is None or not any(s.receive_ephemeral for s in self._services.values()):
+        wanted = any(s.receive_ephemeral or s.receive_to_device for s in self._services.values())
+        if self._ephemeral_streams is None or not wanted:
             return
         self._ephemeral_dirty = True
         if not self._ephemeral_reading:
@@ -123,12 +127,15 @@ class AppServiceSender:
         try:
             while self._ephemeral_dirty and not self._stopped:
                 self._ephemeral_dirty = False
-                upto = (self._ephemeral_streams[0](), self._ephemeral_streams[1]())
-                (typing_after, receipts_after) = self._ephemeral_at
-                items = await self._store.ephemeral((typing_after, upto[0]), (receipts_after, upto[1]))
+                upto = (self._ephemeral_streams[0](), self._ephemeral_streams[1](), self._ephemeral_streams[2]())
+                after = self._ephemeral_at
+                items = await self._store.ephemeral((after[0], upto[0]), (after[1], upto[1]))
+                messages = await self._store.to_device(after[2], upto[2]) if upto[2] > after[2] else []
                 self._ephemeral_at = upto
                 if items:
                     await self._hand_out_ephemeral(items)
+                if messages:
+                    self._hand_out_to_device(messages)
         finally:
             self._ephemeral_reading = False
 
@@ -145,6 +152,17 @@ class AppServiceSender:
             ]
             if wanted:
                 self._dispatch(link, link.on_ephemeral(wanted, self._now()))
+
+    def _hand_out_to_device(self, messages: Sequence[tuple[str, str, Mapping[str, Any]]]) -> None:
+        """MSC2409: each message for a device of a user the service may act as, with its target."""
+        for service_id, link in self._links.items():
+            service = self._services[service_id]
+            if not service.receive_to_device:
+                continue
+            wanted = [{**message, "to_user_id": user_id, "to_device_id": device_id}
+                      for user_id, device_id, message in messages if service.may_act_as(user_id)]
+            if wanted:
+                self._dispatch(link, link.on_to_device(wanted, self._now()))
 
     def stop(self) -> None:
         self._stopped = True

@@ -174,6 +174,15 @@ def _ephemeral_txn(txn: Transaction, typing: tuple[int, int], receipts: tuple[in
     return out
 
 
+def _to_device_txn(txn: Transaction, after: int, upto: int) -> list[tuple[str, str, dict[str, Any]]]:
+    txn.execute(
+        "SELECT user_id, device_id, message_json FROM device_inbox WHERE stream_id > %s AND stream_id <= %s "
+        "ORDER BY stream_id",
+        (after, upto),
+    )
+    return [(str(r[0]), str(r[1]), json.loads(r[2])) for r in txn.fetchall()]
+
+
 class AppServiceStore:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -208,3 +217,7 @@ class AppServiceStore:
     async def ephemeral(self, typing: tuple[int, int], receipts: tuple[int, int]) -> list[Ephemeral]:
         """Typing sets (the newest per room) and receipts written in the (after, upto] ranges."""
         return await self._db.run_interaction("appservice_ephemeral", _ephemeral_txn, typing, receipts)
+
+    async def to_device(self, after: int, upto: int) -> list[tuple[str, str, dict[str, Any]]]:
+        """(user, device, message) of the local to-device messages written in (after, upto]."""
+        return await self._db.run_interaction("appservice_to_device", _to_device_txn, after, upto)

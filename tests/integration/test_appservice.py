@@ -50,6 +50,7 @@ class FakeService(Resource):
         self.alias_queries: list[str] = []
         self.pings: list[Any] = []
         self.ephemeral: list[dict[str, Any]] = []
+        self.to_device: list[dict[str, Any]] = []
         self.lookups: list[tuple[str, dict[str, list[str]]]] = []
         # Called for a user or alias query: returns whether the service made it.
         self.make: Callable[[str], Deferred[bool]] | None = None
@@ -76,6 +77,7 @@ class FakeService(Resource):
                 self.order.append(txn_id)
                 assert body.get("ephemeral") == body.get("de.sorunome.msc2409.ephemeral")
                 self.ephemeral.extend(body.get("ephemeral", []))
+                self.to_device.extend(body.get("de.sorunome.msc2409.to_device", []))
             return b"{}"
         if path.startswith(("/_matrix/app/v1/users/", "/_matrix/app/v1/rooms/")):
             name = unquote(path.rsplit("/", 1)[1])
@@ -139,6 +141,7 @@ def write_registration(tmp_path: Path, url: str) -> Path:
         "namespaces": {"users": [{"exclusive": True, "regex": "@irc_.*"}],
                        "aliases": [{"exclusive": True, "regex": "#irc_.*"}], "rooms": []},
         "rate_limited": False, "protocols": ["irc"], "receive_ephemeral": True,
+        "org.matrix.msc2409.receive_to_device": True,
     }))
     return path
 
@@ -255,6 +258,17 @@ async def test_a_bridge_acts_in_its_namespace_and_gets_every_event_once_in_order
         assert typing["room_id"] == room_id and typing["content"]["user_ids"] == [alice_id]
         receipt = next(e for e in service.ephemeral if e["type"] == "m.receipt")
         assert alice_id in receipt["content"][sent[-1]]["m.read"]
+
+        # --- to-device messages for its users' devices (receive_to_device) ---------------------
+        device = (await ok(client, "POST", "login", {"type": "m.login.application_service", "identifier": {
+            "type": "m.id.user", "user": "irc_alice"}}, token=AS_TOKEN))["device_id"]
+        assert (await ok(client, "GET", f"account/whoami?{as_alice}&device_id={device}", token=AS_TOKEN))[
+            "device_id"] == device  # masquerading as that device
+        await ok(client, "PUT", "sendToDevice/m.test/td1", {"messages": {IRC_ALICE: {device: {"n": 1}},
+                                                                         alice_id: {"*": {"n": 2}}}}, token=alice)
+        await wait_for(lambda: len(service.to_device) >= 1, "the to-device message")
+        assert service.to_device == [{"type": "m.test", "sender": alice_id, "content": {"n": 1},
+                                      "to_user_id": IRC_ALICE, "to_device_id": device}]
 
         # --- the bridge goes down: messages wait; it comes back: every one, once, in order -----
         await listener.stop()

@@ -111,6 +111,11 @@ def test_ephemeral_events_ride_along_or_go_alone() -> None:
                                  "de.sorunome.msc2409.ephemeral": [{"type": "m.typing"}]}
     ln.on_recorded(0)
     assert only(ln.on_sent(0), Advance) == Advance(None, clear_retry=False)
+    ln.on_advanced(0)
+    message = {"type": "m.test", "to_user_id": "@irc_a:hs", "to_device_id": "D"}
+    record = only(ln.on_to_device([message], 0), RecordTransaction)
+    assert record.txn.body() == {"events": [], "de.sorunome.msc2409.to_device": [message]}
+    assert record.txn.txn_id == 6
 
 
 def test_crashes_rest_then_redo_and_wrong_answers_are_bugs() -> None:

@@ -29,11 +29,13 @@ def registration(**overrides: Any) -> dict[str, Any]:
 
 
 def test_a_registration_parses_into_typed_values() -> None:
-    service = parse_app_service(registration(**{"de.sorunome.msc2409.push_ephemeral": True}), server_name=HS)
+    service = parse_app_service(registration(**{"de.sorunome.msc2409.push_ephemeral": True,
+                                                "org.matrix.msc2409.receive_to_device": True}), server_name=HS)
     assert service.id == "irc" and service.url == "http://127.0.0.1:9000"  # no trailing slash
     assert service.sender == "@ircbot:example.org"
     assert not service.rate_limited and service.protocols == ("irc",)
     assert service.receive_ephemeral  # the MSC2409 name is accepted too
+    assert service.receive_to_device
     assert parse_app_service(registration(url=None), server_name=HS).url is None
     # A bridge's own section is its business.
     assert parse_app_service(registration(heisenbridge={"displayname": "H"}), server_name=HS).id == "irc"
