@@ -305,6 +305,8 @@ class Auth:
                 row = await self._accounts.get_user(user_id)
             if row is None or row.deactivated:
                 raise forbidden("Application service has not registered this user")
+            if len(self._as_users_known) >= 100_000:
+                self._as_users_known.clear()
             self._as_users_known.add(user_id)
         device_id = _query_arg(args, b"device_id") if service.device_masquerading else None
         if device_id is not None and await self._devices.get_device(user_id, device_id) is None:
@@ -356,6 +358,8 @@ class Auth:
     def forget_token_hashes(self, hashes: Iterable[bytes]) -> None:
         """Drop these tokens from this process's cache only (another process revoked them)."""
         self._generation += 1
+        # A revocation may be a deactivation: services' users are looked up again.
+        self._as_users_known.clear()
         for digest in hashes:
             self._cache.pop(digest, None)
 
