@@ -11,6 +11,8 @@ parse and serialise. It does not know the timeline (messages.py) or sync.
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
@@ -535,6 +537,11 @@ class RoomHandler:
             await self._check_not_blocked(room_id)
         if remote is not None and membership == C.INVITE and server_name_of(target) != self._server_name:
             return await self._invite_remote(remote, requester, room_id, target, reason, extra, ratelimited)
+        if membership == C.INVITE and self._app_services.user_query_targets(target):
+            # An invite of a user of a service's namespace: the service may want to make them
+            # first (the spec's user query; the profile lookup asks when they are unknown).
+            with contextlib.suppress(MatrixError):
+                await self._profiles.get_profile(target)
         if remote is not None and membership == C.LEAVE and target == requester.user_id:
             invite = await remote.pending_invite(room_id, target)
             servers = [] if invite is None else [server_name_of(invite.sender)]

@@ -338,6 +338,10 @@ async def test_queries_thirdparty_and_ping(database_dsn: str, tmp_path: Path) ->
         await refused(client, "GET", f"profile/{quote('@irc_ghost:' + SERVER_NAME)}", None, bob, 404, "M_NOT_FOUND")
         await refused(client, "GET", f"profile/{quote('@nobody:' + SERVER_NAME)}", None, bob, 404, "M_NOT_FOUND")
         assert service.user_queries == [f"@irc_new:{SERVER_NAME}", f"@irc_ghost:{SERVER_NAME}"]
+        # An invite of an unknown user of its namespace asks it too (and goes ahead either way).
+        room_id = (await ok(client, "POST", "createRoom", {}, token=bob))["room_id"]
+        await ok(client, "POST", f"rooms/{room_id}/invite", {"user_id": f"@irc_invitee:{SERVER_NAME}"}, token=bob)
+        assert service.user_queries[-1] == f"@irc_invitee:{SERVER_NAME}"
 
         # Logging in as one of its users (m.login.application_service).
         flows = (await ok(client, "GET", "login", token=bob))["flows"]
