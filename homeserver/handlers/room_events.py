@@ -173,7 +173,8 @@ class RoomEventCreator:
                     room_id=room_id,
                     current_state=current,
                     forward_extremities=context.forward_extremities,
-                    origin_server_ts=self._clock_ms(),
+                    origin_server_ts=(template.origin_server_ts if template.origin_server_ts is not None
+                                      else self._clock_ms()),
                     server_name=self._server_name,
                     signing_key=self._signing_key,
                     edge_hashes=await self._edge_hashes(room_version, [*context.forward_extremities, *current.values()]),

@@ -161,6 +161,8 @@ class RoomServices:
             remote=remote,
             directory=directory,
             publish=room_directory.publish,
+            app_services=accounts.auth.app_services,
+            ask_services_alias=accounts.app_service_queries.query_alias if accounts.auth.app_services else None,
             is_blocked=blocked_rooms,
         )
         accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
