@@ -1,0 +1,229 @@
+"""Joining a big room over federation: one Tributary (A) holds a room with N members'
+state, a user of another Tributary (B) joins it; print how long the join took to return
+and how long until B's first /sync holding the room.
+
+Both servers are real ``tributary`` processes on fresh PostgreSQL databases, federating
+over TLS on loopback. The room is made on A through its client API (createRoom), then
+A is stopped and N signed member joins (``@mN:A``, each with a display name) are added to
+its database in bulk, as a linear run of events with real state groups, so that
+building a 50,000-member room takes seconds rather than 50,000 client joins. A is
+started again; B joins through its client API (``POST /join/{roomId}?server_name=A``),
+then syncs with lazy-loaded members (what clients use for big rooms; the full member
+list is timed too). Run by hand:
+
+    .venv/bin/python bench/big_room_join.py [--members 10000 50000] [--omit-members]
+
+``--omit-members`` lets B ask for a partial-state join (``omit_members``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import psycopg2
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from homeserver.events import EventTemplate, get_room_version, select_auth_event_ids, sign_pdu  # noqa: E402
+from homeserver.events import build_pdu  # noqa: E402
+from homeserver.keys import load_or_create_signing_key  # noqa: E402
+from homeserver.config import load_config  # noqa: E402
+from storage.database import Transaction  # noqa: E402
+from storage.stores.dataset import create_database, drop_database  # noqa: E402
+from storage.stores.events import StateKey, get_current_state_ids_txn, get_forward_extremities_txn  # noqa: E402
+from storage.stores.events import get_state_groups_txn  # noqa: E402
+from storage.stores.room_state import (  # noqa: E402
+    BulkEventRow,
+    insert_events_bulk_txn,
+    insert_memberships_txn,
+    replace_current_state_txn,
+    set_event_state_groups_txn,
+    store_state_chain_txn,
+    store_state_snapshot_txn,
+)
+from tests.harness import TributaryProcess  # noqa: E402
+
+ADMIN_DSN = os.environ.get("TRIBUTARY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+GENEROUS = {"per_second": 100000, "burst_count": 100000}
+PREFIX = "/_matrix/client/v3"
+LAZY_FILTER = '{"room":{"state":{"lazy_load_members":true},"timeline":{"limit":10}}}'
+
+
+async def call(session: aiohttp.ClientSession, base: str, method: str, path: str, body: Any = None,
+               token: str | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with session.request(method, base + PREFIX + path, json=body, headers=headers) as r:
+        data = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"{method} {path} -> {r.status} {data}")
+        return data
+
+
+async def register(session: aiohttp.ClientSession, base: str, name: str) -> tuple[str, str]:
+    data = await call(session, base, "POST", "/register",
+                      {"username": name, "password": "pw", "auth": {"type": "m.login.dummy"}})
+    return str(data["user_id"]), str(data["access_token"])
+
+
+def _with_dbname(dsn: str, name: str) -> str:
+    return dsn.rpartition("/")[0] + "/" + name
+
+
+def add_members(process: TributaryProcess, dsn: str, room_id: str, members: int) -> float:
+    """Append ``members`` signed joins to the room in A's database; the seconds it took."""
+    started = time.perf_counter()
+    config = load_config(process.config_path)
+    server = config.server_name
+    key = load_or_create_signing_key(config.effective_signing_key_path)
+    conn = psycopg2.connect(dsn)
+
+    def read(txn: Transaction) -> tuple[str, str, dict[StateKey, str], dict[str, int], int]:
+        txn.execute("SELECT room_version FROM rooms WHERE room_id = %s", (room_id,))
+        version = str(txn.fetchall()[0][0])
+        txn.execute("SELECT instance_name FROM events WHERE room_id = %s LIMIT 1", (room_id,))
+        instance = str(txn.fetchall()[0][0])
+        extremities = get_forward_extremities_txn(txn, room_id)
+        groups = get_state_groups_txn(txn, extremities)
+        return version, instance, get_current_state_ids_txn(txn, room_id), extremities, groups[next(iter(extremities))]
+
+    def work() -> None:
+        version_id, instance, state, extremities, group = read(Transaction("bench_read", conn.cursor()))
+        version = get_room_version(version_id)
+        [(prev, depth)] = extremities.items()
+        ts = int(time.time() * 1000)
+        rows: list[BulkEventRow] = []
+        import json
+
+        for i in range(members):
+            user = f"@m{i}:{server}"
+            template = EventTemplate("m.room.member", {"membership": "join", "displayname": f"Member {i}"}, user)
+            pdu = build_pdu(version, template, sender=user, room_id=room_id, prev_event_ids=[prev],
+                            auth_event_ids=select_auth_event_ids(version, template, user, state),
+                            depth=depth + 1, origin_server_ts=ts + i)
+            event = sign_pdu(version, pdu, server, key)
+            rows.append(BulkEventRow(
+                event.event_id, room_id, event.type, event.state_key, user, event.depth, event.origin_server_ts,
+                json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
+                event.prev_event_ids, event.auth_event_ids, membership="join",
+            ))
+            state[("m.room.member", user)] = event.event_id
+            prev, depth = event.event_id, event.depth
+
+        def write(txn: Transaction) -> None:
+            txn.execute("SELECT nextval('events_stream_seq') FROM generate_series(1, %s)", (len(rows),))
+            orderings = [int(r[0]) for r in txn.fetchall()]
+            insert_events_bulk_txn(txn, rows, orderings, instance_name=instance, is_local=True, outlier=False)
+            chain = store_state_chain_txn(txn, room_id, group,
+                                          [((r.type, r.state_key or ""), r.event_id) for r in rows[:-1]])
+            last = store_state_snapshot_txn(txn, room_id, state)
+            befores = [group, *chain]
+            set_event_state_groups_txn(txn, [(r.event_id, befores[i], (chain + [last])[i]) for i, r in enumerate(rows)])
+            insert_memberships_txn(txn, list(zip(rows, orderings)))
+            txn.execute("SELECT event_id, membership FROM current_state_events WHERE room_id = %s", (room_id,))
+            memberships = {row[0]: row[1] for row in txn.fetchall()}
+            memberships.update({r.event_id: "join" for r in rows})
+            replace_current_state_txn(txn, room_id, state, memberships)
+            txn.execute("DELETE FROM event_forward_extremities WHERE room_id = %s", (room_id,))
+            txn.execute("INSERT INTO event_forward_extremities (room_id, event_id) VALUES (%s, %s)",
+                        (room_id, rows[-1].event_id))
+            for table in ("events", "event_auth", "event_edges", "state_groups_state", "current_state_events"):
+                txn.execute(f"ANALYZE {table}")
+
+        write(Transaction("bench_add_members", conn.cursor()))
+        conn.commit()
+
+    try:
+        work()
+    finally:
+        conn.close()
+    return time.perf_counter() - started
+
+
+def configure(tmp: Path, name: str, dsn: str) -> TributaryProcess:
+    (tmp / name).mkdir()
+    process = TributaryProcess.configure_federating(tmp / name, database_url=dsn, extra={
+        "rc_message": GENEROUS, "rc_registration": GENEROUS, "log_level": "WARNING",
+        "rc_joins": {"local": GENEROUS, "remote": GENEROUS},
+    })
+    config = yaml.safe_load(process.config_path.read_text(encoding="utf-8"))
+    config["database"] = {"url": dsn, "max_connections": 4}
+    process.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return process
+
+
+async def run_one(members: int, tmp: Path, omit: bool) -> dict[str, float]:
+    suffix = f"{os.getpid()}_{members}"
+    names = [f"bigjoin_a_{suffix}", f"bigjoin_b_{suffix}"]
+    for name in names:
+        create_database(ADMIN_DSN, name)
+    dsn_a, dsn_b = (_with_dbname(ADMIN_DSN, n) for n in names)
+    a, b = configure(tmp, f"a{members}", dsn_a), configure(tmp, f"b{members}", dsn_b)
+    if omit:
+        config = yaml.safe_load(b.config_path.read_text(encoding="utf-8"))
+        config.setdefault("federation", {})["partial_state_joins"] = True
+        b.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    figures: dict[str, float] = {}
+    timeout = aiohttp.ClientTimeout(total=1800)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            a.start()
+            _, alice_token = await register(session, a.base_url, "alice")
+            room = await call(session, a.base_url, "POST", "/createRoom", {"preset": "public_chat"}, alice_token)
+            room_id = room["room_id"]
+            assert a.stop() == 0
+            figures["build_s"] = await asyncio.to_thread(add_members, a, dsn_a, room_id, members)
+            a.start(timeout=120)
+            b.start()
+            _, bob_token = await register(session, b.base_url, "bob")
+            started = time.perf_counter()
+            await call(session, b.base_url, "POST",
+                       f"/join/{quote(room_id, safe='')}?server_name={quote(a.server_name, safe='')}", {}, bob_token)
+            figures["join_s"] = time.perf_counter() - started
+            while True:
+                data = await call(session, b.base_url, "GET", f"/sync?timeout=0&filter={quote(LAZY_FILTER)}",
+                                  token=bob_token)
+                if room_id in data.get("rooms", {}).get("join", {}):
+                    break
+                await asyncio.sleep(0.05)
+            figures["first_sync_s"] = time.perf_counter() - started
+            sync_start = time.perf_counter()
+            data = await call(session, b.base_url, "GET", "/sync?timeout=0", token=bob_token)
+            figures["full_sync_s"] = time.perf_counter() - sync_start
+            state = data["rooms"]["join"].get(room_id, {}).get("state", {}).get("events", [])
+            figures["full_sync_state_events"] = float(len(state))
+            count = await call(session, b.base_url, "GET", f"/rooms/{quote(room_id, safe='')}/joined_members",
+                               token=bob_token)
+            figures["joined_members_on_b"] = float(len(count.get("joined", {})))
+    finally:
+        for process in (b, a):
+            if process.process is not None and process.process.poll() is None:
+                process.stop()
+        for name in names:
+            drop_database(ADMIN_DSN, name)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", type=int, nargs="+", default=[10_000, 50_000])
+    parser.add_argument("--omit-members", action="store_true", help="B asks for a partial-state join")
+    args = parser.parse_args()
+    print(f"load average before: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory(prefix="bigjoin-") as tmp:
+        for members in args.members:
+            figures = asyncio.run(run_one(members, Path(tmp), args.omit_members))
+            print(f"members={members} " + " ".join(f"{k}={v:.2f}" for k, v in figures.items()), flush=True)
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

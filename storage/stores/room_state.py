@@ -1,0 +1,206 @@
+"""SQL for storing a whole room's state at once: the state and auth chain a join brings.
+
+Joining a room over federation hands us its state (tens of thousands of member events
+in a big room) and their auth chain. Written one event per transaction that takes
+minutes; here each table gets one statement per chunk, every column one array
+parameter (``INSERT ... SELECT FROM unnest(...)``, as ``storage.stores.dataset`` does),
+and the state is written once: one snapshot state group, and the room's current state.
+
+This module only stores; which events are valid, and what the state is, the caller
+decides (``homeserver/federation/join_state.py``). Events already stored are left as
+they are (``ON CONFLICT DO NOTHING``).
+"""
+
+# tests: tests/integration/test_federation_big_join.py
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import attrs
+
+from storage.database import Transaction
+from storage.stores.events import StateKey, StateMap
+
+#: Rows per statement: big enough that 50,000 events are a handful of round trips,
+#: small enough that one statement's parameters stay a few megabytes.
+CHUNK_ROWS: Final = 5_000
+
+
+@attrs.frozen(slots=True)
+class BulkEventRow:
+    """One event to store in bulk, with what its rows in other tables need."""
+
+    event_id: str
+    room_id: str
+    type: str
+    state_key: str | None
+    sender: str
+    depth: int
+    origin_server_ts: int
+    json: str
+    prev_event_ids: tuple[str, ...]
+    auth_event_ids: tuple[str, ...]
+    rejection_reason: str | None = None
+    #: ``content.membership`` of an ``m.room.member`` event (for current state).
+    membership: str | None = None
+
+
+def _chunks(rows: Sequence[object], size: int = CHUNK_ROWS) -> list[Sequence[object]]:
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def insert_events_bulk_txn(
+    txn: Transaction, rows: Sequence[BulkEventRow], stream_orderings: Sequence[int], *, instance_name: str,
+    is_local: bool, outlier: bool,
+) -> None:
+    """Insert ``rows`` (with these stream orderings, one each) into ``events``, ``event_edges``
+    and ``event_auth``; an event stored already keeps its row."""
+    if len(rows) != len(stream_orderings):
+        raise ValueError(f"{len(rows)} events but {len(stream_orderings)} stream orderings")
+    for start in range(0, len(rows), CHUNK_ROWS):
+        chunk = rows[start : start + CHUNK_ROWS]
+        orderings = list(stream_orderings[start : start + CHUNK_ROWS])
+        txn.execute(
+            """
+            INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender,
+                                depth, origin_server_ts, is_local, outlier, rejection_reason, json)
+            SELECT o, %s, i, r, t, k, s, d, ts, %s, %s, rj, j
+            FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[],
+                        %s::bigint[], %s::text[], %s::text[]) AS u(o, i, r, t, k, s, d, ts, rj, j)
+            ON CONFLICT (event_id) DO NOTHING
+            """,
+            (
+                instance_name, is_local, outlier, orderings,
+                [r.event_id for r in chunk], [r.room_id for r in chunk], [r.type for r in chunk],
+                [r.state_key for r in chunk], [r.sender for r in chunk], [r.depth for r in chunk],
+                [r.origin_server_ts for r in chunk], [r.rejection_reason for r in chunk], [r.json for r in chunk],
+            ),
+        )
+        for table, column, edges in (
+            ("event_edges", "prev_event_id", [(r.event_id, p, r.room_id) for r in chunk for p in r.prev_event_ids]),
+            ("event_auth", "auth_id", [(r.event_id, a, r.room_id) for r in chunk for a in r.auth_event_ids]),
+        ):
+            if edges:
+                # Identifiers from the constants just above, never from input.
+                txn.execute(
+                    f"INSERT INTO {table} (event_id, {column}, room_id) "
+                    "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]) ON CONFLICT DO NOTHING",
+                    ([e[0] for e in edges], [e[1] for e in edges], [e[2] for e in edges]),
+                )
+
+
+def register_room_txn(txn: Transaction, room_id: str, room_version: str, creator: str, created_ts: int) -> None:
+    """Record the room (from its create event) unless it is known."""
+    txn.execute(
+        "INSERT INTO rooms (room_id, room_version, creator, created_ts) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (room_id) DO NOTHING",
+        (room_id, room_version, creator, created_ts),
+    )
+
+
+def _insert_group_entries_txn(txn: Transaction, group_ids: Sequence[int], entries: Sequence[tuple[StateKey, str]]) -> None:
+    for start in range(0, len(entries), CHUNK_ROWS):
+        chunk = entries[start : start + CHUNK_ROWS]
+        groups = group_ids[start : start + CHUNK_ROWS]
+        txn.execute(
+            "INSERT INTO state_groups_state (state_group, type, state_key, event_id) "
+            "SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[])",
+            (list(groups), [k[0] for k, _ in chunk], [k[1] for k, _ in chunk], [e for _, e in chunk]),
+        )
+
+
+def store_state_snapshot_txn(txn: Transaction, room_id: str, state: StateMap) -> int:
+    """A new state group holding all of ``state`` (no predecessor); its ID."""
+    txn.execute("SELECT nextval('state_group_id_seq')")
+    row = txn.fetchone()
+    assert row is not None
+    group = int(row[0])
+    txn.execute(
+        "INSERT INTO state_groups (id, room_id, prev_group, delta_depth) VALUES (%s, %s, NULL, 0)", (group, room_id)
+    )
+    entries = sorted(state.items())
+    _insert_group_entries_txn(txn, [group] * len(entries), entries)
+    return group
+
+
+def store_state_chain_txn(txn: Transaction, room_id: str, prev_group: int, deltas: Sequence[tuple[StateKey, str]]) -> list[int]:
+    """One state group per entry of ``deltas``, each the previous one plus that entry (a chain
+    of one-entry deltas on ``prev_group``, as a linear run of state events makes); their IDs.
+
+    The chain is as long as ``deltas``: reading a group late in it walks the whole chain,
+    so the caller ends a long run on a snapshot (``store_state_snapshot_txn``)."""
+    if not deltas:
+        return []
+    txn.execute("SELECT delta_depth FROM state_groups WHERE id = %s", (prev_group,))
+    row = txn.fetchone()
+    if row is None:
+        raise ValueError(f"unknown state group {prev_group}")
+    depth = int(row[0])
+    txn.execute("SELECT nextval('state_group_id_seq') FROM generate_series(1, %s)", (len(deltas),))
+    groups = [int(r[0]) for r in txn.fetchall()]
+    prevs = [prev_group, *groups[:-1]]
+    for start in range(0, len(groups), CHUNK_ROWS):
+        txn.execute(
+            "INSERT INTO state_groups (id, room_id, prev_group, delta_depth) "
+            "SELECT g, %s, p, d FROM unnest(%s::bigint[], %s::bigint[], %s::int[]) AS u(g, p, d)",
+            (room_id, groups[start : start + CHUNK_ROWS], prevs[start : start + CHUNK_ROWS],
+             list(range(depth + 1 + start, depth + 1 + start + len(groups[start : start + CHUNK_ROWS])))),
+        )
+    _insert_group_entries_txn(txn, groups, list(deltas))
+    return groups
+
+
+def set_event_state_groups_txn(txn: Transaction, rows: Sequence[tuple[str, int, int]]) -> None:
+    """(event ID, state group before, state group after) for events placed in the room's graph."""
+    for start in range(0, len(rows), CHUNK_ROWS):
+        chunk = rows[start : start + CHUNK_ROWS]
+        txn.execute(
+            "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) "
+            "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[])",
+            ([r[0] for r in chunk], [r[1] for r in chunk], [r[2] for r in chunk]),
+        )
+
+
+def replace_current_state_txn(
+    txn: Transaction, room_id: str, state: StateMap, memberships: Mapping[str, str | None]
+) -> None:
+    """Make the room's ``current_state_events`` exactly ``state``; ``memberships``: event ID ->
+    membership of its member events (the others need none)."""
+    txn.execute("DELETE FROM current_state_events WHERE room_id = %s", (room_id,))
+    entries = sorted(state.items())
+    for start in range(0, len(entries), CHUNK_ROWS):
+        chunk = entries[start : start + CHUNK_ROWS]
+        txn.execute(
+            "INSERT INTO current_state_events (room_id, type, state_key, event_id, membership) "
+            "SELECT %s, * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[])",
+            (
+                room_id, [k[0] for k, _ in chunk], [k[1] for k, _ in chunk], [e for _, e in chunk],
+                [memberships.get(e) if k[0] == "m.room.member" else None for k, e in chunk],
+            ),
+        )
+
+
+def insert_memberships_txn(txn: Transaction, rows: Sequence[tuple[BulkEventRow, int]]) -> None:
+    """``room_memberships`` rows of member events placed in the room's graph (with their stream
+    orderings); display names and avatars are left out (they are read from the events)."""
+    members = [(r, o) for r, o in rows if r.type == "m.room.member" and r.state_key is not None and r.membership]
+    for start in range(0, len(members), CHUNK_ROWS):
+        chunk = members[start : start + CHUNK_ROWS]
+        txn.execute(
+            "INSERT INTO room_memberships (event_id, room_id, user_id, sender, membership, stream_ordering) "
+            "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[]) "
+            "ON CONFLICT DO NOTHING",
+            ([r.event_id for r, _ in chunk], [r.room_id for r, _ in chunk], [r.state_key for r, _ in chunk],
+             [r.sender for r, _ in chunk], [r.membership for r, _ in chunk], [o for _, o in chunk]),
+        )
+
+
+def existing_event_ids_txn(txn: Transaction, event_ids: Sequence[str]) -> set[str]:
+    """Which of ``event_ids`` are stored (as outliers or not)."""
+    found: set[str] = set()
+    for start in range(0, len(event_ids), CHUNK_ROWS * 4):
+        txn.execute("SELECT event_id FROM events WHERE event_id = ANY(%s)", (list(event_ids[start : start + CHUNK_ROWS * 4]),))
+        found.update(row[0] for row in txn.fetchall())
+    return found
