@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
 import attrs
@@ -55,8 +55,9 @@ from homeserver.events.restricted import (
 )
 from homeserver.events.redaction import prune_event_dict
 from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
+from homeserver.federation.join_state import CheckedState, auth_order, check_auth_in_order, state_map, verify_batch
 from homeserver.federation.keys import Keyring
-from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
@@ -76,6 +77,11 @@ INVITE_ROOM_STATE_KEYS: tuple[StateKey, ...] = (
     (C.CREATE, ""), (C.JOIN_RULES, ""), ("m.room.canonical_alias", ""), ("m.room.avatar", ""),
     ("m.room.name", ""), ("m.room.encryption", ""),
 )
+
+
+# The most events (state and auth chain together) a send_join response may hold: a room
+# far bigger than any seen on the public federation (the response's size limit comes first).
+MAX_JOIN_EVENTS: Final = 500_000
 
 
 def quote_path(value: str) -> str:
@@ -429,53 +435,43 @@ class MembershipHandler:
                     join = cosigned
             except EventsError as e:
                 logger.warning("[%s] %s returned a join we cannot verify (%s); keeping ours", room_id, server, e)
-        state = await self._verified_events(room_version, room_id, response.get("state"))
-        chain = await self._verified_events(room_version, room_id, response.get("auth_chain"))
-        everything = {e.event_id: e for e in [*chain, *state]}
-        creates = [e for e in everything.values() if e.type == C.CREATE and e.state_key == ""]
-        if len(creates) != 1:
-            raise JoinError(f"{server}'s send_join state has {len(creates)} create events")
-        for event in by_depth(everything.values()):
-            await self._persister.persist(room_version, event, is_local=False, outlier=True)
-        state_map: dict[StateKey, str] = {}
-        for event in state:
-            key = event.state_key_tuple
-            if key is not None:
-                state_map[key] = event.event_id
+        joined_state = await self._check_join_state(room_version, room_id, server, response)
         try:
-            await check_against_state(self._loader, room_version, join, state_map)
+            await check_against_state(self._loader, room_version, join, joined_state.state, known=joined_state.events)
         except AuthError as e:
             raise JoinError(f"our join does not pass auth against {server}'s state: {e}") from None
-        joined = {
-            server_name_of(e.state_key) for e in state
-            if e.type == C.MEMBER and e.membership == C.JOIN and e.state_key
-        }
-        await self._persist_join(room_version, join, state_map, frozenset(joined | {server}) - {self._server_name})
-        logger.info("[%s] %s joined via %s", room_id, user_id, server)
+        members = (joined_state.events[i] for k, i in joined_state.state.items() if k[0] == C.MEMBER)
+        joined = {server_name_of(e.state_key) for e in members if e.membership == C.JOIN and e.state_key}
+        await self._persister.persist_join(room_version, join, joined_state.order, joined_state.rejected,
+                                           joined_state.state, frozenset(joined | {server}) - {self._server_name})
+        logger.info("[%s] %s joined via %s (%d state events, %d rejected)", room_id, user_id, server,
+                    len(joined_state.state), len(joined_state.rejected))
         return join
 
-    async def _verified_events(self, room_version: RoomVersion, room_id: str, raw: object) -> list[FrozenEvent]:
-        if not isinstance(raw, list):
+    async def _check_join_state(self, room_version: RoomVersion, room_id: str, server: str,
+                                response: Mapping[str, Any]) -> CheckedState:
+        """The state and auth chain of ``server``'s send_join response, checked in bulk
+        (homeserver/federation/join_state.py)."""
+        raw_state, raw_chain = response.get("state"), response.get("auth_chain")
+        if not isinstance(raw_state, list) or not isinstance(raw_chain, list):
             raise JoinError("send_join response lacks a list of events")
-        events = []
-        for pdu in raw:
-            try:
-                event = await parse_and_verify(self._keyring, room_version, pdu)
-            except EventsError as e:
-                logger.warning("[%s] dropping an event of the send_join response: %s", room_id, e)
-                continue
-            if event.room_id != room_id:
-                raise JoinError(f"send_join response holds event {event.event_id} of another room")
-            events.append(event)
-        return events
-
-    async def _persist_join(
-        self, room_version: RoomVersion, join: FrozenEvent, state: Mapping[StateKey, str], servers: frozenset[str]
-    ) -> None:
-        """Persist our join with ``state`` (from send_join) as the state before it."""
-        await self._persister.persist(
-            room_version, join, is_local=True, state_before=state, destinations=servers
-        )
+        if len(raw_state) + len(raw_chain) > MAX_JOIN_EVENTS:
+            raise JoinError(f"send_join response holds more than {MAX_JOIN_EVENTS} events")
+        verified, state_ids, foreign = await verify_batch(self._keyring, room_version, room_id, raw_state, raw_chain,
+                                                          source=server)
+        if foreign is not None:
+            raise JoinError(f"send_join response holds event {foreign} of another room")
+        creates = [e for e in verified.values() if e.type == C.CREATE and e.state_key == ""]
+        if len(creates) != 1:
+            raise JoinError(f"{server}'s send_join state has {len(creates)} create events")
+        cited = {a for e in verified.values() for a in e.auth_event_ids if a not in verified}
+        known = await self._loader.load_events(cited) if cited else {}
+        order = auth_order(verified.values())
+        rejected = check_auth_in_order(room_version, order, known)
+        if creates[0].event_id in rejected:
+            raise JoinError(f"{server}'s create event fails the auth rules: {rejected[creates[0].event_id]}")
+        state = state_map((verified[i] for i in state_ids), rejected)
+        return CheckedState(events=verified, order=order, rejected=rejected, state=state)
 
     # --- knocking on a room we are not in ------------------------------------------------
 

@@ -56,6 +56,7 @@ from storage.stores.events import (
     persist_event_txn,
 )
 from storage.stores.push import PushAction
+from storage.stores.room_state import BulkEventRow, store_join_state_txn
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class StreamIdAllocator(Protocol):
     ) -> R: ...
 
     def get_next_txn(self, txn: Transaction) -> int: ...
+
+    def get_next_mult_txn(self, txn: Transaction, count: int) -> list[int]: ...
 
 
 @attrs.frozen
@@ -301,6 +304,7 @@ class EventPersister:
         context: PersistContext | None = None,
         soft_failed: bool = False,
         send_txn: SendTxn | None = None,
+        given_state_group: int | None = None,
     ) -> PersistResult:
         # Whatever happens next, the room's snapshot no longer describes it, unless
         # this turns out to be a local send on the room's only line of history.
@@ -329,7 +333,9 @@ class EventPersister:
                 # In the graph (its state groups), but the room's current state is untouched.
                 state_before_group, _ = await self._state_before(room_version, event, ctx)
             elif given_state_before is not None:
-                state_before_group = await self._store.new_state_group(event.room_id, None, given_state_before)
+                # ``given_state_group``: the caller stored that state already (``persist_join``).
+                state_before_group = given_state_group if given_state_group is not None else (
+                    await self._store.new_state_group(event.room_id, None, given_state_before))
                 new_current = await self._new_current_state(
                     room_version, event, {**given_state_before, **delta}, extremities - prevs
                 )
@@ -441,6 +447,38 @@ class EventPersister:
             **fields,
         )
 
+    async def persist_join(
+        self,
+        room_version: RoomVersion,
+        join: FrozenEvent,
+        events: Sequence[FrozenEvent],
+        rejected: Mapping[str, str],
+        state_before: Mapping[StateKey, str],
+        destinations: frozenset[str],
+    ) -> PersistResult:
+        """Our join of a room over federation, with what ``send_join`` brought: ``events`` (its
+        state and auth chain, checked by the caller; ``rejected``: why, for those that failed)
+        stored as outliers in bulk, ``state_before`` stored once (one state group, and the
+        room's current state) in the same transaction, then the join on that state."""
+        rows = [_bulk_row(e, rejected.get(e.event_id)) for e in events]
+        memberships = {e.event_id: e.membership for e in events if e.type == C.MEMBER}
+        create = next((e for e in events if e.type == C.CREATE and e.state_key == ""), None)
+        room = None if create is None else (room_version.identifier, create.sender, create.origin_server_ts)
+        async with self.room_lock(join.room_id):
+            start = time.perf_counter()
+            group = await self._stream_ids.run_interaction(
+                "persist_join_state", store_join_state_txn, join.room_id, rows, self._stream_ids.get_next_mult_txn,
+                instance_name=self._instance_name, room=room, state=state_before, memberships=memberships,
+            )
+            for event in events:
+                if event.type != C.MEMBER:  # the few events auth reads; members are read when needed
+                    self._loader.prime(event)
+            result = await self._persist_locked(
+                room_version, join, True, False, None, state_before, destinations, given_state_group=group
+            )
+            self._after_persist(join, result, "local", start)
+        return result
+
     async def persist_backfilled(
         self,
         room_version: RoomVersion,
@@ -547,6 +585,17 @@ class EventPersister:
         if lock is None:
             lock = self._room_locks[room_id] = _RoomLock(self._room_locks, room_id)
         return lock
+
+
+def _bulk_row(event: FrozenEvent, rejection_reason: str | None) -> BulkEventRow:
+    """``event`` as the bulk store takes it."""
+    return BulkEventRow(
+        event_id=event.event_id, room_id=event.room_id, type=event.type, state_key=event.state_key,
+        sender=event.sender, depth=event.depth, origin_server_ts=event.origin_server_ts,
+        json=json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
+        prev_event_ids=event.prev_event_ids, auth_event_ids=event.auth_event_ids,
+        rejection_reason=rejection_reason, membership=event.membership if event.type == C.MEMBER else None,
+    )
 
 
 class _RoomLock:

@@ -15,7 +15,7 @@ they are (``ON CONFLICT DO NOTHING``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -204,3 +204,31 @@ def existing_event_ids_txn(txn: Transaction, event_ids: Sequence[str]) -> set[st
         txn.execute("SELECT event_id FROM events WHERE event_id = ANY(%s)", (list(event_ids[start : start + CHUNK_ROWS * 4]),))
         found.update(row[0] for row in txn.fetchall())
     return found
+
+
+def store_join_state_txn(
+    txn: Transaction,
+    room_id: str,
+    rows: Sequence[BulkEventRow],
+    allocate: Callable[[Transaction, int], list[int]],
+    *,
+    instance_name: str,
+    room: tuple[str, str, int] | None,
+    state: StateMap,
+    memberships: Mapping[str, str | None],
+) -> int:
+    """What a join over federation brings, in one transaction: ``rows`` (the state and auth
+    chain; ``allocate(txn, n)`` reserves stream orderings for those not stored yet) as
+    outliers, the room (``room``: version, creator, creation time from its create event),
+    ``state`` as one snapshot state group (its ID is returned) and as the room's current
+    state (``memberships``: event ID -> membership of the member events among it)."""
+    existing = existing_event_ids_txn(txn, [r.event_id for r in rows])
+    new = [r for r in rows if r.event_id not in existing]
+    if new:
+        orderings = allocate(txn, len(new))
+        insert_events_bulk_txn(txn, new, orderings, instance_name=instance_name, is_local=False, outlier=True)
+    if room is not None:
+        register_room_txn(txn, room_id, *room)
+    group = store_state_snapshot_txn(txn, room_id, state)
+    replace_current_state_txn(txn, room_id, state, memberships)
+    return group
