@@ -11,9 +11,9 @@ started again; B joins through its client API (``POST /join/{roomId}?server_name
 then syncs with lazy-loaded members (what clients use for big rooms; the full member
 list is timed too). Run by hand:
 
-    .venv/bin/python bench/big_room_join.py [--members 10000 50000] [--omit-members]
+    .venv/bin/python bench/big_room_join.py [--members 10000 50000]
 
-``--omit-members`` lets B ask for a partial-state join (``omit_members``).
+It also prints the two servers' log lines about the join (the phases each took).
 """
 
 from __future__ import annotations
@@ -29,27 +29,13 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-import psycopg2
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from homeserver.events import EventTemplate, get_room_version, select_auth_event_ids, sign_pdu  # noqa: E402
-from homeserver.events import build_pdu  # noqa: E402
-from homeserver.keys import load_or_create_signing_key  # noqa: E402
 from homeserver.config import load_config  # noqa: E402
-from storage.database import Transaction  # noqa: E402
+from homeserver.keys import load_or_create_signing_key  # noqa: E402
 from storage.stores.dataset import create_database, drop_database  # noqa: E402
-from storage.stores.events import StateKey, get_current_state_ids_txn, get_forward_extremities_txn  # noqa: E402
-from storage.stores.events import get_state_groups_txn  # noqa: E402
-from storage.stores.room_state import (  # noqa: E402
-    BulkEventRow,
-    insert_events_bulk_txn,
-    insert_memberships_txn,
-    replace_current_state_txn,
-    set_event_state_groups_txn,
-    store_state_chain_txn,
-    store_state_snapshot_txn,
-)
+from tests.big_room import add_members  # noqa: E402
 from tests.harness import TributaryProcess  # noqa: E402
 
 ADMIN_DSN = os.environ.get("TRIBUTARY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -78,80 +64,19 @@ def _with_dbname(dsn: str, name: str) -> str:
     return dsn.rpartition("/")[0] + "/" + name
 
 
-def add_members(process: TributaryProcess, dsn: str, room_id: str, members: int) -> float:
+def build_room(process: TributaryProcess, dsn: str, room_id: str, members: int) -> float:
     """Append ``members`` signed joins to the room in A's database; the seconds it took."""
     started = time.perf_counter()
     config = load_config(process.config_path)
-    server = config.server_name
     key = load_or_create_signing_key(config.effective_signing_key_path)
-    conn = psycopg2.connect(dsn)
-
-    def read(txn: Transaction) -> tuple[str, str, dict[StateKey, str], dict[str, int], int]:
-        txn.execute("SELECT room_version FROM rooms WHERE room_id = %s", (room_id,))
-        version = str(txn.fetchall()[0][0])
-        txn.execute("SELECT instance_name FROM events WHERE room_id = %s LIMIT 1", (room_id,))
-        instance = str(txn.fetchall()[0][0])
-        extremities = get_forward_extremities_txn(txn, room_id)
-        groups = get_state_groups_txn(txn, extremities)
-        return version, instance, get_current_state_ids_txn(txn, room_id), extremities, groups[next(iter(extremities))]
-
-    def work() -> None:
-        version_id, instance, state, extremities, group = read(Transaction("bench_read", conn.cursor()))
-        version = get_room_version(version_id)
-        [(prev, depth)] = extremities.items()
-        ts = int(time.time() * 1000)
-        rows: list[BulkEventRow] = []
-        import json
-
-        for i in range(members):
-            user = f"@m{i}:{server}"
-            template = EventTemplate("m.room.member", {"membership": "join", "displayname": f"Member {i}"}, user)
-            pdu = build_pdu(version, template, sender=user, room_id=room_id, prev_event_ids=[prev],
-                            auth_event_ids=select_auth_event_ids(version, template, user, state),
-                            depth=depth + 1, origin_server_ts=ts + i)
-            event = sign_pdu(version, pdu, server, key)
-            rows.append(BulkEventRow(
-                event.event_id, room_id, event.type, event.state_key, user, event.depth, event.origin_server_ts,
-                json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
-                event.prev_event_ids, event.auth_event_ids, membership="join",
-            ))
-            state[("m.room.member", user)] = event.event_id
-            prev, depth = event.event_id, event.depth
-
-        def write(txn: Transaction) -> None:
-            txn.execute("SELECT nextval('events_stream_seq') FROM generate_series(1, %s)", (len(rows),))
-            orderings = [int(r[0]) for r in txn.fetchall()]
-            insert_events_bulk_txn(txn, rows, orderings, instance_name=instance, is_local=True, outlier=False)
-            chain = store_state_chain_txn(txn, room_id, group,
-                                          [((r.type, r.state_key or ""), r.event_id) for r in rows[:-1]])
-            last = store_state_snapshot_txn(txn, room_id, state)
-            befores = [group, *chain]
-            set_event_state_groups_txn(txn, [(r.event_id, befores[i], (chain + [last])[i]) for i, r in enumerate(rows)])
-            insert_memberships_txn(txn, list(zip(rows, orderings)))
-            txn.execute("SELECT event_id, membership FROM current_state_events WHERE room_id = %s", (room_id,))
-            memberships = {row[0]: row[1] for row in txn.fetchall()}
-            memberships.update({r.event_id: "join" for r in rows})
-            replace_current_state_txn(txn, room_id, state, memberships)
-            txn.execute("DELETE FROM event_forward_extremities WHERE room_id = %s", (room_id,))
-            txn.execute("INSERT INTO event_forward_extremities (room_id, event_id) VALUES (%s, %s)",
-                        (room_id, rows[-1].event_id))
-            for table in ("events", "event_auth", "event_edges", "state_groups_state", "current_state_events"):
-                txn.execute(f"ANALYZE {table}")
-
-        write(Transaction("bench_add_members", conn.cursor()))
-        conn.commit()
-
-    try:
-        work()
-    finally:
-        conn.close()
+    add_members(dsn, room_id, config.server_name, key, members, origin_server_ts=int(time.time() * 1000))
     return time.perf_counter() - started
 
 
 def configure(tmp: Path, name: str, dsn: str) -> TributaryProcess:
     (tmp / name).mkdir()
     process = TributaryProcess.configure_federating(tmp / name, database_url=dsn, extra={
-        "rc_message": GENEROUS, "rc_registration": GENEROUS, "log_level": "WARNING",
+        "rc_message": GENEROUS, "rc_registration": GENEROUS, "log_level": "INFO",
         "rc_joins": {"local": GENEROUS, "remote": GENEROUS},
     })
     config = yaml.safe_load(process.config_path.read_text(encoding="utf-8"))
@@ -160,17 +85,13 @@ def configure(tmp: Path, name: str, dsn: str) -> TributaryProcess:
     return process
 
 
-async def run_one(members: int, tmp: Path, omit: bool) -> dict[str, float]:
+async def run_one(members: int, tmp: Path) -> dict[str, float]:
     suffix = f"{os.getpid()}_{members}"
     names = [f"bigjoin_a_{suffix}", f"bigjoin_b_{suffix}"]
     for name in names:
         create_database(ADMIN_DSN, name)
     dsn_a, dsn_b = (_with_dbname(ADMIN_DSN, n) for n in names)
     a, b = configure(tmp, f"a{members}", dsn_a), configure(tmp, f"b{members}", dsn_b)
-    if omit:
-        config = yaml.safe_load(b.config_path.read_text(encoding="utf-8"))
-        config.setdefault("federation", {})["partial_state_joins"] = True
-        b.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
     figures: dict[str, float] = {}
     timeout = aiohttp.ClientTimeout(total=1800)
     try:
@@ -180,7 +101,7 @@ async def run_one(members: int, tmp: Path, omit: bool) -> dict[str, float]:
             room = await call(session, a.base_url, "POST", "/createRoom", {"preset": "public_chat"}, alice_token)
             room_id = room["room_id"]
             assert a.stop() == 0
-            figures["build_s"] = await asyncio.to_thread(add_members, a, dsn_a, room_id, members)
+            figures["build_s"] = await asyncio.to_thread(build_room, a, dsn_a, room_id, members)
             a.start(timeout=120)
             b.start()
             _, bob_token = await register(session, b.base_url, "bob")
@@ -203,6 +124,10 @@ async def run_one(members: int, tmp: Path, omit: bool) -> dict[str, float]:
             count = await call(session, b.base_url, "GET", f"/rooms/{quote(room_id, safe='')}/joined_members",
                                token=bob_token)
             figures["joined_members_on_b"] = float(len(count.get("joined", {})))
+        for process in (a, b):
+            for line in process.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+                if "joined via" in line or "joined through us" in line:
+                    print("   ", line[line.find("["):], flush=True)
     finally:
         for process in (b, a):
             if process.process is not None and process.process.poll() is None:
@@ -215,12 +140,11 @@ async def run_one(members: int, tmp: Path, omit: bool) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, nargs="+", default=[10_000, 50_000])
-    parser.add_argument("--omit-members", action="store_true", help="B asks for a partial-state join")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="bigjoin-") as tmp:
         for members in args.members:
-            figures = asyncio.run(run_one(members, Path(tmp), args.omit_members))
+            figures = asyncio.run(run_one(members, Path(tmp)))
             print(f"members={members} " + " ".join(f"{k}={v:.2f}" for k, v in figures.items()), flush=True)
     print(f"load average after: {os.getloadavg()}")
 

@@ -117,6 +117,7 @@ from storage.prepare import apply_migrations, check_server_name, current_schema_
 from storage.stores.e2e import E2eStore
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
+from storage.stores.room_state import RoomStateStore
 from storage.stores.federation_sender import FederationSenderStore
 from storage.stores.push import PushStore
 from storage.stores.remote_invites import RemoteInviteStore
@@ -505,7 +506,7 @@ class HomeServer:
 
         federation = FederationServices.build(
             config, reactor, client=client, signing_key=storage.signing_key, store=events_store,
-            persister=persister, loader=loader, federation_store=FederationStore(db),
+            persister=persister, loader=loader, federation_store=FederationStore(db), room_state=RoomStateStore(db),
             metrics=federation_metrics,
             invites=remote_invites, invite_writer=invite_writer, forward=outbound.forward, on_remote_up=on_remote_up,
         )

@@ -19,6 +19,7 @@ docs/federation.md).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
@@ -56,6 +57,7 @@ from homeserver.events.restricted import (
 from homeserver.events.redaction import prune_event_dict
 from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
 from homeserver.federation.join_state import CheckedState, auth_order, check_auth_in_order, state_map, verify_batch
+from homeserver.federation.join_response import encode_send_join_response
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_loader import EventLoader
@@ -67,6 +69,7 @@ from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.rooms import RemoteMembershipError
 from storage.kernel.errors import MatrixError, bad_json, forbidden, not_found
 from storage.stores.events import EventsStore, StateKey
+from storage.stores.room_state import RoomStateStore
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +123,7 @@ class MembershipHandler:
         server_name: str,
         signing_key: SigningKey,
         store: EventsStore,
+        room_state: RoomStateStore,
         persister: EventPersister, loader: EventLoader,
         keyring: Keyring,
         client: FederationClient,
@@ -133,6 +137,7 @@ class MembershipHandler:
         self._invite_limits = invite_limits
         self._signing_key = signing_key
         self._store = store
+        self._room_state = room_state
         self._persister = persister
         self._loader = loader
         self._keyring = keyring
@@ -211,8 +216,22 @@ class MembershipHandler:
             raise bad_json(f"cannot make a {membership} event for {user_id}: {e}") from None
         return {"event": pdu, "room_version": room_version.identifier}
 
-    async def send_join(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
-        return await self._send_membership(origin, room_id, event_id, body, C.JOIN)
+    async def send_join(self, origin: str, room_id: str, event_id: str, body: object, *,
+                        omit_members: bool = False) -> bytes:
+        """``PUT /send_join`` (v2): the join, cosigned, with the room's state before it and that
+        state's auth chain, encoded once from the stored JSON (join_response.py). With
+        ``omit_members`` (MSC3706), the state leaves out member events but the heroes'."""
+        started = time.perf_counter()
+        signed, state_before = await self._send_membership(origin, room_id, event_id, body, C.JOIN)
+        checked = time.perf_counter()
+        answer = await encode_send_join_response(
+            self._store, self._room_state, server_name=self._server_name, join=signed, state_before=state_before,
+            omit_members=omit_members,
+        )
+        logger.info("[%s] %s joined through us (omit_members=%s): join checked and stored %.2fs, answer of %d bytes "
+                    "encoded %.2fs", room_id, signed.sender, omit_members, checked - started, len(answer),
+                    time.perf_counter() - checked)
+        return answer
 
     async def send_leave(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
         await self._send_membership(origin, room_id, event_id, body, C.LEAVE)
@@ -226,7 +245,9 @@ class MembershipHandler:
         return {"knock_room_state": [loaded[i].get_pdu_json() for i in current.values() if i in loaded]}
 
     async def _send_membership(self, origin: str, room_id: str, event_id: str, body: object,
-                               membership: str) -> dict[str, Any]:
+                               membership: str) -> tuple[FrozenEvent, dict[StateKey, str]]:
+        """Check and persist a remote server's join, leave or knock; the event as we cosigned it
+        and the state before it."""
         room_version = await self._room_version(room_id)
         if membership == C.JOIN and room_version.restricted_join_rule:
             body = await self._authorise_restricted_join(room_version, room_id, body)
@@ -250,16 +271,7 @@ class MembershipHandler:
         result = await self._persister.persist(room_version, signed, is_local=False)
         if self._forward is not None and not result.already_persisted:
             self._forward(signed, origin)
-        state_ids = set(state_before.values())
-        chain_ids = await self._store.get_auth_chain_ids(state_ids | set(event.auth_event_ids))
-        loaded = await self._loader.load_events(state_ids | chain_ids)
-        return {
-            "origin": self._server_name,
-            "event": signed.get_pdu_json(),
-            "state": [loaded[i].get_pdu_json() for i in sorted(state_ids) if i in loaded],
-            "auth_chain": [loaded[i].get_pdu_json() for i in sorted(chain_ids) if i in loaded],
-            "members_omitted": False,
-        }
+        return signed, state_before
 
     async def _restricted_authoriser(self, room_version: RoomVersion, room_id: str, user_id: str) -> str | None:
         """For a join under a restricted join rule (v8+) by a user neither invited nor joined:
@@ -420,6 +432,7 @@ class MembershipHandler:
         for field in ("hashes", "signatures", "event_id"):  # v1/v2: we assign our own event ID
             pdu.pop(field, None)
         join = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
+        asked = time.perf_counter()
         response = await self._client.put_json(
             server,
             f"/_matrix/federation/v2/send_join/{quote_path(room_id)}/{quote_path(join.event_id)}",
@@ -435,7 +448,9 @@ class MembershipHandler:
                     join = cosigned
             except EventsError as e:
                 logger.warning("[%s] %s returned a join we cannot verify (%s); keeping ours", room_id, server, e)
+        received = time.perf_counter()
         joined_state = await self._check_join_state(room_version, room_id, server, response)
+        checked = time.perf_counter()
         try:
             await check_against_state(self._loader, room_version, join, joined_state.state, known=joined_state.events)
         except AuthError as e:
@@ -444,8 +459,9 @@ class MembershipHandler:
         joined = {server_name_of(e.state_key) for e in members if e.membership == C.JOIN and e.state_key}
         await self._persister.persist_join(room_version, join, joined_state.order, joined_state.rejected,
                                            joined_state.state, frozenset(joined | {server}) - {self._server_name})
-        logger.info("[%s] %s joined via %s (%d state events, %d rejected)", room_id, user_id, server,
-                    len(joined_state.state), len(joined_state.rejected))
+        logger.info("[%s] %s joined via %s (%d state events, %d rejected): send_join %.2fs, checks %.2fs, "
+                    "storing %.2fs", room_id, user_id, server, len(joined_state.state), len(joined_state.rejected),
+                    received - asked, checked - received, time.perf_counter() - checked)
         return join
 
     async def _check_join_state(self, room_version: RoomVersion, room_id: str, server: str,

@@ -44,6 +44,7 @@ from homeserver.federation.requests import (
     body_object,
     invite_body,
     missing_events_body,
+    query_bool,
     query_int,
     query_list,
     query_one,
@@ -54,6 +55,7 @@ from storage.kernel.errors import invalid_param, missing_param, not_found
 from homeserver.http.server import FEDERATION_JSON, Routes, parse_json_body, parse_json_object
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
+from storage.stores.room_state import RoomStateStore
 
 FED_V1 = "/_matrix/federation/v1"
 FED_V2 = "/_matrix/federation/v2"
@@ -94,6 +96,7 @@ class FederationServices:
         persister: EventPersister,
         loader: EventLoader,
         federation_store: FederationStore,
+        room_state: RoomStateStore,
         metrics: FederationMetrics,
         invites: RemoteInvites,
         invite_writer: InviteWriter,
@@ -134,6 +137,7 @@ class FederationServices:
                                             keyring=keyring, client=client, txn_store=federation_store,
                                             clock_ms=clock_ms, metrics=metrics, gaps=gaps, acl=acl),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
+                                         room_state=room_state,
                                          persister=persister, loader=loader, keyring=keyring, client=client,
                                          clock_ms=clock_ms, invites=invites, invite_writer=invite_writer,
                                          forward=forward, invite_limits=InviteLimits.from_config(
@@ -231,7 +235,9 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
         return 200, await fed.membership.make_join(origin, p["room_id"], p["user_id"], versions(request))
 
     async def send_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body_object(body))
+        omit = query_bool(request.args, "omit_members")
+        return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body_object(body),
+                                                   omit_members=bool(omit))
 
     async def get_event(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check_event(origin, p["event_id"])

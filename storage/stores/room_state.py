@@ -15,12 +15,12 @@ they are (``ON CONFLICT DO NOTHING``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Final
 
 import attrs
 
-from storage.database import Transaction
+from storage.database import Database, Transaction
 from storage.stores.events import StateKey, StateMap
 
 #: Rows per statement: big enough that 50,000 events are a handful of round trips,
@@ -232,3 +232,48 @@ def store_join_state_txn(
     group = store_state_snapshot_txn(txn, room_id, state)
     replace_current_state_txn(txn, room_id, state, memberships)
     return group
+
+
+def get_event_json_txn(txn: Transaction, event_ids: Sequence[str]) -> dict[str, str]:
+    """Event ID -> the event's stored PDU JSON, for those of ``event_ids`` stored."""
+    found: dict[str, str] = {}
+    for start in range(0, len(event_ids), CHUNK_ROWS * 4):
+        txn.execute("SELECT event_id, json FROM events WHERE event_id = ANY(%s)",
+                    (list(event_ids[start : start + CHUNK_ROWS * 4]),))
+        found.update((row[0], row[1]) for row in txn.fetchall())
+    return found
+
+
+def get_member_states_txn(txn: Transaction, event_ids: Sequence[str]) -> dict[str, tuple[str, str, int]]:
+    """Member event ID -> (user ID, membership, stream ordering), for the member events among ``event_ids``:
+    from ``room_memberships`` when the event is in a room's graph here, else from its JSON
+    (an outlier, such as the state a join over federation brought)."""
+    found: dict[str, tuple[str, str, int]] = {}
+    ids = list(event_ids)
+    txn.execute("SELECT event_id, user_id, membership, stream_ordering FROM room_memberships WHERE event_id = ANY(%s)",
+                (ids,))
+    found.update((row[0], (row[1], row[2], int(row[3]))) for row in txn.fetchall())
+    rest = [i for i in ids if i not in found]
+    if rest:
+        txn.execute(
+            """
+            SELECT event_id, state_key, json::jsonb -> 'content' ->> 'membership', stream_ordering FROM events
+            WHERE event_id = ANY(%s) AND type = 'm.room.member' AND state_key IS NOT NULL
+            """,
+            (rest,),
+        )
+        found.update((row[0], (row[1], row[2], int(row[3]))) for row in txn.fetchall() if isinstance(row[2], str))
+    return found
+
+
+class RoomStateStore:
+    """Reads of a room's state in bulk, for the resident side of send_join."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def get_event_json(self, event_ids: Collection[str]) -> dict[str, str]:
+        return await self._db.run_interaction("get_event_json", get_event_json_txn, list(event_ids))
+
+    async def get_member_states(self, event_ids: Collection[str]) -> dict[str, tuple[str, str, int]]:
+        return await self._db.run_interaction("get_member_states", get_member_states_txn, list(event_ids))
