@@ -162,6 +162,14 @@ _CANONICAL_ENCODER = json.JSONEncoder(
 )
 
 
+_COMPACT_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_unfreeze_one)
+
+
+def encode_compact(value: object) -> str:
+    """Compact JSON text of a value, frozen or not (as stored: keys in their own order)."""
+    return _COMPACT_ENCODER.encode(value)
+
+
 def encode_canonical(value: object) -> bytes:
     """Canonical JSON bytes of a value (frozen or not) per the spec's appendix."""
     return _CANONICAL_ENCODER.encode(value).encode("utf-8")

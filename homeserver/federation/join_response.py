@@ -24,6 +24,7 @@ from typing import Final
 
 from homeserver.events import FrozenEvent, StateKey
 from homeserver.events import constants as C
+from homeserver.events.canonical import encode_compact
 from homeserver.events.identifiers import server_name_of
 from storage.stores.events import EventsStore
 from storage.stores.room_state import RoomStateStore
@@ -83,7 +84,7 @@ async def encode_send_join_response(
     if omit_members:
         chain_ids -= state_ids
     raw = await room_state.get_event_json(state_ids | chain_ids)
-    event = json.dumps(join.get_pdu_json(), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    event = encode_compact(join.pdu).encode("utf-8")
     opening = json.dumps(head, ensure_ascii=False, separators=(",", ":")).encode("utf-8")[:-1]
     return b"".join((
         opening, b',"event":', event, b',"state":', _json_list(state_ids, raw),

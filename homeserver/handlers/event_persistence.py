@@ -39,6 +39,7 @@ from twisted.internet.defer import Deferred
 
 from homeserver.events import FrozenEvent, RoomVersion
 from homeserver.events import constants as C
+from homeserver.events.canonical import encode_compact
 from homeserver.events.errors import MissingEventsError
 from homeserver.events.identifiers import server_name_of
 from homeserver.federation.acl import ACL_KEY, server_allowed
@@ -473,10 +474,13 @@ class EventPersister:
             for event in events:
                 if event.type != C.MEMBER:  # the few events auth reads; members are read when needed
                     self._loader.prime(event)
+            stored = time.perf_counter()
             result = await self._persist_locked(
                 room_version, join, True, False, None, state_before, destinations, given_state_group=group
             )
             self._after_persist(join, result, "local", start)
+        logger.info("[%s] join state stored: %d events and %d state entries in %.2fs, then the join in %.2fs",
+                    join.room_id, len(rows), len(state_before), stored - start, time.perf_counter() - stored)
         return result
 
     async def persist_backfilled(
@@ -592,8 +596,7 @@ def _bulk_row(event: FrozenEvent, rejection_reason: str | None) -> BulkEventRow:
     return BulkEventRow(
         event_id=event.event_id, room_id=event.room_id, type=event.type, state_key=event.state_key,
         sender=event.sender, depth=event.depth, origin_server_ts=event.origin_server_ts,
-        json=json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
-        prev_event_ids=event.prev_event_ids, auth_event_ids=event.auth_event_ids,
+        json=encode_compact(event.pdu), prev_event_ids=event.prev_event_ids, auth_event_ids=event.auth_event_ids,
         rejection_reason=rejection_reason, membership=event.membership if event.type == C.MEMBER else None,
     )
 
