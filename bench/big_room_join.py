@@ -126,7 +126,7 @@ async def run_one(members: int, tmp: Path) -> dict[str, float]:
             figures["joined_members_on_b"] = float(len(count.get("joined", {})))
         for process in (a, b):
             for line in process.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
-                if "joined via" in line or "joined through us" in line:
+                if any(m in line for m in ("joined via", "joined through us", "join state stored")):
                     print("   ", line[line.find("["):], flush=True)
     finally:
         for process in (b, a):

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Final
 
 import attrs
+from twisted.internet.defer import Deferred, gatherResults
 
 from homeserver.events import FrozenEvent, RoomVersion, StateKey, check_auth_rules, make_event, required_signers
 from homeserver.events import constants as C
@@ -125,6 +127,13 @@ def _check_one(room_version: RoomVersion, event: FrozenEvent, decided: Mapping[s
         room_version, [found[i] for i in wanted], create_event=create))
 
 
+def order_and_check(room_version: RoomVersion, events: Iterable[FrozenEvent],
+                    known: Mapping[str, FrozenEvent]) -> tuple[list[FrozenEvent], dict[str, str]]:
+    """``auth_order`` of ``events``, and ``check_auth_in_order`` over it."""
+    order = auth_order(events)
+    return order, check_auth_in_order(room_version, order, known)
+
+
 def state_map(state_events: Iterable[FrozenEvent], rejected: Mapping[str, str]) -> dict[StateKey, str]:
     """(type, state_key) -> event ID of the state events not rejected. Two events for one key
     (a resident server must not send that): the one of greater depth, then greater ID, wins."""
@@ -161,18 +170,24 @@ async def batch_keys(keyring: Keyring, events: Sequence[FrozenEvent]) -> KeyRing
     return await keyring.keyring_for({s: sorted(ids) for s, ids in wanted.items()}, at_ms=newest)
 
 
-async def verify_batch(
-    keyring: Keyring, room_version: RoomVersion, room_id: str, state: Sequence[object], auth_chain: Sequence[object],
-    *, source: str,
-) -> tuple[dict[str, FrozenEvent], set[str], str | None]:
-    """The events of a send_join response (``state`` and ``auth_chain``) that parse and verify
-    (signatures, then hashes: a mismatch gives the redacted copy), by ID, each checked once;
-    the IDs of those that came in ``state``; and the ID of an event of another room than
-    ``room_id`` if there is one (the caller refuses the response). The others are dropped
-    with a warning naming ``source``."""
+@attrs.frozen
+class ParsedBatch:
+    """``parse_batch``'s answer: the events that parsed, by ID; which came in ``state``; the ID of
+    an event of another room, if any; and why each of the others was dropped."""
+
+    events: dict[str, FrozenEvent]
+    state_ids: set[str]
+    foreign: str | None
+    dropped: list[str]
+
+
+def parse_batch(room_version: RoomVersion, room_id: str, state: Sequence[object],
+                auth_chain: Sequence[object]) -> ParsedBatch:
+    """Every PDU of ``state`` and ``auth_chain`` as an event of ``room_version``, each once."""
     parsed: dict[str, FrozenEvent] = {}
     state_ids: set[str] = set()
     foreign: str | None = None
+    dropped: list[str] = []
     for in_state, pdus in ((True, state), (False, auth_chain)):
         for pdu in pdus:
             try:
@@ -180,7 +195,7 @@ async def verify_batch(
                     raise InvalidEvent("a PDU must be a JSON object")
                 event = make_event(room_version, pdu)
             except EventsError as e:
-                logger.warning("[%s] dropping an event of %s's send_join response: %s", room_id, source, e)
+                dropped.append(str(e))
                 continue
             if event.room_id != room_id:
                 foreign = foreign or event.event_id
@@ -188,16 +203,71 @@ async def verify_batch(
             parsed.setdefault(event.event_id, event)
             if in_state:
                 state_ids.add(event.event_id)
-    keys = await batch_keys(keyring, list(parsed.values()))
-    verified: dict[str, FrozenEvent] = {}
-    for event_id, event in parsed.items():
+    return ParsedBatch(parsed, state_ids, foreign, dropped)
+
+
+def verify_parsed(events: Sequence[FrozenEvent], keys: KeyRing) -> tuple[list[FrozenEvent], list[FrozenEvent]]:
+    """Signatures and hashes of ``events`` with ``keys``: (the verified, hash-checked events;
+    those whose signatures do not verify with these keys)."""
+    verified: list[FrozenEvent] = []
+    failed: list[FrozenEvent] = []
+    for event in events:
         try:
-            verified[event_id] = verify_event(event, keys)
+            verified.append(verify_event(event, keys))
         except SignatureError:
+            failed.append(event)
+    return verified, failed
+
+
+RunInThread = Callable[..., Awaitable[Any]]
+"""Runs ``func(*args)`` on a thread of the reactor's pool and gives its result."""
+
+#: Verification is split in this many parts, checked on as many threads at once: the
+#: signature checks (libsodium) run without the GIL, so they use more than one core.
+VERIFY_THREADS: Final = 2
+
+
+async def run_inline(func: Callable[..., Any], *args: Any) -> Any:
+    return func(*args)
+
+
+async def verify_batch(
+    keyring: Keyring, room_version: RoomVersion, room_id: str, state: Sequence[object], auth_chain: Sequence[object],
+    *, source: str, run_in_thread: RunInThread | None = None,
+) -> tuple[dict[str, FrozenEvent], set[str], str | None]:
+    """The events of a send_join response (``state`` and ``auth_chain``) that parse and verify
+    (signatures, then hashes: a mismatch gives the redacted copy), by ID, each checked once;
+    the IDs of those that came in ``state``; and the ID of an event of another room than
+    ``room_id`` if there is one (the caller refuses the response). The others are dropped
+    with a warning naming ``source``. ``run_in_thread``: where the CPU-bound work runs (off
+    the reactor thread, so the server keeps answering meanwhile); inline when None."""
+    run = run_in_thread or run_inline
+    batch: ParsedBatch = await run(parse_batch, room_version, room_id, state, auth_chain)
+    for reason in batch.dropped[:10]:
+        logger.warning("[%s] dropping an event of %s's send_join response: %s", room_id, source, reason)
+    if len(batch.dropped) > 10:
+        logger.warning("[%s] ... and %d more events of %s's send_join response", room_id, len(batch.dropped) - 10,
+                       source)
+    events = list(batch.events.values())
+    keys = await batch_keys(keyring, events)
+    parts = VERIFY_THREADS if run_in_thread is not None else 1
+    size = -(-len(events) // parts) or 1
+
+    async def part(chunk: Sequence[FrozenEvent]) -> tuple[list[FrozenEvent], list[FrozenEvent]]:
+        result: tuple[list[FrozenEvent], list[FrozenEvent]] = await run(verify_parsed, chunk, keys)
+        return result
+
+    results: list[tuple[list[FrozenEvent], list[FrozenEvent]]] = await gatherResults([
+        Deferred.fromCoroutine(part(events[i : i + size])) for i in range(0, len(events), size)
+    ], consumeErrors=True)
+    verified: dict[str, FrozenEvent] = {}
+    for good, failed in results:
+        verified.update((e.event_id, e) for e in good)
+        for event in failed:
             # The batch's keys do not do for this one (an old key expired before the newest
             # event): ask for the keys at its own time.
             try:
-                verified[event_id] = await parse_and_verify(keyring, room_version, event.pdu)
+                verified[event.event_id] = await parse_and_verify(keyring, room_version, event.pdu)
             except EventsError as e:
-                logger.warning("[%s] dropping %s from %s: %s", room_id, event_id, source, e)
-    return verified, state_ids & set(verified), foreign
+                logger.warning("[%s] dropping %s from %s: %s", room_id, event.event_id, source, e)
+    return verified, batch.state_ids & set(verified), batch.foreign

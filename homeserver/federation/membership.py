@@ -56,7 +56,14 @@ from homeserver.events.restricted import (
 )
 from homeserver.events.redaction import prune_event_dict
 from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
-from homeserver.federation.join_state import CheckedState, auth_order, check_auth_in_order, state_map, verify_batch
+from homeserver.federation.join_state import (
+    CheckedState,
+    RunInThread,
+    order_and_check,
+    run_inline,
+    state_map,
+    verify_batch,
+)
 from homeserver.federation.join_response import encode_send_join_response
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
@@ -132,12 +139,15 @@ class MembershipHandler:
         invite_writer: InviteWriter,
         forward: Callable[[FrozenEvent, str], None] | None,
         invite_limits: InviteLimits | None = None,
+        run_in_thread: RunInThread | None = None,
     ) -> None:
         self._server_name = server_name
         self._invite_limits = invite_limits
         self._signing_key = signing_key
         self._store = store
         self._room_state = room_state
+        # Where the CPU-bound checks of a send_join response run (off the reactor thread).
+        self._run_in_thread = run_in_thread
         self._persister = persister
         self._loader = loader
         self._keyring = keyring
@@ -474,16 +484,16 @@ class MembershipHandler:
         if len(raw_state) + len(raw_chain) > MAX_JOIN_EVENTS:
             raise JoinError(f"send_join response holds more than {MAX_JOIN_EVENTS} events")
         verified, state_ids, foreign = await verify_batch(self._keyring, room_version, room_id, raw_state, raw_chain,
-                                                          source=server)
+                                                          source=server, run_in_thread=self._run_in_thread)
         if foreign is not None:
             raise JoinError(f"send_join response holds event {foreign} of another room")
         creates = [e for e in verified.values() if e.type == C.CREATE and e.state_key == ""]
         if len(creates) != 1:
             raise JoinError(f"{server}'s send_join state has {len(creates)} create events")
+        run = self._run_in_thread or run_inline
         cited = {a for e in verified.values() for a in e.auth_event_ids if a not in verified}
         known = await self._loader.load_events(cited) if cited else {}
-        order = auth_order(verified.values())
-        rejected = check_auth_in_order(room_version, order, known)
+        order, rejected = await run(order_and_check, room_version, verified.values(), known)
         if creates[0].event_id in rejected:
             raise JoinError(f"{server}'s create event fails the auth rules: {rejected[creates[0].event_id]}")
         state = state_map((verified[i] for i in state_ids), rejected)

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 from signedjson.types import SigningKey
+from twisted.internet.threads import deferToThreadPool
 from twisted.web.server import Request
 
 from homeserver import __version__
@@ -141,7 +142,8 @@ class FederationServices:
                                          persister=persister, loader=loader, keyring=keyring, client=client,
                                          clock_ms=clock_ms, invites=invites, invite_writer=invite_writer,
                                          forward=forward, invite_limits=InviteLimits.from_config(
-                                             config.rc_invites, lambda: float(reactor.seconds()))),
+                                             config.rc_invites, lambda: float(reactor.seconds())),
+                                         run_in_thread=_thread_runner(reactor)),
             history=HistoryHandler(server_name=server_name, store=store, loader=loader, clock_ms=clock_ms),
             backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                      keyring=keyring,
@@ -337,6 +339,15 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
     authed("GET", f"{FED_V1}/backfill/(?P<room_id>{_SEG})", backfill, "federation_backfill")
     authed("POST", f"{FED_V1}/get_missing_events/(?P<room_id>{_SEG})", missing, "federation_get_missing_events",
            has_body=True)
+
+
+def _thread_runner(reactor: Any) -> Callable[..., Awaitable[Any]]:
+    """Runs a function on the reactor's thread pool (CPU-bound checks, off the reactor thread)."""
+
+    async def run(func: Callable[..., Any], *args: Any) -> Any:
+        return await deferToThreadPool(reactor, reactor.getThreadPool(), func, *args)
+
+    return run
 
 
 def build_federation_client(config: HomeserverConfig, reactor: Any, signing_key: SigningKey,
