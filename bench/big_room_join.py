@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from homeserver.config import load_config  # noqa: E402
 from homeserver.keys import load_or_create_signing_key  # noqa: E402
 from storage.stores.dataset import create_database, drop_database  # noqa: E402
+from bench.client_api import cpu_seconds  # noqa: E402
 from tests.big_room import add_members  # noqa: E402
 from tests.harness import TributaryProcess  # noqa: E402
 
@@ -105,6 +106,8 @@ async def run_one(members: int, tmp: Path) -> dict[str, float]:
             a.start(timeout=120)
             b.start()
             _, bob_token = await register(session, b.base_url, "bob")
+            assert a.process is not None and b.process is not None
+            cpu_before = (cpu_seconds(a.process.pid), cpu_seconds(b.process.pid))
             started = time.perf_counter()
             await call(session, b.base_url, "POST",
                        f"/join/{quote(room_id, safe='')}?server_name={quote(a.server_name, safe='')}", {}, bob_token)
@@ -116,6 +119,9 @@ async def run_one(members: int, tmp: Path) -> dict[str, float]:
                     break
                 await asyncio.sleep(0.05)
             figures["first_sync_s"] = time.perf_counter() - started
+            # Wall time on a shared machine depends on its load; the servers' own CPU time less so.
+            figures["cpu_a_s"] = cpu_seconds(a.process.pid) - cpu_before[0]
+            figures["cpu_b_s"] = cpu_seconds(b.process.pid) - cpu_before[1]
             sync_start = time.perf_counter()
             data = await call(session, b.base_url, "GET", "/sync?timeout=0", token=bob_token)
             figures["full_sync_s"] = time.perf_counter() - sync_start

@@ -21,10 +21,9 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred, gatherResults
 
 from homeserver.events import FrozenEvent, RoomVersion, StateKey, check_auth_rules, make_event, required_signers
 from homeserver.events import constants as C
@@ -222,11 +221,6 @@ def verify_parsed(events: Sequence[FrozenEvent], keys: KeyRing) -> tuple[list[Fr
 RunInThread = Callable[..., Awaitable[Any]]
 """Runs ``func(*args)`` on a thread of the reactor's pool and gives its result."""
 
-#: Verification is split in this many parts, checked on as many threads at once: the
-#: signature checks (libsodium) run without the GIL, so they use more than one core.
-VERIFY_THREADS: Final = 2
-
-
 async def run_inline(func: Callable[..., Any], *args: Any) -> Any:
     return func(*args)
 
@@ -250,24 +244,14 @@ async def verify_batch(
                        source)
     events = list(batch.events.values())
     keys = await batch_keys(keyring, events)
-    parts = VERIFY_THREADS if run_in_thread is not None else 1
-    size = -(-len(events) // parts) or 1
-
-    async def part(chunk: Sequence[FrozenEvent]) -> tuple[list[FrozenEvent], list[FrozenEvent]]:
-        result: tuple[list[FrozenEvent], list[FrozenEvent]] = await run(verify_parsed, chunk, keys)
-        return result
-
-    results: list[tuple[list[FrozenEvent], list[FrozenEvent]]] = await gatherResults([
-        Deferred.fromCoroutine(part(events[i : i + size])) for i in range(0, len(events), size)
-    ], consumeErrors=True)
-    verified: dict[str, FrozenEvent] = {}
-    for good, failed in results:
-        verified.update((e.event_id, e) for e in good)
-        for event in failed:
-            # The batch's keys do not do for this one (an old key expired before the newest
-            # event): ask for the keys at its own time.
-            try:
-                verified[event.event_id] = await parse_and_verify(keyring, room_version, event.pdu)
-            except EventsError as e:
-                logger.warning("[%s] dropping %s from %s: %s", room_id, event.event_id, source, e)
+    # One thread: the checks are mostly Python, so a second thread only fights for the GIL.
+    good, failed = await run(verify_parsed, events, keys)
+    verified = {e.event_id: e for e in good}
+    for event in failed:
+        # The batch's keys do not do for this one (an old key expired before the newest
+        # event): ask for the keys at its own time.
+        try:
+            verified[event.event_id] = await parse_and_verify(keyring, room_version, event.pdu)
+        except EventsError as e:
+            logger.warning("[%s] dropping %s from %s: %s", room_id, event.event_id, source, e)
     return verified, batch.state_ids & set(verified), batch.foreign
