@@ -97,7 +97,13 @@ from homeserver.routing.federation import (
     forward_to_main,
     register_main_operations,
 )
-from homeserver.routing.forwarding import RoutedPersister, ShardedRoomEventCreator, register_event_operations
+from homeserver.routing.forwarding import (
+    MAX_INTERNAL_JOIN_BYTES,
+    RoutedPersister,
+    ShardedRoomEventCreator,
+    register_event_operations,
+)
+from homeserver.routing.internal_api import PREFIX as INTERNAL_PREFIX
 from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
 from homeserver.routing.layout import Layout
 from homeserver.routing.writers import Writers, build_writers, choose_invite_writer, register_writer_operations
@@ -756,8 +762,12 @@ class HomeServer:
         if listener.type == "replication":
             return  # opened by start_replication
         root = self._root_resource(listener)
-        # Media uploads may be larger than the JSON bodies of every other endpoint.
-        site = make_site(root, large_bodies=((b"/_matrix/media/",), self.config.media.max_upload_size))
+        # Media uploads may be larger than the JSON bodies of every other endpoint, and so may
+        # a big room's state handed to its events writer (only over the internal API, behind its secret).
+        site = make_site(root, large_bodies=(
+            ((b"/_matrix/media/",), self.config.media.max_upload_size),
+            ((f"{INTERNAL_PREFIX}/persist_join".encode("ascii"),), MAX_INTERNAL_JOIN_BYTES),
+        ))
         for address in listener.bind_addresses:
             if listener.tls:
                 context = self._tls_context()

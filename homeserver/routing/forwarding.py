@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -42,6 +42,10 @@ from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
 from homeserver.routing.layout import Layout
 
 logger = logging.getLogger(__name__)
+
+# The largest ``persist_join`` body the events writer takes: a joined room's whole state and
+# auth chain (tens of MB for 50,000 members), so the internal listener allows it on that path.
+MAX_INTERNAL_JOIN_BYTES: Final = 512 * 1024 * 1024
 
 
 # --- events on the wire ---------------------------------------------------------------------
