@@ -334,12 +334,16 @@ class EventPersister:
                 # In the graph (its state groups), but the room's current state is untouched.
                 state_before_group, _ = await self._state_before(room_version, event, ctx)
             elif given_state_before is not None:
-                # ``given_state_group``: the caller stored that state already (``persist_join``).
+                # ``given_state_group``: the caller stored that state already, as the room's
+                # current state too (``persist_join``).
                 state_before_group = given_state_group if given_state_group is not None else (
                     await self._store.new_state_group(event.room_id, None, given_state_before))
-                new_current = await self._new_current_state(
-                    room_version, event, {**given_state_before, **delta}, extremities - prevs
-                )
+                if given_state_group is not None and not extremities - prevs:
+                    current_delta = delta  # nothing else to resolve with: the event changes it by itself
+                else:
+                    new_current = await self._new_current_state(
+                        room_version, event, {**given_state_before, **delta}, extremities - prevs
+                    )
             elif prevs and extremities == prevs:
                 # The common, linear case: the event follows every extremity, so
                 # the room's current state (resolved over exactly those) changes
