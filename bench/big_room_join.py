@@ -32,11 +32,9 @@ import aiohttp
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from homeserver.config import load_config  # noqa: E402
-from homeserver.keys import load_or_create_signing_key  # noqa: E402
 from storage.stores.dataset import create_database, drop_database  # noqa: E402
 from bench.client_api import cpu_seconds  # noqa: E402
-from tests.big_room import add_members  # noqa: E402
+from tests.big_room import add_members_to_process  # noqa: E402
 from tests.harness import TributaryProcess  # noqa: E402
 
 ADMIN_DSN = os.environ.get("TRIBUTARY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -68,9 +66,7 @@ def _with_dbname(dsn: str, name: str) -> str:
 def build_room(process: TributaryProcess, dsn: str, room_id: str, members: int) -> float:
     """Append ``members`` signed joins to the room in A's database; the seconds it took."""
     started = time.perf_counter()
-    config = load_config(process.config_path)
-    key = load_or_create_signing_key(config.effective_signing_key_path)
-    add_members(dsn, room_id, config.server_name, key, members, origin_server_ts=int(time.time() * 1000))
+    add_members_to_process(process.config_path, dsn, room_id, members)
     return time.perf_counter() - started
 
 

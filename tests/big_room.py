@@ -12,6 +12,8 @@ meanwhile; its caches of the room's extremities are read from the database by jo
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -21,6 +23,8 @@ from signedjson.types import SigningKey
 from homeserver.events import EventTemplate, build_pdu, get_room_version, select_auth_event_ids, sign_pdu
 from homeserver.events import constants as C
 from homeserver.events.canonical import thaw
+from homeserver.config import load_config
+from homeserver.keys import load_or_create_signing_key
 from storage.database import Transaction
 from storage.stores.events import StateKey, get_current_state_ids_txn, get_forward_extremities_txn, get_state_groups_txn
 from storage.stores.room_state import (
@@ -44,6 +48,16 @@ class AddedMembers:
     forbidden: str | None
     # A member join whose signature was altered after signing: fails verification.
     bad_signature: str | None
+
+
+def add_members_to_process(config_path: Path, dsn: str, room_id: str, count: int, *,
+                           odd_ones_out: bool = False) -> AddedMembers:
+    """``add_members`` for the server whose config is ``config_path`` (its name and signing
+    key are read from it); the server must be stopped or not writing to the room."""
+    config = load_config(config_path)
+    key = load_or_create_signing_key(config.effective_signing_key_path)
+    return add_members(dsn, room_id, config.server_name, key, count, origin_server_ts=int(time.time() * 1000),
+                       odd_ones_out=odd_ones_out)
 
 
 def _row(event_json: dict[str, Any], event_id: str, room_id: str, membership: str) -> BulkEventRow:

@@ -4,17 +4,17 @@ Serving: ``make_join`` (``make_leave``, ``make_knock``) hands a remote server an
 unsigned template built on our forward extremities and current state, once the
 auth rules allow it there (else 403); ``send_join`` checks the signed join
 (signatures, auth against the state before it), signs it too, persists it and
-answers with the state before the join and its auth chain.
+answers with the state before the join and its auth chain, encoded once from the
+stored JSON (``join_response.py``; with ``omit_members``, the partial state of MSC3706).
 
-Calling: ``join_remote`` asks each candidate server in turn, verifies what comes
-back, stores the state and auth chain as outliers and then the join itself with
-that state as the state before it. That last write needs "persist with a given
-state", which the ``EventPersister`` does not offer, so ``_persist_join`` writes
-it through the events store's one persistence transaction (see the note in
-docs/federation.md).
+Calling: ``join_remote`` asks each candidate server in turn; the state and auth
+chain that come back are checked in bulk (``join_state.py``: keys fetched once per
+server, auth in one pass in auth order, off the reactor thread), then stored with
+our join in bulk by ``EventPersister.persist_join`` (docs/federation.md, "Joining
+big rooms").
 """
 
-# tests: tests/integration/test_federation.py
+# tests: tests/integration/test_federation.py, tests/integration/test_federation_big_join.py
 
 from __future__ import annotations
 

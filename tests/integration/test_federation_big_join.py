@@ -9,7 +9,9 @@ signature was altered after signing: B must reject the first and drop the second
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -19,7 +21,9 @@ import pytest
 from homeserver.app import HomeServer
 from homeserver.events import EventTemplate, get_room_version, make_event, parse_create_room_request, sign_pdu
 from homeserver.federation.client import HttpResponseError
-from tests.big_room import add_members
+from tests.big_room import add_members, add_members_to_process
+from tests.conftest import scratch_database
+from tests.harness import TributaryProcess, configure_workers
 from tests.integration.test_federation import eventually, name, stored, two_servers
 
 MEMBERS = 3000
@@ -116,3 +120,52 @@ async def test_join_of_a_room_with_thousands_of_members(database_dsn: str, secon
                 "PUT", name(a), f"/_matrix/federation/v2/send_join/{q(room_id)}/{q(event_id)}",
                 query={"omit_members": "yes"}, content=pdu)
         assert info.value.code == 400
+
+
+@pytest.mark.timeout(240)
+def test_join_from_a_worker_layout_stores_through_the_rooms_persister(
+    postgres_template: str, redis_url: str, tmp_path: Path
+) -> None:
+    """B runs as workers (main, an event persister p1, a generic worker g1); A is one process
+    whose room has 2,000 members. Bob's /join on g1 checks A's send_join answer there and
+    hands it all to p1, the room's events writer (``persist_join``, a body far over the
+    default 1 MB limit): B's current state holds every member and Bob's /sync shows the room."""
+    with scratch_database(postgres_template) as dsn_a, scratch_database(postgres_template) as dsn_b:
+        resident = TributaryProcess.configure_federating(tmp_path / "a", database_url=dsn_a)
+        main, workers, generic_port = configure_workers(tmp_path / "b", dsn_b, redis_url, persisters=1, senders=0)
+        processes = [resident, main, workers["p1"], workers["g1"]]
+        try:
+            resident.start()
+            alice = _client_call(resident.client_port, "POST", "register",
+                                 {"username": "alice", "password": "pw", "auth": {"type": "m.login.dummy"}})
+            room_id = _client_call(resident.client_port, "POST", "createRoom", {"preset": "public_chat"},
+                                   alice["access_token"])["room_id"]
+            resident.stop()
+            add_members_to_process(resident.config_path, dsn_a, room_id, 2000)
+            for process in processes:
+                process.start()
+            bob = _client_call(main.client_port, "POST", "register",
+                               {"username": "bob", "password": "pw", "auth": {"type": "m.login.dummy"}})
+            token = bob["access_token"]
+            _client_call(generic_port, "POST", f"join/{q(room_id)}?server_name={q(resident.server_name)}", {}, token)
+            members = _client_call(generic_port, "GET", f"rooms/{q(room_id)}/joined_members", None, token)
+            assert len(members["joined"]) == 2002
+            synced = _client_call(generic_port, "GET", "sync?timeout=0", None, token)
+            assert room_id in synced["rooms"]["join"]
+            # Checked where the join was asked (g1), stored by the room's writer (p1).
+            assert "joined via" in workers["g1"].log_path.read_text(encoding="utf-8")
+            assert "join state stored" in workers["p1"].log_path.read_text(encoding="utf-8")
+            assert "join state stored" not in workers["g1"].log_path.read_text(encoding="utf-8")
+        finally:
+            for process in reversed(processes):
+                process.kill()
+
+
+def _client_call(port: int, method: str, path: str, body: Any, token: str | None = None) -> Any:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/_matrix/client/v3/{path}", method=method,
+        data=None if body is None else json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
