@@ -94,6 +94,11 @@ INVITE_ROOM_STATE_KEYS: tuple[StateKey, ...] = (
 MAX_JOIN_EVENTS: Final = 500_000
 
 
+# A send_join answer holds a room's whole state: 50,000 members are about 32 MB, over the
+# client's usual 50 MB cap once a room is a little bigger. Synapse allows 500 MB; so do we.
+MAX_SEND_JOIN_RESPONSE_BYTES: Final = 500 * 1024 * 1024
+
+
 def quote_path(value: str) -> str:
     return quote(value, safe="")
 
@@ -446,7 +451,7 @@ class MembershipHandler:
         response = await self._client.put_json(
             server,
             f"/_matrix/federation/v2/send_join/{quote_path(room_id)}/{quote_path(join.event_id)}",
-            join.get_pdu_json(),
+            join.get_pdu_json(), max_bytes=MAX_SEND_JOIN_RESPONSE_BYTES,
         )
         if not isinstance(response, dict):
             raise JoinError(f"{server} sent a send_join response that is not an object")
