@@ -34,23 +34,13 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from storage.stores.dataset import create_database, drop_database  # noqa: E402
 from bench.client_api import cpu_seconds  # noqa: E402
+from bench.search_directory import call  # noqa: E402
 from tests.big_room import add_members_to_process  # noqa: E402
 from tests.harness import TributaryProcess  # noqa: E402
 
 ADMIN_DSN = os.environ.get("TRIBUTARY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 GENEROUS = {"per_second": 100000, "burst_count": 100000}
-PREFIX = "/_matrix/client/v3"
 LAZY_FILTER = '{"room":{"state":{"lazy_load_members":true},"timeline":{"limit":10}}}'
-
-
-async def call(session: aiohttp.ClientSession, base: str, method: str, path: str, body: Any = None,
-               token: str | None = None) -> Any:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with session.request(method, base + PREFIX + path, json=body, headers=headers) as r:
-        data = await r.json()
-        if r.status != 200:
-            raise RuntimeError(f"{method} {path} -> {r.status} {data}")
-        return data
 
 
 async def register(session: aiohttp.ClientSession, base: str, name: str) -> tuple[str, str]:

@@ -9,7 +9,8 @@ pass in topological order of the auth graph (``auth_order``), so every event's a
 events were decided before it. An event whose auth events are missing or rejected, or
 that fails the rules, is rejected; a rejected event is not part of the room's state.
 
-The pure parts (``auth_order``, ``check_auth_in_order``, ``state_map``) know nothing of
+The pure parts (``auth_order``, ``check_auth_in_order``, ``state_map``, ``parse_batch``,
+``verify_parsed``) know nothing of
 keys or I/O; ``verify_batch`` fetches keys through the ``Keyring`` it is given.
 Storing the result is ``EventPersister.persist_join`` (storage/stores/room_state.py).
 """
@@ -18,7 +19,6 @@ Storing the result is ``EventPersister.persist_join`` (storage/stores/room_state
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -31,6 +31,7 @@ from homeserver.events.auth import auth_state_from_auth_events, check_auth_event
 from homeserver.events.errors import AuthError, EventsError, InvalidEvent, MissingEventsError, SignatureError
 from homeserver.events.hashing import create_event_id_from_room_id
 from homeserver.events.signing import KeyRing, verify_event
+from homeserver.federation.gaps import topological_order
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import parse_and_verify
 
@@ -52,36 +53,15 @@ class CheckedState:
     state: Mapping[StateKey, str]
 
 
+def _auth_events(event: FrozenEvent) -> Iterable[str]:
+    return event.auth_event_ids
+
+
 def auth_order(events: Iterable[FrozenEvent]) -> list[FrozenEvent]:
     """``events`` ordered so that each comes after every one of its auth events that is among
-    them (Kahn's algorithm; ties, and events caught in a cycle, by depth then event ID)."""
-    by_id = {e.event_id: e for e in events}
-    waiting: dict[str, int] = {}
-    dependants: dict[str, list[str]] = {}
-    for event in by_id.values():
-        cited = {a for a in event.auth_event_ids if a in by_id and a != event.event_id}
-        waiting[event.event_id] = len(cited)
-        for auth_id in cited:
-            dependants.setdefault(auth_id, []).append(event.event_id)
-    ready = [(e.depth, e.event_id) for e in by_id.values() if waiting[e.event_id] == 0]
-    heapq.heapify(ready)
-    ordered: list[FrozenEvent] = []
-    while len(ordered) < len(by_id):
-        if not ready:
-            # A cycle (only a malicious server sends one): its events go last, by depth; each
-            # then fails auth for lack of a decided auth event.
-            left = sorted((e.depth, e.event_id) for e in by_id.values() if waiting[e.event_id] > 0)
-            ordered.extend(by_id[i] for _, i in left)
-            break
-        _, event_id = heapq.heappop(ready)
-        ordered.append(by_id[event_id])
-        waiting[event_id] = -1
-        for dependant in dependants.get(event_id, ()):
-            if waiting[dependant] > 0:
-                waiting[dependant] -= 1
-                if waiting[dependant] == 0:
-                    heapq.heappush(ready, (by_id[dependant].depth, dependant))
-    return ordered
+    them (ties, and events caught in a cycle, by depth then event ID): ``topological_order``
+    over auth events instead of prev events."""
+    return topological_order(events, _auth_events)
 
 
 def check_auth_in_order(
