@@ -121,7 +121,7 @@ def freeze(value: object) -> JsonValue:
     if kind in _MAPPINGS:
         return MappingProxyType({k: freeze(v) for k, v in value.items()})  # type: ignore[attr-defined]
     if kind in _ARRAYS:
-        return tuple(freeze(v) for v in value)  # type: ignore[attr-defined]
+        return tuple([freeze(v) for v in value])  # type: ignore[attr-defined]
     if isinstance(value, Mapping):
         return MappingProxyType({k: freeze(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
