@@ -93,6 +93,17 @@ async def test_join_of_a_room_with_thousands_of_members(database_dsn: str, secon
         row = await eventually(lambda: stored(b, message.event_id), timeout=30)
         assert not row.outlier and row.rejection_reason is None
 
+        # Bob leaves and joins again: B holds the state events already (and the room's old
+        # extremities); the second join stores only what is new and resolves with the old.
+        assert b.process.room_events is not None
+        bye = await b.process.room_events.send(room_id, EventTemplate("m.room.member", {"membership": "leave"}, bob),
+                                               bob)
+        await eventually(lambda: stored(a, bye.event_id), timeout=30)
+        again = await b.process.federation.membership.join_remote(room_id, bob, [name(a)])
+        members = await _member_rows(b, room_id)
+        assert members[bob] == "join" and len(members) == MEMBERS + 1
+        assert (await b.process.events_store.get_current_state_ids(room_id))[("m.room.member", bob)] == again.event_id
+
         # The resident's partial-state answer (MSC3706), to a join asked with omit_members.
         carol = f"@carol:{name(b)}"
         pdu = await _signed_join(b, name(a), room_id, carol)
