@@ -99,7 +99,13 @@ from homeserver.routing.federation import (
     forward_to_main,
     register_main_operations,
 )
-from homeserver.routing.forwarding import RoutedPersister, ShardedRoomEventCreator, register_event_operations
+from homeserver.routing.forwarding import (
+    MAX_INTERNAL_JOIN_BYTES,
+    RoutedPersister,
+    ShardedRoomEventCreator,
+    register_event_operations,
+)
+from homeserver.routing.internal_api import PREFIX as INTERNAL_PREFIX
 from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
 from homeserver.routing.layout import Layout
 from homeserver.routing.writers import Writers, build_writers, choose_invite_writer, register_writer_operations
@@ -120,6 +126,7 @@ from storage.stores.admin import AdminStore
 from storage.stores.e2e import E2eStore
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
+from storage.stores.room_state import RoomStateStore
 from storage.stores.federation_sender import FederationSenderStore
 from storage.stores.push import PushStore
 from storage.stores.remote_invites import RemoteInviteStore
@@ -508,7 +515,7 @@ class HomeServer:
 
         federation = FederationServices.build(
             config, reactor, client=client, signing_key=storage.signing_key, store=events_store,
-            persister=persister, loader=loader, federation_store=FederationStore(db),
+            persister=persister, loader=loader, federation_store=FederationStore(db), room_state=RoomStateStore(db),
             metrics=federation_metrics,
             invites=remote_invites, invite_writer=invite_writer, forward=outbound.forward, on_remote_up=on_remote_up,
         )
@@ -763,8 +770,12 @@ class HomeServer:
         if listener.type == "replication":
             return  # opened by start_replication
         root = self._root_resource(listener)
-        # Media uploads may be larger than the JSON bodies of every other endpoint.
-        site = make_site(root, large_bodies=((b"/_matrix/media/",), self.config.media.max_upload_size))
+        # Media uploads may be larger than the JSON bodies of every other endpoint, and so may
+        # a big room's state handed to its events writer (only over the internal API, behind its secret).
+        site = make_site(root, large_bodies=(
+            ((b"/_matrix/media/",), self.config.media.max_upload_size),
+            ((f"{INTERNAL_PREFIX}/persist_join".encode("ascii"),), MAX_INTERNAL_JOIN_BYTES),
+        ))
         for address in listener.bind_addresses:
             if listener.tls:
                 context = self._tls_context()

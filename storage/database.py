@@ -13,6 +13,7 @@ stores.
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 import time
@@ -86,6 +87,28 @@ class DatabaseError(Exception):
     """The database could not be reached or used."""
 
 
+def _copy_value(value: object) -> str:
+    """One value in COPY's text format: NULL as ``\\N``, booleans as t/f, backslash and the
+    separators escaped (found by plain ``in`` scans first: most values have none)."""
+    kind = type(value)
+    if kind is str:
+        text: str = value  # type: ignore[assignment]
+        if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
+            text = text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+        return text
+    if value is None:
+        return "\\N"
+    if kind is bool:
+        return "t" if value else "f"
+    if kind is int:
+        return str(value)
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, (int, str)):
+        return _copy_value(int(value) if isinstance(value, int) else str(value))
+    raise TypeError(f"copy_rows takes None, bool, int or str values, not {type(value).__name__}")
+
+
 class Transaction:
     """One database transaction, handed to interaction functions.
 
@@ -120,6 +143,15 @@ class Transaction:
     def execute_values(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 1000) -> None:
         """Insert many rows in few round trips; ``sql`` has one ``VALUES %s``."""
         psycopg2.extras.execute_values(self._cursor, sql, rows, page_size=page_size)
+
+    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+        """Load ``rows`` into ``table`` with ``COPY ... FROM STDIN`` (bulk loads: several times
+        faster than INSERT). ``table`` and ``columns`` come from code constants, never input;
+        values are None, bool, int or str (a str may hold anything but NUL). COPY has no ON
+        CONFLICT: the caller leaves out rows that exist."""
+        text = "".join("\t".join(_copy_value(v) for v in row) + "\n" for row in rows)
+        if text:
+            self._cursor.copy_expert(f"COPY {table} ({', '.join(columns)}) FROM STDIN", io.StringIO(text))
 
     def execute_batch(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 100) -> None:
         psycopg2.extras.execute_batch(self._cursor, sql, rows, page_size=page_size)

@@ -32,7 +32,7 @@ def compute_content_hash(pdu: Mapping[str, object]) -> bytes:
 
 def compute_reference_hash(room_version: RoomVersion, pdu: Mapping[str, object]) -> bytes:
     """SHA-256 over the redacted event minus signatures, age_ts and unsigned."""
-    pruned = prune_event_dict(room_version, pdu)
+    pruned = prune_event_dict(room_version, pdu, deep_copy=False)
     for key in ("signatures", "age_ts", "unsigned"):
         pruned.pop(key, None)
     return hashlib.sha256(encode_canonical(pruned)).digest()

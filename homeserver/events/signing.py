@@ -99,7 +99,7 @@ def required_signers(event: FrozenEvent) -> frozenset[str]:
 
 
 def _signed_bytes(room_version: RoomVersion, event: FrozenEvent) -> bytes:
-    redacted = prune_event_dict(room_version, event.pdu)
+    redacted = prune_event_dict(room_version, event.pdu, deep_copy=False)
     redacted.pop("signatures", None)
     redacted.pop("unsigned", None)
     return encode_canonical(redacted)

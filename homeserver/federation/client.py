@@ -555,8 +555,9 @@ class FederationClient:
                        *, signed: bool = True, timeout: float | None = None) -> Any:
         return await self.request("GET", destination, path, query=query, signed=signed, timeout=timeout)
 
-    async def put_json(self, destination: str, path: str, content: Any, *, timeout: float | None = None) -> Any:
-        return await self.request("PUT", destination, path, content=content, timeout=timeout)
+    async def put_json(self, destination: str, path: str, content: Any, *, timeout: float | None = None,
+                       max_bytes: int = MAX_RESPONSE_BYTES) -> Any:
+        return await self.request("PUT", destination, path, content=content, timeout=timeout, max_bytes=max_bytes)
 
     async def post_json(self, destination: str, path: str, content: Any, *, signed: bool = True,
                         timeout: float | None = None) -> Any:
@@ -572,14 +573,15 @@ class FederationClient:
         content: Any | None = None,
         signed: bool = True,
         timeout: float | None = None,
+        max_bytes: int = MAX_RESPONSE_BYTES,
     ) -> Any:
-        """Send one request; return the parsed JSON body of a 2xx response.
+        """Send one request; return the parsed JSON body of a 2xx response (at most ``max_bytes``).
 
         Raises ``HttpResponseError`` for other statuses and ``FederationClientError``
         for everything that stops a response arriving.
         """
         response, raw = await self._exchange(method, destination, path, query=query, content=content, signed=signed,
-                                             timeout=timeout, max_bytes=MAX_RESPONSE_BYTES)
+                                             timeout=timeout, max_bytes=max_bytes)
         if not 200 <= response.code < 300:
             self._count(method, "http_error")
             raise HttpResponseError(destination, response.code, raw)

@@ -63,17 +63,22 @@ MAX_UNKNOWN_PREVS: Final = 5
 # --- pure ordering ----------------------------------------------------------------------
 
 
-def topological_order(events: Iterable[FrozenEvent]) -> list[FrozenEvent]:
-    """``events`` (one copy per ID) with every event after those of its prev events that are
-    among them; otherwise oldest first, by (depth, event ID). A claimed depth never puts a
-    child before its parent."""
+def _prev_events(event: FrozenEvent) -> Iterable[str]:
+    return event.prev_event_ids
+
+
+def topological_order(events: Iterable[FrozenEvent],
+                      edges: Callable[[FrozenEvent], Iterable[str]] = _prev_events) -> list[FrozenEvent]:
+    """``events`` (one copy per ID) with every event after those of its prev events (or of
+    the IDs ``edges`` gives, such as its auth events) that are among them; otherwise oldest
+    first, by (depth, event ID). A claimed depth never puts a child before its parent."""
     by_id: dict[str, FrozenEvent] = {}
     for event in events:
         by_id.setdefault(event.event_id, event)
     waiting: dict[str, int] = {}
     children: dict[str, list[str]] = {}
     for event in by_id.values():
-        parents = {p for p in event.prev_event_ids if p in by_id and p != event.event_id}
+        parents = {p for p in edges(event) if p in by_id and p != event.event_id}
         waiting[event.event_id] = len(parents)
         for parent in parents:
             children.setdefault(parent, []).append(event.event_id)

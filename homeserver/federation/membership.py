@@ -4,23 +4,24 @@ Serving: ``make_join`` (``make_leave``, ``make_knock``) hands a remote server an
 unsigned template built on our forward extremities and current state, once the
 auth rules allow it there (else 403); ``send_join`` checks the signed join
 (signatures, auth against the state before it), signs it too, persists it and
-answers with the state before the join and its auth chain.
+answers with the state before the join and its auth chain, encoded once from the
+stored JSON (``join_response.py``; with ``omit_members``, the partial state of MSC3706).
 
-Calling: ``join_remote`` asks each candidate server in turn, verifies what comes
-back, stores the state and auth chain as outliers and then the join itself with
-that state as the state before it. That last write needs "persist with a given
-state", which the ``EventPersister`` does not offer, so ``_persist_join`` writes
-it through the events store's one persistence transaction (see the note in
-docs/federation.md).
+Calling: ``join_remote`` asks each candidate server in turn; the state and auth
+chain that come back are checked in bulk (``join_state.py``: keys fetched once per
+server, auth in one pass in auth order, off the reactor thread), then stored with
+our join in bulk by ``EventPersister.persist_join`` (docs/federation.md, "Joining
+big rooms").
 """
 
-# tests: tests/integration/test_federation.py
+# tests: tests/integration/test_federation.py, tests/integration/test_federation_big_join.py
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
 import attrs
@@ -55,8 +56,17 @@ from homeserver.events.restricted import (
 )
 from homeserver.events.redaction import prune_event_dict
 from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
+from homeserver.federation.join_state import (
+    CheckedState,
+    RunInThread,
+    order_and_check,
+    run_inline,
+    state_map,
+    verify_batch,
+)
+from homeserver.federation.join_response import encode_send_join_response
 from homeserver.federation.keys import Keyring
-from homeserver.federation.pdus import by_depth, check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from homeserver.handlers.remote_invites import RemoteInvites
@@ -66,6 +76,7 @@ from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.rooms import RemoteMembershipError
 from storage.kernel.errors import MatrixError, bad_json, forbidden, not_found
 from storage.stores.events import EventsStore, StateKey
+from storage.stores.room_state import RoomStateStore
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +87,16 @@ INVITE_ROOM_STATE_KEYS: tuple[StateKey, ...] = (
     (C.CREATE, ""), (C.JOIN_RULES, ""), ("m.room.canonical_alias", ""), ("m.room.avatar", ""),
     ("m.room.name", ""), ("m.room.encryption", ""),
 )
+
+
+# The most events (state and auth chain together) a send_join response may hold: a room
+# far bigger than any seen on the public federation (the response's size limit comes first).
+MAX_JOIN_EVENTS: Final = 500_000
+
+
+# A send_join answer holds a room's whole state: 50,000 members are about 32 MB, over the
+# client's usual 50 MB cap once a room is a little bigger. Synapse allows 500 MB; so do we.
+MAX_SEND_JOIN_RESPONSE_BYTES: Final = 500 * 1024 * 1024
 
 
 def quote_path(value: str) -> str:
@@ -114,6 +135,7 @@ class MembershipHandler:
         server_name: str,
         signing_key: SigningKey,
         store: EventsStore,
+        room_state: RoomStateStore,
         persister: EventPersister, loader: EventLoader,
         keyring: Keyring,
         client: FederationClient,
@@ -122,11 +144,15 @@ class MembershipHandler:
         invite_writer: InviteWriter,
         forward: Callable[[FrozenEvent, str], None] | None,
         invite_limits: InviteLimits | None = None,
+        run_in_thread: RunInThread | None = None,
     ) -> None:
         self._server_name = server_name
         self._invite_limits = invite_limits
         self._signing_key = signing_key
         self._store = store
+        self._room_state = room_state
+        # Where the CPU-bound checks of a send_join response run (off the reactor thread).
+        self._run_in_thread = run_in_thread
         self._persister = persister
         self._loader = loader
         self._keyring = keyring
@@ -205,8 +231,22 @@ class MembershipHandler:
             raise bad_json(f"cannot make a {membership} event for {user_id}: {e}") from None
         return {"event": pdu, "room_version": room_version.identifier}
 
-    async def send_join(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
-        return await self._send_membership(origin, room_id, event_id, body, C.JOIN)
+    async def send_join(self, origin: str, room_id: str, event_id: str, body: object, *,
+                        omit_members: bool = False) -> bytes:
+        """``PUT /send_join`` (v2): the join, cosigned, with the room's state before it and that
+        state's auth chain, encoded once from the stored JSON (join_response.py). With
+        ``omit_members`` (MSC3706), the state leaves out member events but the heroes'."""
+        started = time.perf_counter()
+        signed, state_before = await self._send_membership(origin, room_id, event_id, body, C.JOIN)
+        checked = time.perf_counter()
+        answer = await encode_send_join_response(
+            self._store, self._room_state, server_name=self._server_name, join=signed, state_before=state_before,
+            omit_members=omit_members,
+        )
+        logger.info("[%s] %s joined through us (omit_members=%s): join checked and stored %.2fs, answer of %d bytes "
+                    "encoded %.2fs", room_id, signed.sender, omit_members, checked - started, len(answer),
+                    time.perf_counter() - checked)
+        return answer
 
     async def send_leave(self, origin: str, room_id: str, event_id: str, body: object) -> dict[str, Any]:
         await self._send_membership(origin, room_id, event_id, body, C.LEAVE)
@@ -220,7 +260,9 @@ class MembershipHandler:
         return {"knock_room_state": [loaded[i].get_pdu_json() for i in current.values() if i in loaded]}
 
     async def _send_membership(self, origin: str, room_id: str, event_id: str, body: object,
-                               membership: str) -> dict[str, Any]:
+                               membership: str) -> tuple[FrozenEvent, dict[StateKey, str]]:
+        """Check and persist a remote server's join, leave or knock; the event as we cosigned it
+        and the state before it."""
         room_version = await self._room_version(room_id)
         if membership == C.JOIN and room_version.restricted_join_rule:
             body = await self._authorise_restricted_join(room_version, room_id, body)
@@ -244,16 +286,7 @@ class MembershipHandler:
         result = await self._persister.persist(room_version, signed, is_local=False)
         if self._forward is not None and not result.already_persisted:
             self._forward(signed, origin)
-        state_ids = set(state_before.values())
-        chain_ids = await self._store.get_auth_chain_ids(state_ids | set(event.auth_event_ids))
-        loaded = await self._loader.load_events(state_ids | chain_ids)
-        return {
-            "origin": self._server_name,
-            "event": signed.get_pdu_json(),
-            "state": [loaded[i].get_pdu_json() for i in sorted(state_ids) if i in loaded],
-            "auth_chain": [loaded[i].get_pdu_json() for i in sorted(chain_ids) if i in loaded],
-            "members_omitted": False,
-        }
+        return signed, state_before
 
     async def _restricted_authoriser(self, room_version: RoomVersion, room_id: str, user_id: str) -> str | None:
         """For a join under a restricted join rule (v8+) by a user neither invited nor joined:
@@ -414,10 +447,11 @@ class MembershipHandler:
         for field in ("hashes", "signatures", "event_id"):  # v1/v2: we assign our own event ID
             pdu.pop(field, None)
         join = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
+        asked = time.perf_counter()
         response = await self._client.put_json(
             server,
             f"/_matrix/federation/v2/send_join/{quote_path(room_id)}/{quote_path(join.event_id)}",
-            join.get_pdu_json(),
+            join.get_pdu_json(), max_bytes=MAX_SEND_JOIN_RESPONSE_BYTES,
         )
         if not isinstance(response, dict):
             raise JoinError(f"{server} sent a send_join response that is not an object")
@@ -429,53 +463,46 @@ class MembershipHandler:
                     join = cosigned
             except EventsError as e:
                 logger.warning("[%s] %s returned a join we cannot verify (%s); keeping ours", room_id, server, e)
-        state = await self._verified_events(room_version, room_id, response.get("state"))
-        chain = await self._verified_events(room_version, room_id, response.get("auth_chain"))
-        everything = {e.event_id: e for e in [*chain, *state]}
-        creates = [e for e in everything.values() if e.type == C.CREATE and e.state_key == ""]
-        if len(creates) != 1:
-            raise JoinError(f"{server}'s send_join state has {len(creates)} create events")
-        for event in by_depth(everything.values()):
-            await self._persister.persist(room_version, event, is_local=False, outlier=True)
-        state_map: dict[StateKey, str] = {}
-        for event in state:
-            key = event.state_key_tuple
-            if key is not None:
-                state_map[key] = event.event_id
+        received = time.perf_counter()
+        joined_state = await self._check_join_state(room_version, room_id, server, response)
+        checked = time.perf_counter()
         try:
-            await check_against_state(self._loader, room_version, join, state_map)
+            await check_against_state(self._loader, room_version, join, joined_state.state, known=joined_state.events)
         except AuthError as e:
             raise JoinError(f"our join does not pass auth against {server}'s state: {e}") from None
-        joined = {
-            server_name_of(e.state_key) for e in state
-            if e.type == C.MEMBER and e.membership == C.JOIN and e.state_key
-        }
-        await self._persist_join(room_version, join, state_map, frozenset(joined | {server}) - {self._server_name})
-        logger.info("[%s] %s joined via %s", room_id, user_id, server)
+        members = (joined_state.events[i] for k, i in joined_state.state.items() if k[0] == C.MEMBER)
+        joined = {server_name_of(e.state_key) for e in members if e.membership == C.JOIN and e.state_key}
+        await self._persister.persist_join(room_version, join, joined_state.order, joined_state.rejected,
+                                           joined_state.state, frozenset(joined | {server}) - {self._server_name})
+        logger.info("[%s] %s joined via %s (%d state events, %d rejected): send_join %.2fs, checks %.2fs, "
+                    "storing %.2fs", room_id, user_id, server, len(joined_state.state), len(joined_state.rejected),
+                    received - asked, checked - received, time.perf_counter() - checked)
         return join
 
-    async def _verified_events(self, room_version: RoomVersion, room_id: str, raw: object) -> list[FrozenEvent]:
-        if not isinstance(raw, list):
+    async def _check_join_state(self, room_version: RoomVersion, room_id: str, server: str,
+                                response: Mapping[str, Any]) -> CheckedState:
+        """The state and auth chain of ``server``'s send_join response, checked in bulk
+        (homeserver/federation/join_state.py)."""
+        raw_state, raw_chain = response.get("state"), response.get("auth_chain")
+        if not isinstance(raw_state, list) or not isinstance(raw_chain, list):
             raise JoinError("send_join response lacks a list of events")
-        events = []
-        for pdu in raw:
-            try:
-                event = await parse_and_verify(self._keyring, room_version, pdu)
-            except EventsError as e:
-                logger.warning("[%s] dropping an event of the send_join response: %s", room_id, e)
-                continue
-            if event.room_id != room_id:
-                raise JoinError(f"send_join response holds event {event.event_id} of another room")
-            events.append(event)
-        return events
-
-    async def _persist_join(
-        self, room_version: RoomVersion, join: FrozenEvent, state: Mapping[StateKey, str], servers: frozenset[str]
-    ) -> None:
-        """Persist our join with ``state`` (from send_join) as the state before it."""
-        await self._persister.persist(
-            room_version, join, is_local=True, state_before=state, destinations=servers
-        )
+        if len(raw_state) + len(raw_chain) > MAX_JOIN_EVENTS:
+            raise JoinError(f"send_join response holds more than {MAX_JOIN_EVENTS} events")
+        verified, state_ids, foreign = await verify_batch(self._keyring, room_version, room_id, raw_state, raw_chain,
+                                                          source=server, run_in_thread=self._run_in_thread)
+        if foreign is not None:
+            raise JoinError(f"send_join response holds event {foreign} of another room")
+        creates = [e for e in verified.values() if e.type == C.CREATE and e.state_key == ""]
+        if len(creates) != 1:
+            raise JoinError(f"{server}'s send_join state has {len(creates)} create events")
+        run = self._run_in_thread or run_inline
+        cited = {a for e in verified.values() for a in e.auth_event_ids if a not in verified}
+        known = await self._loader.load_events(cited) if cited else {}
+        order, rejected = await run(order_and_check, room_version, verified.values(), known)
+        if creates[0].event_id in rejected:
+            raise JoinError(f"{server}'s create event fails the auth rules: {rejected[creates[0].event_id]}")
+        state = state_map((verified[i] for i in state_ids), rejected)
+        return CheckedState(events=verified, order=order, rejected=rejected, state=state)
 
     # --- knocking on a room we are not in ------------------------------------------------
 

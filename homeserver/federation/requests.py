@@ -55,6 +55,16 @@ def query_one(args: QueryArgs, name: str, check: Check | None = None, what: str 
     return values[0]
 
 
+def query_bool(args: QueryArgs, name: str) -> bool | None:
+    """``true`` or ``false`` (None when absent); anything else is 400 ``M_INVALID_PARAM``."""
+    value = query_one(args, name)
+    if value is None:
+        return None
+    if value not in ("true", "false"):
+        raise invalid_param(f"query parameter '{name}' must be 'true' or 'false', got {value[:20]!r}")
+    return value == "true"
+
+
 def query_required(args: QueryArgs, name: str, check: Check | None = None, what: str = "value") -> str:
     value = query_one(args, name, check, what)
     if value is None:

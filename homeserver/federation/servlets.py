@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 from signedjson.types import SigningKey
+from twisted.internet.threads import deferToThreadPool
 from twisted.web.server import Request
 
 from homeserver import __version__
@@ -44,6 +45,7 @@ from homeserver.federation.requests import (
     body_object,
     invite_body,
     missing_events_body,
+    query_bool,
     query_int,
     query_list,
     query_one,
@@ -54,6 +56,7 @@ from storage.kernel.errors import invalid_param, missing_param, not_found
 from homeserver.http.server import FEDERATION_JSON, Routes, parse_json_body, parse_json_object
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
+from storage.stores.room_state import RoomStateStore
 
 FED_V1 = "/_matrix/federation/v1"
 FED_V2 = "/_matrix/federation/v2"
@@ -94,6 +97,7 @@ class FederationServices:
         persister: EventPersister,
         loader: EventLoader,
         federation_store: FederationStore,
+        room_state: RoomStateStore,
         metrics: FederationMetrics,
         invites: RemoteInvites,
         invite_writer: InviteWriter,
@@ -134,10 +138,12 @@ class FederationServices:
                                             keyring=keyring, client=client, txn_store=federation_store,
                                             clock_ms=clock_ms, metrics=metrics, gaps=gaps, acl=acl),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
+                                         room_state=room_state,
                                          persister=persister, loader=loader, keyring=keyring, client=client,
                                          clock_ms=clock_ms, invites=invites, invite_writer=invite_writer,
                                          forward=forward, invite_limits=InviteLimits.from_config(
-                                             config.rc_invites, lambda: float(reactor.seconds()))),
+                                             config.rc_invites, lambda: float(reactor.seconds())),
+                                         run_in_thread=_thread_runner(reactor)),
             history=HistoryHandler(server_name=server_name, store=store, loader=loader, clock_ms=clock_ms),
             backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                      keyring=keyring,
@@ -231,7 +237,9 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
         return 200, await fed.membership.make_join(origin, p["room_id"], p["user_id"], versions(request))
 
     async def send_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body_object(body))
+        omit = query_bool(request.args, "omit_members")
+        return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body_object(body),
+                                                   omit_members=bool(omit))
 
     async def get_event(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
         await fed.acl.check_event(origin, p["event_id"])
@@ -331,6 +339,15 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
     authed("GET", f"{FED_V1}/backfill/(?P<room_id>{_SEG})", backfill, "federation_backfill")
     authed("POST", f"{FED_V1}/get_missing_events/(?P<room_id>{_SEG})", missing, "federation_get_missing_events",
            has_body=True)
+
+
+def _thread_runner(reactor: Any) -> Callable[..., Awaitable[Any]]:
+    """Runs a function on the reactor's thread pool (CPU-bound checks, off the reactor thread)."""
+
+    async def run(func: Callable[..., Any], *args: Any) -> Any:
+        return await deferToThreadPool(reactor, reactor.getThreadPool(), func, *args)
+
+    return run
 
 
 def build_federation_client(config: HomeserverConfig, reactor: Any, signing_key: SigningKey,

@@ -39,6 +39,7 @@ from twisted.internet.defer import Deferred
 
 from homeserver.events import FrozenEvent, RoomVersion
 from homeserver.events import constants as C
+from homeserver.events.canonical import encode_compact
 from homeserver.events.errors import MissingEventsError
 from homeserver.events.identifiers import server_name_of
 from homeserver.federation.acl import ACL_KEY, server_allowed
@@ -56,6 +57,7 @@ from storage.stores.events import (
     persist_event_txn,
 )
 from storage.stores.push import PushAction
+from storage.stores.room_state import BulkEventRow, store_join_state_txn
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ class StreamIdAllocator(Protocol):
     ) -> R: ...
 
     def get_next_txn(self, txn: Transaction) -> int: ...
+
+    def get_next_mult_txn(self, txn: Transaction, count: int) -> list[int]: ...
 
 
 @attrs.frozen
@@ -301,6 +305,7 @@ class EventPersister:
         context: PersistContext | None = None,
         soft_failed: bool = False,
         send_txn: SendTxn | None = None,
+        given_state_group: int | None = None,
     ) -> PersistResult:
         # Whatever happens next, the room's snapshot no longer describes it, unless
         # this turns out to be a local send on the room's only line of history.
@@ -329,10 +334,16 @@ class EventPersister:
                 # In the graph (its state groups), but the room's current state is untouched.
                 state_before_group, _ = await self._state_before(room_version, event, ctx)
             elif given_state_before is not None:
-                state_before_group = await self._store.new_state_group(event.room_id, None, given_state_before)
-                new_current = await self._new_current_state(
-                    room_version, event, {**given_state_before, **delta}, extremities - prevs
-                )
+                # ``given_state_group``: the caller stored that state already, as the room's
+                # current state too (``persist_join``).
+                state_before_group = given_state_group if given_state_group is not None else (
+                    await self._store.new_state_group(event.room_id, None, given_state_before))
+                if given_state_group is not None and not extremities - prevs:
+                    current_delta = delta  # nothing else to resolve with: the event changes it by itself
+                else:
+                    new_current = await self._new_current_state(
+                        room_version, event, {**given_state_before, **delta}, extremities - prevs
+                    )
             elif prevs and extremities == prevs:
                 # The common, linear case: the event follows every extremity, so
                 # the room's current state (resolved over exactly those) changes
@@ -441,6 +452,41 @@ class EventPersister:
             **fields,
         )
 
+    async def persist_join(
+        self,
+        room_version: RoomVersion,
+        join: FrozenEvent,
+        events: Sequence[FrozenEvent],
+        rejected: Mapping[str, str],
+        state_before: Mapping[StateKey, str],
+        destinations: frozenset[str],
+    ) -> PersistResult:
+        """Our join of a room over federation, with what ``send_join`` brought: ``events`` (its
+        state and auth chain, checked by the caller; ``rejected``: why, for those that failed)
+        stored as outliers in bulk, ``state_before`` stored once (one state group, and the
+        room's current state) in the same transaction, then the join on that state."""
+        rows = [_bulk_row(e, rejected.get(e.event_id)) for e in events]
+        memberships = {e.event_id: e.membership for e in events if e.type == C.MEMBER}
+        create = next((e for e in events if e.type == C.CREATE and e.state_key == ""), None)
+        room = None if create is None else (room_version.identifier, create.sender, create.origin_server_ts)
+        async with self.room_lock(join.room_id):
+            start = time.perf_counter()
+            group = await self._stream_ids.run_interaction(
+                "persist_join_state", store_join_state_txn, join.room_id, rows, self._stream_ids.get_next_mult_txn,
+                instance_name=self._instance_name, room=room, state=state_before, memberships=memberships,
+            )
+            for event in events:
+                if event.type != C.MEMBER:  # the few events auth reads; members are read when needed
+                    self._loader.prime(event)
+            stored = time.perf_counter()
+            result = await self._persist_locked(
+                room_version, join, True, False, None, state_before, destinations, given_state_group=group
+            )
+            self._after_persist(join, result, "local", start)
+        logger.info("[%s] join state stored: %d events and %d state entries in %.2fs, then the join in %.2fs",
+                    join.room_id, len(rows), len(state_before), stored - start, time.perf_counter() - stored)
+        return result
+
     async def persist_backfilled(
         self,
         room_version: RoomVersion,
@@ -547,6 +593,16 @@ class EventPersister:
         if lock is None:
             lock = self._room_locks[room_id] = _RoomLock(self._room_locks, room_id)
         return lock
+
+
+def _bulk_row(event: FrozenEvent, rejection_reason: str | None) -> BulkEventRow:
+    """``event`` as the bulk store takes it."""
+    return BulkEventRow(
+        event_id=event.event_id, room_id=event.room_id, type=event.type, state_key=event.state_key,
+        sender=event.sender, depth=event.depth, origin_server_ts=event.origin_server_ts,
+        json=encode_compact(event.pdu), prev_event_ids=event.prev_event_ids, auth_event_ids=event.auth_event_ids,
+        rejection_reason=rejection_reason, membership=event.membership if event.type == C.MEMBER else None,
+    )
 
 
 class _RoomLock:

@@ -63,9 +63,8 @@ class TributaryRequest(Request):
     """A request that stops buffering a body once it passes the size limit."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    # Path prefixes whose bodies may be up to ``large_body_bytes`` (media uploads; make_site).
-    large_body_prefixes: tuple[bytes, ...] = ()
-    large_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Path prefixes whose bodies may be larger, each with its limit (media uploads; make_site).
+    large_bodies: tuple[tuple[tuple[bytes, ...], int], ...] = ()
     body_too_large: bool = False
     _body_limit: int | None = None
     # The servlet routed to and its path parameters (set by JsonRouter); auth checks guests against them.
@@ -78,8 +77,10 @@ class TributaryRequest(Request):
         (from the request line) before any body arrives."""
         if self._body_limit is None:
             path = getattr(self.channel, "_path", b"") or b""
-            large = bool(self.large_body_prefixes) and path.startswith(self.large_body_prefixes)
-            self._body_limit = self.large_body_bytes if large else self.max_body_bytes
+            self._body_limit = next(
+                (size for prefixes, size in self.large_bodies if prefixes and path.startswith(prefixes)),
+                self.max_body_bytes,
+            )
         return self._body_limit
 
     def gotLength(self, length: int | None) -> None:
@@ -276,15 +277,16 @@ def _loggable_path(request: Request) -> str:
 
 
 def make_site(root: Resource, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              large_bodies: tuple[tuple[bytes, ...], int] = ((), DEFAULT_MAX_BODY_BYTES)) -> Site:
+              large_bodies: tuple[tuple[tuple[bytes, ...], int], ...] = ()) -> Site:
     """A Site serving ``root``, with our request class and Twisted's own access log off.
-    ``large_bodies``: path prefixes whose requests may carry up to that many bytes (uploads)."""
+    ``large_bodies``: (path prefixes, how many bytes their requests may carry), first match
+    wins (uploads; the internal API's bulk operations)."""
 
     class _Request(TributaryRequest):
         pass
 
     _Request.max_body_bytes = max_body_bytes
-    _Request.large_body_prefixes, _Request.large_body_bytes = large_bodies
+    _Request.large_bodies = large_bodies
     site = Site(root)
     site.requestFactory = _Request
     site.displayTracebacks = False

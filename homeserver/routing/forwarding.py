@@ -25,8 +25,8 @@ reached.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 import attrs
 
@@ -37,11 +37,15 @@ from homeserver.handlers.room_events import MembershipPrecondition, RoomEventCre
 from homeserver.handlers.rooms import send_error
 from storage.kernel.errors import MatrixError, bad_json
 from homeserver.events.errors import EventsError
-from storage.stores.events import DuplicateTxnId, PersistResult, SendTxn
+from storage.stores.events import DuplicateTxnId, PersistResult, SendTxn, StateKey
 from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
 from homeserver.routing.layout import Layout
 
 logger = logging.getLogger(__name__)
+
+# The largest ``persist_join`` body the events writer takes: a joined room's whole state and
+# auth chain (tens of MB for 50,000 members), so the internal listener allows it on that path.
+MAX_INTERNAL_JOIN_BYTES: Final = 512 * 1024 * 1024
 
 
 # --- events on the wire ---------------------------------------------------------------------
@@ -103,6 +107,20 @@ class RoutedPersister(EventPersister):
         body = {"event": event_to_json(event), "options": _options_to_json(options)}
         result = _result_from_json(await self._client.call(owner, "persist_event", body))
         self._loader.prime(event)
+        return result
+
+    async def persist_join(self, room_version: RoomVersion, join: FrozenEvent, events: Sequence[FrozenEvent],
+                           rejected: Mapping[str, str], state_before: Mapping[StateKey, str],
+                           destinations: frozenset[str]) -> PersistResult:
+        owner = self._layout.events_writer_for_room(join.room_id)
+        if owner == self._layout.instance_name:
+            return await super().persist_join(room_version, join, events, rejected, state_before, destinations)
+        body = {
+            "join": event_to_json(join), "events": [event_to_json(e) for e in events], "rejected": dict(rejected),
+            "state_before": [[t, k, e] for (t, k), e in state_before.items()], "destinations": sorted(destinations),
+        }
+        result = _result_from_json(await self._client.call(owner, "persist_join", body))
+        self._loader.prime(join)
         return result
 
     async def persist_backfilled(self, room_version: RoomVersion, event: FrozenEvent, **options: Any) -> PersistResult:
@@ -241,6 +259,16 @@ def register_event_operations(
         )
         return _result_to_json(result)
 
+    async def persist_join(body: dict[str, Any]) -> dict[str, Any]:
+        room_version, join = event_from_json(body["join"])
+        check_owner(join.room_id)
+        events = [event_from_json(e)[1] for e in body["events"]]
+        state = {(t, k): e for t, k, e in body["state_before"]}
+        result = await persister.persist_join(room_version, join, events, body["rejected"], state,
+                                              frozenset(body["destinations"]))
+        return _result_to_json(result)
+
     server.register("send_event", send_event)
+    server.register("persist_join", persist_join)
     server.register("persist_event", persist_event)
     server.register("persist_backfilled", persist_backfilled)
