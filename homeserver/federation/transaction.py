@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from twisted.internet.defer import Deferred, FirstError, gatherResults
@@ -29,6 +29,7 @@ from homeserver.events import FrozenEvent, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.events.identifiers import is_valid_room_id
 from homeserver.federation.acl import ServerAcls
+from homeserver.federation.batching import BatchPlanner, wanted_prevs
 from homeserver.federation.client import FederationClient
 from homeserver.federation.edus import EduRejected
 from homeserver.federation.gaps import GapFiller, topological_order
@@ -36,9 +37,9 @@ from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
 from storage.kernel.errors import MatrixError, bad_json
-from storage.stores.events import EventsStore, StateKey
+from storage.stores.events import EventAlreadyPersisted, EventsStore, StateKey
 
 logger = logging.getLogger(__name__)
 
@@ -172,8 +173,13 @@ class TransactionHandler:
                         results[event_id] = {"error": "M_FORBIDDEN: the room's server ACL denies this server"}
                 return
             verified: list[FrozenEvent] = []
-            for pdu in room_pdus:
-                event_id, error, event = await self._verify_pdu(origin, room_version, pdu)
+            # Independent of one another: verified side by side (the keys they need are fetched
+            # at once, each server's once), in the order they came.
+            checked = await gatherResults(
+                [Deferred.fromCoroutine(self._verify_pdu(origin, room_version, pdu)) for pdu in room_pdus],
+                consumeErrors=True,
+            )
+            for event_id, error, event in checked:
                 if event is not None:
                     verified.append(event)
                 elif event_id is not None:
@@ -223,28 +229,117 @@ class TransactionHandler:
             ours = {e.event_id for e in ordered}
             # The fetched events and the transaction's interleave (a fetched event may follow one
             # of the transaction's): all of them are taken parents first, together.
-            for event in topological_order([*fetched, *ordered]) if fetched else ordered:
-                if event.event_id not in ours:
-                    try:
-                        await self._check_and_persist(origin, room_version, event)
-                    except SoftFailed:
-                        pass
-                    except EventsError as e:
-                        logger.warning("[%s] missing event %s not stored: %s", room_id, event.event_id, e)
-                    continue
-                try:
-                    await self._check_and_persist(origin, room_version, event)
-                except SoftFailed:
-                    # Accepted and stored (spec: "handled as normal" apart from clients and extremities).
-                    self._metrics.pdus.labels(outcome="soft_failed").inc()
-                    outcomes[event.event_id] = None
-                except EventsError as e:
-                    self._metrics.pdus.labels(outcome=_outcome(e)).inc()
-                    outcomes[event.event_id] = str(e)
-                else:
-                    self._metrics.pdus.labels(outcome="accepted").inc()
-                    outcomes[event.event_id] = None
+            sequence = topological_order([*fetched, *ordered]) if fetched else ordered
+            # Their auth events, read in one go (those among them are checked from memory).
+            listed = {e.event_id for e in sequence}
+            await self._loader.load_events({a for e in sequence for a in e.auth_event_ids} - listed)
+            i = 0
+            while i < len(sequence):
+                i, one_next = await self._persist_batch(origin, room_version, sequence, i, ours, outcomes)
+                if one_next:
+                    await self._persist_one(origin, room_version, sequence[i], ours, outcomes)
+                    i += 1
         return outcomes
+
+    async def _persist_batch(self, origin: str, room_version: RoomVersion, sequence: Sequence[FrozenEvent],
+                             i: int, ours: Collection[str], outcomes: dict[str, str | None]) -> tuple[int, bool]:
+        """Check ``sequence[i:]`` and persist it in one transaction as far as ``BatchPlanner`` lets
+        it (docs/federation.md, "Inbound batching"). Returns where it stopped and whether the
+        event there must take the one-event path (else it stopped at the end)."""
+        rest = sequence[i:]
+        room_id = rest[0].room_id
+        verdicts: list[tuple[FrozenEvent, str | None, str]] = []  # event, error, metric outcome
+        batch: list[RemoteBatchEvent] = []
+        async with self._persister.room_lock(room_id):
+            start = await self._store.get_batch_start(room_id, [e.event_id for e in rest], wanted_prevs(rest))
+            planner = BatchPlanner(start)
+            known: dict[str, FrozenEvent] = {}
+            stop = len(sequence)
+            for j, event in enumerate(rest, start=i):
+                plan = planner.plan(event)
+                if plan is None:
+                    stop = j
+                    break
+                try:
+                    rejection = await self._rejection(origin, room_version, event, plan.state_before, known)
+                    soft_failed = rejection is None and await self._soft_fails(
+                        origin, room_version, event, planner.current_state, known)
+                except EventsError as e:  # its auth events are unknown: nothing is stored
+                    verdicts.append((event, str(e), _outcome(e)))
+                    continue
+                if not planner.batchable(plan, soft_failed=soft_failed):
+                    stop = j
+                    break
+                delta = planner.record(event, plan, rejected=rejection is not None, soft_failed=soft_failed)
+                known[event.event_id] = event
+                batch.append(RemoteBatchEvent(
+                    event, rejection, soft_failed, plan.prev_group, plan.prev if plan.prev_group is None else None,
+                    None if soft_failed else delta,
+                ))
+                if rejection is not None:
+                    verdicts.append((event, f"rejected: {rejection}", "rejected"))
+                else:
+                    verdicts.append((event, None, "soft_failed" if soft_failed else "accepted"))
+            try:
+                await self._persister.persist_remote_batch(room_version, batch)
+            except EventAlreadyPersisted:
+                # Stored meanwhile by another path: this one goes on one event at a time.
+                logger.info("[%s] an event of a batch was stored meanwhile; taking them one by one", room_id)
+                return i, True
+        for event, error, outcome in verdicts:
+            if event.event_id in ours:
+                self._metrics.pdus.labels(outcome=outcome).inc()
+                outcomes[event.event_id] = error
+            elif error is not None and outcome != "rejected":
+                logger.warning("[%s] missing event %s not stored: %s", room_id, event.event_id, error)
+        return stop, stop < len(sequence)
+
+    async def _persist_one(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
+                           ours: Collection[str], outcomes: dict[str, str | None]) -> None:
+        """Check and persist one event on its own (the path batching falls back to)."""
+        if event.event_id not in ours:
+            try:
+                await self._check_and_persist(origin, room_version, event)
+            except SoftFailed:
+                pass
+            except EventsError as e:
+                logger.warning("[%s] missing event %s not stored: %s", event.room_id, event.event_id, e)
+            return
+        try:
+            await self._check_and_persist(origin, room_version, event)
+        except SoftFailed:
+            # Accepted and stored (spec: "handled as normal" apart from clients and extremities).
+            self._metrics.pdus.labels(outcome="soft_failed").inc()
+            outcomes[event.event_id] = None
+        except EventsError as e:
+            self._metrics.pdus.labels(outcome=_outcome(e)).inc()
+            outcomes[event.event_id] = str(e)
+        else:
+            self._metrics.pdus.labels(outcome="accepted").inc()
+            outcomes[event.event_id] = None
+
+    async def _rejection(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
+                         state_before: Mapping[StateKey, str],
+                         known: Mapping[str, FrozenEvent] | None = None) -> str | None:
+        """Why the event is rejected (auth against its auth events, then against the state before
+        it), or None. ``known``: events of the batch not stored yet."""
+        try:
+            await check_against_auth_events(self._loader, room_version, event, known)
+            await check_against_state(self._loader, room_version, event, state_before, known)
+        except AuthError as e:
+            logger.warning("[%s] rejecting %s from %s: %s", event.room_id, event.event_id, origin, e)
+            return str(e)
+        return None
+
+    async def _soft_fails(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
+                          current: Mapping[StateKey, str], known: Mapping[str, FrozenEvent] | None = None) -> bool:
+        """Whether the event fails auth against the room's current state (it is soft-failed)."""
+        try:
+            await check_against_state(self._loader, room_version, event, current, known)
+        except AuthError as e:
+            logger.warning("[%s] soft-failing %s from %s: %s", event.room_id, event.event_id, origin, e)
+            return True
+        return False
 
     async def _check_and_persist(self, origin: str, room_version: RoomVersion, event: FrozenEvent) -> None:
         """The spec's checks on receipt of a PDU, then persist it (rejected or soft-failed as they say).
@@ -259,25 +354,17 @@ class TransactionHandler:
             set(event.prev_event_ids)
         ):
             given_state = await self._gaps.state_before(origin, room_version, event)
-        rejection: str | None = None
-        try:
-            await check_against_auth_events(self._loader, room_version, event)
-            if given_state is None:
-                state_before = await self._loader.state_before_event(room_version, event)
-            else:
-                state_before = given_state
-            await check_against_state(self._loader, room_version, event, state_before)
-        except AuthError as e:
-            rejection = str(e)
-            logger.warning("[%s] rejecting %s from %s: %s", event.room_id, event.event_id, origin, e)
+        # Every prev event is in the timeline unless ``given_state`` is set, so this read finds them.
+        if given_state is None:
+            state_before = await self._loader.state_before_event(room_version, event)
+        else:
+            state_before = given_state
+        # A MissingEventsError (auth events unknown; not an AuthError) propagates: nothing is stored.
+        rejection = await self._rejection(origin, room_version, event, state_before)
         soft_failed = False
         if rejection is None:
             current = await self._store.get_current_state_ids(event.room_id)
-            try:
-                await check_against_state(self._loader, room_version, event, current)
-            except AuthError as e:
-                logger.warning("[%s] soft-failing %s from %s: %s", event.room_id, event.event_id, origin, e)
-                soft_failed = True
+            soft_failed = await self._soft_fails(origin, room_version, event, current)
         await self._persister.persist(
             room_version, event, is_local=False, rejection_reason=rejection, soft_failed=soft_failed,
             state_before=given_state,

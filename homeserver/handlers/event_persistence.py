@@ -45,6 +45,7 @@ from homeserver.federation.acl import ACL_KEY, server_allowed
 from homeserver.handlers.event_loader import EventLoader
 from storage.database import Transaction
 from storage.stores.events import (
+    BatchedPersist,
     EventAlreadyPersisted,
     EventsStore,
     PersistContext,
@@ -54,6 +55,7 @@ from storage.stores.events import (
     SendTxn,
     StateKey,
     persist_event_txn,
+    persist_events_txn,
 )
 from storage.stores.push import PushAction
 
@@ -84,6 +86,8 @@ class StreamIdAllocator(Protocol):
 
     def get_next_txn(self, txn: Transaction) -> int: ...
 
+    def get_next_mult_txn(self, txn: Transaction, count: int) -> list[int]: ...
+
 
 @attrs.frozen
 class PersistenceMetrics:
@@ -109,6 +113,22 @@ class PersistenceMetrics:
         for origin in ("local", "remote"):
             metrics.persisted.labels(origin=origin)
         return metrics
+
+
+@attrs.frozen
+class RemoteBatchEvent:
+    """One received event of ``persist_remote_batch``, checked by the caller against the state the
+    batch gave it: the state group before it is ``state_before_group`` (stored) or the group after
+    ``state_before_of`` (an earlier event of the batch). ``current_state_delta``: what it changes in
+    the room's current state, as the only new forward extremity; None for a soft-failed event,
+    which changes neither."""
+
+    event: FrozenEvent
+    rejection_reason: str | None
+    soft_failed: bool
+    state_before_group: int | None
+    state_before_of: str | None
+    current_state_delta: Mapping[StateKey, str] | None
 
 
 PersistedListener = Callable[[FrozenEvent, PersistResult], None]
@@ -394,6 +414,53 @@ class EventPersister:
         if snapshot is not None and linear and ctx.for_local_send and is_local and not result.already_persisted:
             self._advance_snapshot(snapshot, event, result)
         return result
+
+    async def persist_remote_batch(
+        self, room_version: RoomVersion, batch: Sequence[RemoteBatchEvent]
+    ) -> list[PersistResult]:
+        """Persist received events of one room, in order, in one transaction; the caller holds
+        ``room_lock`` and planned the batch (``homeserver/federation/batching.py``): each event
+        follows the one before or the extremity it read, so no state is resolved here.
+
+        None of them may be stored already. Raises ``EventAlreadyPersisted`` (nothing written)
+        when one was stored meanwhile: the caller then takes the events one by one.
+        """
+        if not batch:
+            return []
+        room_id = batch[0].event.room_id
+        self._snapshots.pop(room_id, None)
+        start = time.perf_counter()
+        items: list[BatchedPersist] = []
+        for b in batch:
+            event = b.event
+            delta: dict[StateKey, str] = {}
+            key = event.state_key_tuple
+            if key is not None and b.rejection_reason is None:
+                delta = {key: event.event_id}
+            push_actions = None
+            if self._push is not None and b.rejection_reason is None and not b.soft_failed:
+                push_actions = self._push.actions_txn(event)
+            request = self._request(
+                room_version,
+                event,
+                is_local=False,
+                push_actions=push_actions,
+                rejection_reason=b.rejection_reason,
+                state_before=b.state_before_group,
+                state_after_delta=delta,
+                current_state_delta=b.current_state_delta,
+                soft_failed=b.soft_failed,
+            )
+            items.append(BatchedPersist(request, b.state_before_of))
+        results = await self._stream_ids.run_interaction(
+            "persist_event_batch", persist_events_txn, items, self._stream_ids.get_next_mult_txn
+        )
+        # The batch's time shared out, so the histogram stays "time to persist one event".
+        per_event = time.perf_counter() - (time.perf_counter() - start) / len(results)
+        for b, result in zip(batch, results):
+            self._loader.prime(b.event)
+            self._after_persist(b.event, result, "remote", per_event)
+        return results
 
     async def _acl_allowed(
         self, event: FrozenEvent, snapshot: _RoomSnapshot | None, servers: frozenset[str]
