@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.twisted_plugin import reactor, run_sync  # noqa: E402  (installs the reactor first)
 
 from tests.federation_peer import FederationPeer  # noqa: E402
+from tests.harness import TributaryProcess  # noqa: E402
 from tests.integration.test_client_support import Client  # noqa: E402
 from tests.integration.test_federation_peer import running_tributary  # noqa: E402
 from tests.pdu_chain import chain_builder, event_ids  # noqa: E402
@@ -40,8 +41,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def db_transactions(proc: TributaryProcess) -> dict[str, float]:
+    """Database transactions the process finished so far, by name (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, body = proc.get("/metrics", port=proc.metrics_port)
+    return {s.labels["txn"]: s.value for f in text_string_to_metric_families(body.decode()) for s in f.samples
+            if s.name == "tributary_storage_txn_total" and s.labels.get("outcome") == "ok"}
+
+
 async def measure(peer: FederationPeer, server: str, destination: str, client: Client, pid: int | None,
-                  n: int, label: str) -> float:
+                  n: int, label: str, metrics_of: TributaryProcess | None = None) -> float:
     """Join, build ``n`` PDUs, send them in 50-PDU transactions; print and return PDUs/s."""
     token = (await client.register_ok(f"bench{int(time.time())}"))["access_token"]
     created = await client.request("POST", "createRoom", {"preset": "public_chat"}, token=token)
@@ -56,6 +66,7 @@ async def measure(peer: FederationPeer, server: str, destination: str, client: C
                                   int(reactor.seconds() * 1000))
     pdus = [builder.message(remote, f"bench {i}") for i in range(n)]
     ids = event_ids(peer, pdus)
+    txns0 = db_transactions(metrics_of) if metrics_of is not None else {}
     cpu0 = cpu_seconds(pid) if pid is not None else 0.0
     t0 = time.perf_counter()
     errors = 0
@@ -73,6 +84,12 @@ async def measure(peer: FederationPeer, server: str, destination: str, client: C
     newest = [e["event_id"] for e in messages.body["chunk"]][::-1]
     in_order = newest == ids[-len(newest):]
     cpu_note = f", server CPU {1e6 * cpu / n:.0f} µs/PDU" if cpu is not None else ""
+    if metrics_of is not None:
+        txns = db_transactions(metrics_of)
+        spent = {name: count - txns0.get(name, 0) for name, count in txns.items()}
+        busiest = sorted(((c, name) for name, c in spent.items() if c), reverse=True)[:8]
+        per_send = ", ".join(f"{name} {c / (n / TXN_SIZE):.1f}" for c, name in busiest)
+        print(f"  {label}: database transactions per 50-PDU /send: {per_send}")
     print(f"  {label}: {n} PDUs in {n // TXN_SIZE} transactions of {TXN_SIZE}: {elapsed:.2f}s, {rate:.0f} PDUs/s"
           f"{cpu_note}; errors {errors}; last {len(newest)} in /messages in order: {in_order}")
     return rate
@@ -91,7 +108,8 @@ async def main(args: argparse.Namespace) -> None:
                 "", tmp / "tributary", rc_message=generous, rc_joins={"local": generous, "remote": generous}))
             pid = tributary.process.process.pid  # type: ignore[union-attr]
             print(f"load average before: {os.getloadavg()[0]:.2f}")
-            ours = await measure(peer, server, tributary.server_name, tributary.client, pid, args.pdus, "tributary")
+            ours = await measure(peer, server, tributary.server_name, tributary.client, pid, args.pdus, "tributary",
+                                 tributary.process)
             if args.synapse:
                 theirs = await synapse_figure(stack, tmp, peer, server, args.synapse_pdus)
                 print(f"  tributary / synapse: {ours / theirs:.1f}x")

@@ -57,7 +57,9 @@ from storage.stores.events import (
     persist_event_txn,
     persist_events_txn,
 )
-from storage.stores.push import PushAction
+from storage.stores.push import PushAction, PushContextRow, get_push_context_txn
+
+PushContextReader = Callable[[Transaction, str, str, Collection[str]], PushContextRow]
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +71,9 @@ class PushActionsSource(Protocol):
     """Whom a new event notifies (``homeserver/handlers/push.py``): a function the event's
     transaction calls, whose answer it records with the event."""
 
-    def actions_txn(self, event: FrozenEvent) -> Callable[[Transaction], Sequence[PushAction]]: ...
+    def actions_txn(
+        self, event: FrozenEvent, *, read_room: PushContextReader = ...
+    ) -> Callable[[Transaction], Sequence[PushAction]]: ...
 
 
 class StreamIdAllocator(Protocol):
@@ -431,6 +435,7 @@ class EventPersister:
         self._snapshots.pop(room_id, None)
         start = time.perf_counter()
         items: list[BatchedPersist] = []
+        room_reads = _SharedRoomReads()
         for b in batch:
             event = b.event
             delta: dict[StateKey, str] = {}
@@ -439,7 +444,7 @@ class EventPersister:
                 delta = {key: event.event_id}
             push_actions = None
             if self._push is not None and b.rejection_reason is None and not b.soft_failed:
-                push_actions = self._push.actions_txn(event)
+                push_actions = self._push.actions_txn(event, read_room=room_reads.reader(event))
             request = self._request(
                 room_version,
                 event,
@@ -614,6 +619,33 @@ class EventPersister:
         if lock is None:
             lock = self._room_locks[room_id] = _RoomLock(self._room_locks, room_id)
         return lock
+
+
+class _SharedRoomReads:
+    """One push-rules read of the room for a run of a batch's events that change no state: a
+    state event's read is its own, and the event after it reads the room again (as it then is).
+    Keyed by the transaction too, so a retried transaction reads afresh."""
+
+    def __init__(self) -> None:
+        self._txn: Transaction | None = None  # held, so an identity check cannot match a new one
+        self._key: tuple[str, str, tuple[str, ...]] | None = None
+        self._row: PushContextRow | None = None
+
+    def reader(self, event: FrozenEvent) -> PushContextReader:
+        changes_state = event.state_key is not None
+
+        def read(txn: Transaction, room_id: str, server_name: str, extra: Collection[str]) -> PushContextRow:
+            key = (room_id, server_name, tuple(sorted(extra)))
+            row = self._row
+            if row is None or txn is not self._txn or key != self._key:
+                row = get_push_context_txn(txn, room_id, server_name, extra)
+            if changes_state:
+                self._txn, self._key, self._row = None, None, None
+            else:
+                self._txn, self._key, self._row = txn, key, row
+            return row
+
+        return read
 
 
 class _RoomLock:

@@ -21,7 +21,7 @@ import attrs
 import psycopg2.errors
 
 from storage.caches import DictCache
-from storage.database import Database, Transaction
+from storage.database import Database, DeferredStatements, Transaction
 from storage.stores.push import PushAction, push_actions_sql
 
 StateKey = tuple[str, str]
@@ -751,14 +751,23 @@ def persist_events_txn(
     orderings = iter(allocate_many(txn, len(batch)))
     groups_after: dict[str, int] = {}
     results: list[PersistResult] = []
-    for item in batch:
-        r = item.request
-        if item.state_before_of is not None:
-            r = attrs.evolve(r, state_before=groups_after[item.state_before_of])
-        result = persist_event_txn(txn, r, lambda _txn: next(orderings))
-        if result.state_group_after is not None:
-            groups_after[r.event_id] = result.state_group_after
-        results.append(result)
+    # The events' writes go to the server together, up to the next read (a new state group,
+    # a push-rules read): one round trip for a run of messages rather than one per event.
+    held = DeferredStatements(txn)
+    try:
+        for item in batch:
+            r = item.request
+            if item.state_before_of is not None:
+                r = attrs.evolve(r, state_before=groups_after[item.state_before_of])
+            result = persist_event_txn(held, r, lambda _txn: next(orderings))
+            if result.state_group_after is not None:
+                groups_after[r.event_id] = result.state_group_after
+            results.append(result)
+        held.flush()
+    except psycopg2.errors.UniqueViolation as e:
+        if e.diag.table_name == "events":
+            raise EventAlreadyPersisted(", ".join(item.request.event_id for item in batch)) from e
+        raise
     return results
 
 
