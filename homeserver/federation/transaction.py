@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from twisted.internet.defer import Deferred, FirstError, gatherResults
@@ -155,16 +155,21 @@ class TransactionHandler:
             if isinstance(pdu, dict) and isinstance(pdu.get("room_id"), str):
                 by_room.setdefault(pdu["room_id"], []).append(pdu)
 
-        async def handle_room(room_id: str, room_pdus: list[dict[str, Any]]) -> None:
-            if not is_valid_room_id(room_id):
-                return  # a room ID no lookup should see
-            identifier = await self._store.get_room_version(room_id)
+        # Looked up once for all the transaction's rooms: versions and server ACLs; the rooms'
+        # PDUs are then verified, and which of their prev events we have is read in one go.
+        rooms = [room_id for room_id in by_room if is_valid_room_id(room_id)]  # no lookup sees the rest
+        versions = await self._store.get_room_versions(rooms)
+        denied = await self._acl.denied_rooms(origin, list(versions)) if self._acl is not None else set()
+        verified: dict[str, tuple[RoomVersion, list[FrozenEvent]]] = {}
+
+        async def verify_room(room_id: str) -> None:
+            room_pdus = by_room[room_id]
+            identifier = versions.get(room_id)
             if identifier is None:
                 logger.warning("TX [%s] %d PDUs for unknown room %s dropped", origin, len(room_pdus), room_id)
                 return
             room_version = get_room_version(identifier)
-            # The room's version and server ACL are looked up once for all of its PDUs.
-            if self._acl is not None and not await self._acl.allows(origin, room_id):
+            if room_id in denied:
                 logger.warning("TX [%s] %d PDUs for %s dropped: the room's server ACL denies the origin",
                                origin, len(room_pdus), room_id)
                 for pdu in room_pdus:
@@ -172,27 +177,34 @@ class TransactionHandler:
                     if event_id is not None:
                         results[event_id] = {"error": "M_FORBIDDEN: the room's server ACL denies this server"}
                 return
-            verified: list[FrozenEvent] = []
             # Independent of one another: verified side by side (the keys they need are fetched
             # at once, each server's once), in the order they came.
             checked = await gatherResults(
                 [Deferred.fromCoroutine(self._verify_pdu(origin, room_version, pdu)) for pdu in room_pdus],
                 consumeErrors=True,
             )
+            events = []
             for event_id, error, event in checked:
                 if event is not None:
-                    verified.append(event)
+                    events.append(event)
                 elif event_id is not None:
                     results[event_id] = {"error": error} if error else {}
-            if verified:
-                for event_id, error in (await self._handle_room_events(origin, room_version, verified)).items():
-                    results[event_id] = {"error": error} if error else {}
+            if events:
+                verified[room_id] = (room_version, events)
 
-        try:
-            await gatherResults([Deferred.fromCoroutine(handle_room(r, p)) for r, p in by_room.items()],
-                                consumeErrors=True)
-        except FirstError as e:
-            e.subFailure.raiseException()
+        await _each(verify_room, rooms)
+        # A hint for each room's gap check: prev events only ever join the timeline, so one that
+        # is in it now still is when the room's turn comes (one that is not is read again then).
+        in_timeline = await self._gaps.timeline_ids(
+            {p for _, events in verified.values() for e in events for p in e.prev_event_ids})
+
+        async def handle_room(room_id: str) -> None:
+            room_version, events = verified[room_id]
+            outcomes = await self._handle_room_events(origin, room_version, events, in_timeline)
+            for event_id, error in outcomes.items():
+                results[event_id] = {"error": error} if error else {}
+
+        await _each(handle_room, list(verified))
         for edu in edus:
             await self._handle_edu(origin, edu)
         return {"pdus": results}
@@ -210,8 +222,8 @@ class TransactionHandler:
             return _event_id_guess(room_version, pdu), f"verification failed: {e}", None
         return event.event_id, None, event
 
-    async def _handle_room_events(self, origin: str, room_version: RoomVersion,
-                                  events: list[FrozenEvent]) -> dict[str, str | None]:
+    async def _handle_room_events(self, origin: str, room_version: RoomVersion, events: list[FrozenEvent],
+                                  in_timeline: Collection[str] = frozenset()) -> dict[str, str | None]:
         """Check and persist one transaction's verified PDUs of one room; event ID -> error.
 
         The PDUs are taken parents first whatever order they came in, so a transaction that
@@ -225,7 +237,7 @@ class TransactionHandler:
         ordered = topological_order(events)
         outcomes: dict[str, str | None] = {}
         async with self._gaps.room_lock(room_id):
-            fetched = await self._gaps.walk(origin, room_version, room_id, ordered)
+            fetched = await self._gaps.walk(origin, room_version, room_id, ordered, known=in_timeline)
             ours = {e.event_id for e in ordered}
             # The fetched events and the transaction's interleave (a fetched event may follow one
             # of the transaction's): all of them are taken parents first, together.
@@ -392,6 +404,14 @@ class TransactionHandler:
             logger.warning("TX [%s] %s EDU dropped: %s", origin, edu["edu_type"], e)
         except Exception:
             logger.exception("EDU handler for %s failed", edu["edu_type"])
+
+
+async def _each(handle: Callable[[str], Coroutine[Any, Any, None]], room_ids: list[str]) -> None:
+    """``handle`` each room, the rooms side by side; the first failure is raised."""
+    try:
+        await gatherResults([Deferred.fromCoroutine(handle(r)) for r in room_ids], consumeErrors=True)
+    except FirstError as e:
+        e.subFailure.raiseException()
 
 
 class SoftFailed(AuthError):

@@ -377,6 +377,31 @@ class EventsStore:
 
         return await self._db.run_interaction("get_stream_ordering", query)
 
+    async def get_current_state_for_keys_in_rooms(
+        self, room_ids: Collection[str], keys: Collection[StateKey]
+    ) -> dict[str, dict[StateKey, str]]:
+        """``get_current_state_for_keys`` of several rooms in one query: room ID -> key -> event ID
+        (rooms with none of ``keys`` are absent)."""
+        if not room_ids or not keys:
+            return {}
+
+        def query(txn: Transaction) -> dict[str, dict[StateKey, str]]:
+            txn.execute(
+                """
+                SELECT c.room_id, c.type, c.state_key, c.event_id FROM current_state_events c
+                JOIN unnest(%s::text[], %s::text[]) AS k(type, state_key)
+                  ON c.type = k.type AND c.state_key = k.state_key
+                WHERE c.room_id = ANY(%s)
+                """,
+                ([k[0] for k in keys], [k[1] for k in keys], sorted(room_ids)),
+            )
+            found: dict[str, dict[StateKey, str]] = {}
+            for room_id, kind, state_key, event_id in txn.fetchall():
+                found.setdefault(room_id, {})[(kind, state_key)] = event_id
+            return found
+
+        return await self._db.run_interaction("get_current_state_for_keys_in_rooms", query)
+
     async def get_batch_start(self, room_id: str, event_ids: Collection[str], prev_event_ids: Collection[str],
                               *, max_groups: int = 8) -> BatchStart:
         """``BatchStart`` of ``room_id`` for a batch of ``event_ids`` whose prev events outside the
@@ -458,20 +483,41 @@ def get_persist_context_txn(txn: Transaction, room_id: str, event_id: str, prev_
 
 def get_batch_start_txn(txn: Transaction, room_id: str, event_ids: list[str], prev_event_ids: list[str],
                         max_groups: int) -> BatchStart:
-    stored: frozenset[str] = frozenset()
-    if event_ids:
-        txn.execute("SELECT event_id FROM events WHERE event_id = ANY(%s)", (event_ids,))
-        stored = frozenset(row[0] for row in txn.fetchall())
-    groups = get_state_groups_txn(txn, prev_event_ids) if prev_event_ids else {}
+    # One round trip for the rows, one per distinct state group for its state (usually one).
+    txn.execute(
+        """
+        SELECT 's', event_id, NULL, NULL FROM events WHERE event_id = ANY(%s)
+        UNION ALL
+        SELECT 'g', event_id, state_group_after::text, NULL FROM event_state_groups WHERE event_id = ANY(%s)
+        UNION ALL
+        SELECT 'x', event_id, NULL, NULL FROM event_forward_extremities WHERE room_id = %s
+        UNION ALL
+        SELECT 'c', type, state_key, event_id FROM current_state_events WHERE room_id = %s
+        """,
+        (event_ids, prev_event_ids, room_id, room_id),
+    )
+    stored: set[str] = set()
+    groups: dict[str, int] = {}
+    extremities: set[str] = set()
+    current: dict[StateKey, str] = {}
+    for kind, a, b, c in txn.fetchall():
+        if kind == "s":
+            stored.add(a)
+        elif kind == "g":
+            groups[a] = int(b)
+        elif kind == "x":
+            extremities.add(a)
+        else:
+            current[(a, b)] = c
     kept = sorted(set(groups.values()))[:max_groups]
     states = {group: get_state_for_group_txn(txn, group) for group in kept}
     groups = {event_id: group for event_id, group in groups.items() if group in states}
     return BatchStart(
-        frozenset(get_forward_extremities_txn(txn, room_id)),
-        get_current_state_ids_txn(txn, room_id),
+        frozenset(extremities),
+        current,
         {event_id: states[group] for event_id, group in groups.items()},
         groups,
-        stored,
+        frozenset(stored),
     )
 
 
