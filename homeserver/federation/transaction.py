@@ -11,7 +11,10 @@ extremity, not in current state, never shown to clients; the PDU's result is
 success, see docs/federation.md). A room's PDUs are taken parents first; a gap in
 front of them is filled by ``gaps.GapFiller`` (a bounded ``get_missing_events``
 walk, then ``/state_ids`` for what the walk could not reach), one fill per room at
-a time. EDUs go to hooks registered by type; types nobody handles are dropped.
+a time. A room's PDUs are checked on state planned in memory and persisted in one
+database transaction per batch (``batching.BatchPlanner``; docs/federation.md,
+"Inbound batching"); what a batch cannot take goes through the one-event path.
+EDUs go to hooks registered by type; types nobody handles are dropped.
 """
 
 # tests: tests/integration/test_federation.py
