@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -19,6 +19,8 @@ import pytest
 
 from homeserver.events import EventTemplate
 from tests.federation_peer import FederationPeer
+from tests.harness import configure_workers
+from tests.integration.test_client_support import Client
 from tests.integration.test_federation_input import Server, server
 from tests.integration.test_federation_peer import make_peer, started_peer, tributary
 from tests.pdu_chain import ChainBuilder, chain_builder, event_ids
@@ -205,3 +207,49 @@ async def test_a_mixed_50_pdu_transaction_ends_as_one_pdu_per_transaction_does(
     assert await peer.send_transaction(remote, destination, "mixed-a-again", a.pdus) == whole
     assert _orderings(server.dsn, a.ids) == before
     assert _shape(a, whole, server.dsn) == shape_a
+
+
+@pytest.mark.timeout(240)
+async def test_in_the_worker_layout_a_batch_of_a_persisters_room_is_written_by_the_persister(
+        tmp_path: Path, database_dsn: str, redis_url: str) -> None:
+    """Main, one event persister (the writer of every room) and a generic worker. A transaction of
+    20 messages and a topic the remote user may not set reaches the main process: the answers are
+    those of a single process (20 accepted, the topic rejected), and every one of the 21 events was
+    written by the persister, none by the main process, in the order sent."""
+    main, workers, _ = configure_workers(tmp_path, database_dsn, redis_url, persisters=1, senders=0)
+    processes = [main, *workers.values()]
+    peer = FederationPeer(reactor, request_timeout_seconds=30)
+    try:
+        for process in processes:
+            process.start()
+        client = Client(main.base_url)
+        alice = (await client.register_ok("alice"))["access_token"]
+        created = await client.request("POST", "createRoom", {"preset": "public_chat"}, token=alice)
+        assert created.status == 200, created
+        room_id = str(created.body["room_id"])
+        (remote,) = await peer.start(1)
+        user = f"@u:{remote}"
+        await peer.join(remote, user, room_id, via=main.server_name)
+        sent = await client.request("PUT", f"rooms/{quote(room_id, safe='')}/send/m.room.message/w1",
+                                    {"msgtype": "m.text", "body": "hello"}, token=alice)
+        assert sent.status == 200, sent
+        line = await chain_builder(peer, remote, main.server_name, room_id, str(sent.body["event_id"]),
+                                   int(reactor.seconds() * 1000))
+        pdus = [line.message(user, f"m{i}") for i in range(10)]
+        pdus.append(_unsaved(line, EventTemplate("m.room.topic", {"topic": "mine"}, ""), user))
+        pdus.extend(line.message(user, f"m{i}") for i in range(10, 20))
+        ids = event_ids(peer, pdus)
+        answer = await peer.send_transaction(remote, main.server_name, "to-main", pdus)
+        errors = [i for i, event_id in enumerate(ids) if answer["pdus"][event_id].get("error")]
+        assert errors == [10], answer
+        with psycopg2.connect(database_dsn) as conn, conn.cursor() as cur:
+            cur.execute("SELECT event_id, instance_name FROM events WHERE event_id = ANY(%s) ORDER BY stream_ordering",
+                        (ids,))
+            rows = cur.fetchall()
+        conn.close()
+        assert [r[0] for r in rows] == ids
+        assert {r[1] for r in rows} == {"p1"}
+    finally:
+        await peer.stop()
+        for process in reversed(processes):
+            process.stop()
