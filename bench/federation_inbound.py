@@ -48,12 +48,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 def db_transactions(proc: TributaryProcess) -> dict[str, float]:
-    """Database transactions the process finished so far, by name (its /metrics)."""
+    """Database transactions the process finished so far, by name, and (as ``/send``) the seconds
+    it spent answering ``PUT /send`` (its /metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     _, body = proc.get("/metrics", port=proc.metrics_port)
-    return {s.labels["txn"]: s.value for f in text_string_to_metric_families(body.decode()) for s in f.samples
-            if s.name == "tributary_storage_txn_total" and s.labels.get("outcome") == "ok"}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            if s.name == "tributary_storage_txn_total" and s.labels.get("outcome") == "ok":
+                found[s.labels["txn"]] = s.value
+            elif s.name == "tributary_http_request_duration_seconds_sum" and s.labels.get("servlet") == "federation_send":
+                found["/send"] = s.value
+    return found
 
 
 async def measure(peer: FederationPeer, server: str, destination: str, client: Client, pid: int | None,
@@ -116,6 +123,9 @@ async def measure(peer: FederationPeer, server: str, destination: str, client: C
     if metrics_of is not None:
         txns = db_transactions(metrics_of)
         spent = {name: count - txns0.get(name, 0) for name, count in txns.items()}
+        answering = spent.pop("/send", 0.0)
+        print(f"  {label}: time the server spent answering each /send: {1000 * answering / (n / TXN_SIZE):.1f} ms "
+              f"(of {1000 * elapsed / (n / TXN_SIZE):.1f} ms per transaction seen by the peer)")
         busiest = sorted(((c, name) for name, c in spent.items() if c), reverse=True)[:8]
         per_send = ", ".join(f"{name} {c / (n / TXN_SIZE):.1f}" for c, name in busiest)
         print(f"  {label}: database transactions per 50-PDU /send: {per_send}")
