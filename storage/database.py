@@ -176,6 +176,61 @@ class Transaction:
         self._exception_callbacks.append((callback, args))
 
 
+class DeferredStatements(Transaction):
+    """A view of a transaction that holds back ``execute_statements`` until the next read.
+
+    Statements are bound at once (as ``execute_statements`` binds them) and sent together,
+    in order, by ``flush``, which every ``execute``/``execute_values``/``execute_batch`` and
+    fetch calls first: so a function written for one event's writes, run for many events
+    in a row, sends their writes in one round trip where nothing in between reads. An error
+    of a held-back statement surfaces at that flush. ``call_after`` callbacks go to the
+    underlying transaction.
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self, txn: Transaction) -> None:
+        super().__init__(txn.name, txn._cursor)
+        self._after_callbacks = txn._after_callbacks
+        self._exception_callbacks = txn._exception_callbacks
+        self._pending: list[bytes] = []
+
+    def flush(self) -> None:
+        if self._pending:
+            joined = b";\n".join(self._pending)
+            self._pending.clear()
+            self._cursor.execute(joined)
+
+    def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]]) -> None:
+        cursor = self._cursor
+        self._pending.extend(cursor.mogrify(sql, params) for sql, params in statements)
+
+    def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
+        self.flush()
+        super().execute(sql, params)
+
+    def execute_values(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 1000) -> None:
+        self.flush()
+        super().execute_values(sql, rows, page_size)
+
+    def execute_batch(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 100) -> None:
+        self.flush()
+        super().execute_batch(sql, rows, page_size)
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        self.flush()
+        return super().fetchone()
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        self.flush()
+        return super().fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        self.flush()
+        return int(self._cursor.rowcount)
+
+
 @attrs.frozen
 class _Outcome:
     result: Any

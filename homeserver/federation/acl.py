@@ -91,9 +91,14 @@ def edu_rooms(edu_type: str, content: object) -> list[str]:
 
 
 class AclSource(Protocol):
-    """The current ACL event ID of a room (``EventsStore.get_current_state_for_keys``)."""
+    """The current ACL event ID of a room, or of several (``EventsStore.get_current_state_for_keys``
+    and ``get_current_state_for_keys_in_rooms``)."""
 
     async def get_current_state_for_keys(self, room_id: str, keys: Any) -> Mapping[tuple[str, str], str]: ...
+
+    async def get_current_state_for_keys_in_rooms(
+        self, room_ids: Any, keys: Any
+    ) -> Mapping[str, Mapping[tuple[str, str], str]]: ...
 
 
 class EventSource(Protocol):
@@ -115,6 +120,18 @@ class ServerAcls:
             return None
         event = await self._loader.get_event(event_id)
         return None if event is None else event.content
+
+    async def denied_rooms(self, origin: str, room_ids: Iterable[str]) -> set[str]:
+        """Those of ``room_ids`` (valid room IDs) whose ACL denies ``origin``; one read for all."""
+        rooms = [room_id for room_id in room_ids if is_valid_room_id(room_id)]
+        ids = await self._store.get_current_state_for_keys_in_rooms(rooms, [ACL_KEY])
+        denied: set[str] = set()
+        for room_id, state in ids.items():
+            event_id = state.get(ACL_KEY)
+            event = None if event_id is None else await self._loader.get_event(event_id)
+            if event is not None and not server_allowed(origin, event.content):
+                denied.add(room_id)
+        return denied
 
     async def allows(self, origin: str, room_id: str) -> bool:
         return server_allowed(origin, await self.acl_content(room_id))

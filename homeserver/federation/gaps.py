@@ -175,7 +175,7 @@ class GapFiller:
     # --- get_missing_events ---------------------------------------------------------------
 
     async def walk(self, origin: str, room_version: RoomVersion, room_id: str,
-                   batch: Sequence[FrozenEvent]) -> list[FrozenEvent]:
+                   batch: Sequence[FrozenEvent], *, known: Collection[str] = frozenset()) -> list[FrozenEvent]:
         """The events between our timeline and ``batch`` (one transaction's PDUs of the room),
         fetched from ``origin`` with ``get_missing_events`` in steps, verified, oldest first
         (parents before children). Empty when nothing in front of the batch is missing.
@@ -185,10 +185,14 @@ class GapFiller:
         are still unknown, so one walk serves every orphan of the batch. Stops when every
         prev event is known, after ``max_events``, or when a call fails or brings nothing new;
         raises ``MatrixError`` 429 when the origin's budget is spent. Nothing is stored: the caller checks and
-        persists the events in the order given.
+        persists the events in the order given. ``known``: prev events the caller read in the
+        timeline already (they stay there); the others are read here.
         """
-        known = await self.timeline_ids({p for e in batch for p in e.prev_event_ids})
         edge = gap_edge(batch, known)
+        if edge:
+            known = await self.timeline_ids({p for e in batch for p in e.prev_event_ids})
+            edge = gap_edge(batch, known)
+        known = set(known)
         if not edge:
             return []
         extremities = await self._store.get_forward_extremities(room_id)

@@ -11,7 +11,10 @@ extremity, not in current state, never shown to clients; the PDU's result is
 success, see docs/federation.md). A room's PDUs are taken parents first; a gap in
 front of them is filled by ``gaps.GapFiller`` (a bounded ``get_missing_events``
 walk, then ``/state_ids`` for what the walk could not reach), one fill per room at
-a time. EDUs go to hooks registered by type; types nobody handles are dropped.
+a time. A room's PDUs are checked on state planned in memory and persisted in one
+database transaction per batch (``batching.BatchPlanner``; docs/federation.md,
+"Inbound batching"); what a batch cannot take goes through the one-event path.
+EDUs go to hooks registered by type; types nobody handles are dropped.
 """
 
 # tests: tests/integration/test_federation.py
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from twisted.internet.defer import Deferred, FirstError, gatherResults
@@ -29,6 +32,7 @@ from homeserver.events import FrozenEvent, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.events.identifiers import is_valid_room_id
 from homeserver.federation.acl import ServerAcls
+from homeserver.federation.batching import BatchPlanner, wanted_prevs
 from homeserver.federation.client import FederationClient
 from homeserver.federation.edus import EduRejected
 from homeserver.federation.gaps import GapFiller, topological_order
@@ -36,9 +40,9 @@ from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
 from storage.kernel.errors import MatrixError, bad_json
-from storage.stores.events import EventsStore, StateKey
+from storage.stores.events import EventAlreadyPersisted, EventsStore, StateKey
 
 logger = logging.getLogger(__name__)
 
@@ -154,16 +158,21 @@ class TransactionHandler:
             if isinstance(pdu, dict) and isinstance(pdu.get("room_id"), str):
                 by_room.setdefault(pdu["room_id"], []).append(pdu)
 
-        async def handle_room(room_id: str, room_pdus: list[dict[str, Any]]) -> None:
-            if not is_valid_room_id(room_id):
-                return  # a room ID no lookup should see
-            identifier = await self._store.get_room_version(room_id)
+        # Looked up once for all the transaction's rooms: versions and server ACLs; the rooms'
+        # PDUs are then verified, and which of their prev events we have is read in one go.
+        rooms = [room_id for room_id in by_room if is_valid_room_id(room_id)]  # no lookup sees the rest
+        versions = await self._store.get_room_versions(rooms)
+        denied = await self._acl.denied_rooms(origin, list(versions)) if self._acl is not None else set()
+        verified: dict[str, tuple[RoomVersion, list[FrozenEvent]]] = {}
+
+        async def verify_room(room_id: str) -> None:
+            room_pdus = by_room[room_id]
+            identifier = versions.get(room_id)
             if identifier is None:
                 logger.warning("TX [%s] %d PDUs for unknown room %s dropped", origin, len(room_pdus), room_id)
                 return
             room_version = get_room_version(identifier)
-            # The room's version and server ACL are looked up once for all of its PDUs.
-            if self._acl is not None and not await self._acl.allows(origin, room_id):
+            if room_id in denied:
                 logger.warning("TX [%s] %d PDUs for %s dropped: the room's server ACL denies the origin",
                                origin, len(room_pdus), room_id)
                 for pdu in room_pdus:
@@ -171,22 +180,34 @@ class TransactionHandler:
                     if event_id is not None:
                         results[event_id] = {"error": "M_FORBIDDEN: the room's server ACL denies this server"}
                 return
-            verified: list[FrozenEvent] = []
-            for pdu in room_pdus:
-                event_id, error, event = await self._verify_pdu(origin, room_version, pdu)
+            # Independent of one another: verified side by side (the keys they need are fetched
+            # at once, each server's once), in the order they came.
+            checked = await gatherResults(
+                [Deferred.fromCoroutine(self._verify_pdu(origin, room_version, pdu)) for pdu in room_pdus],
+                consumeErrors=True,
+            )
+            events = []
+            for event_id, error, event in checked:
                 if event is not None:
-                    verified.append(event)
+                    events.append(event)
                 elif event_id is not None:
                     results[event_id] = {"error": error} if error else {}
-            if verified:
-                for event_id, error in (await self._handle_room_events(origin, room_version, verified)).items():
-                    results[event_id] = {"error": error} if error else {}
+            if events:
+                verified[room_id] = (room_version, events)
 
-        try:
-            await gatherResults([Deferred.fromCoroutine(handle_room(r, p)) for r, p in by_room.items()],
-                                consumeErrors=True)
-        except FirstError as e:
-            e.subFailure.raiseException()
+        await _each(verify_room, rooms)
+        # A hint for each room's gap check: prev events only ever join the timeline, so one that
+        # is in it now still is when the room's turn comes (one that is not is read again then).
+        in_timeline = await self._gaps.timeline_ids(
+            {p for _, events in verified.values() for e in events for p in e.prev_event_ids})
+
+        async def handle_room(room_id: str) -> None:
+            room_version, events = verified[room_id]
+            outcomes = await self._handle_room_events(origin, room_version, events, in_timeline)
+            for event_id, error in outcomes.items():
+                results[event_id] = {"error": error} if error else {}
+
+        await _each(handle_room, list(verified))
         for edu in edus:
             await self._handle_edu(origin, edu)
         return {"pdus": results}
@@ -204,8 +225,8 @@ class TransactionHandler:
             return _event_id_guess(room_version, pdu), f"verification failed: {e}", None
         return event.event_id, None, event
 
-    async def _handle_room_events(self, origin: str, room_version: RoomVersion,
-                                  events: list[FrozenEvent]) -> dict[str, str | None]:
+    async def _handle_room_events(self, origin: str, room_version: RoomVersion, events: list[FrozenEvent],
+                                  in_timeline: Collection[str] = frozenset()) -> dict[str, str | None]:
         """Check and persist one transaction's verified PDUs of one room; event ID -> error.
 
         The PDUs are taken parents first whatever order they came in, so a transaction that
@@ -219,32 +240,121 @@ class TransactionHandler:
         ordered = topological_order(events)
         outcomes: dict[str, str | None] = {}
         async with self._gaps.room_lock(room_id):
-            fetched = await self._gaps.walk(origin, room_version, room_id, ordered)
+            fetched = await self._gaps.walk(origin, room_version, room_id, ordered, known=in_timeline)
             ours = {e.event_id for e in ordered}
             # The fetched events and the transaction's interleave (a fetched event may follow one
             # of the transaction's): all of them are taken parents first, together.
-            for event in topological_order([*fetched, *ordered]) if fetched else ordered:
-                if event.event_id not in ours:
-                    try:
-                        await self._check_and_persist(origin, room_version, event)
-                    except SoftFailed:
-                        pass
-                    except EventsError as e:
-                        logger.warning("[%s] missing event %s not stored: %s", room_id, event.event_id, e)
-                    continue
-                try:
-                    await self._check_and_persist(origin, room_version, event)
-                except SoftFailed:
-                    # Accepted and stored (spec: "handled as normal" apart from clients and extremities).
-                    self._metrics.pdus.labels(outcome="soft_failed").inc()
-                    outcomes[event.event_id] = None
-                except EventsError as e:
-                    self._metrics.pdus.labels(outcome=_outcome(e)).inc()
-                    outcomes[event.event_id] = str(e)
-                else:
-                    self._metrics.pdus.labels(outcome="accepted").inc()
-                    outcomes[event.event_id] = None
+            sequence = topological_order([*fetched, *ordered]) if fetched else ordered
+            # Their auth events, read in one go (those among them are checked from memory).
+            listed = {e.event_id for e in sequence}
+            await self._loader.load_events({a for e in sequence for a in e.auth_event_ids} - listed)
+            i = 0
+            while i < len(sequence):
+                i, one_next = await self._persist_batch(origin, room_version, sequence, i, ours, outcomes)
+                if one_next:
+                    await self._persist_one(origin, room_version, sequence[i], ours, outcomes)
+                    i += 1
         return outcomes
+
+    async def _persist_batch(self, origin: str, room_version: RoomVersion, sequence: Sequence[FrozenEvent],
+                             i: int, ours: Collection[str], outcomes: dict[str, str | None]) -> tuple[int, bool]:
+        """Check ``sequence[i:]`` and persist it in one transaction as far as ``BatchPlanner`` lets
+        it (docs/federation.md, "Inbound batching"). Returns where it stopped and whether the
+        event there must take the one-event path (else it stopped at the end)."""
+        rest = sequence[i:]
+        room_id = rest[0].room_id
+        verdicts: list[tuple[FrozenEvent, str | None, str]] = []  # event, error, metric outcome
+        batch: list[RemoteBatchEvent] = []
+        async with self._persister.room_lock(room_id):
+            start = await self._store.get_batch_start(room_id, [e.event_id for e in rest], wanted_prevs(rest))
+            planner = BatchPlanner(start)
+            known: dict[str, FrozenEvent] = {}
+            stop = len(sequence)
+            for j, event in enumerate(rest, start=i):
+                plan = planner.plan(event)
+                if plan is None:
+                    stop = j
+                    break
+                try:
+                    rejection = await self._rejection(origin, room_version, event, plan.state_before, known)
+                    soft_failed = rejection is None and await self._soft_fails(
+                        origin, room_version, event, planner.current_state, known)
+                except EventsError as e:  # its auth events are unknown: nothing is stored
+                    verdicts.append((event, str(e), _outcome(e)))
+                    continue
+                if not planner.batchable(plan, soft_failed=soft_failed):
+                    stop = j
+                    break
+                delta = planner.record(event, plan, rejected=rejection is not None, soft_failed=soft_failed)
+                known[event.event_id] = event
+                batch.append(RemoteBatchEvent(
+                    event, rejection, soft_failed, plan.prev_group, plan.prev if plan.prev_group is None else None,
+                    None if soft_failed else delta,
+                ))
+                if rejection is not None:
+                    verdicts.append((event, f"rejected: {rejection}", "rejected"))
+                else:
+                    verdicts.append((event, None, "soft_failed" if soft_failed else "accepted"))
+            try:
+                await self._persister.persist_remote_batch(room_version, batch)
+            except EventAlreadyPersisted:
+                # Stored meanwhile by another path: this one goes on one event at a time.
+                logger.info("[%s] an event of a batch was stored meanwhile; taking them one by one", room_id)
+                return i, True
+        for event, error, outcome in verdicts:
+            if event.event_id in ours:
+                self._metrics.pdus.labels(outcome=outcome).inc()
+                outcomes[event.event_id] = error
+            elif error is not None and outcome != "rejected":
+                logger.warning("[%s] missing event %s not stored: %s", room_id, event.event_id, error)
+        return stop, stop < len(sequence)
+
+    async def _persist_one(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
+                           ours: Collection[str], outcomes: dict[str, str | None]) -> None:
+        """Check and persist one event on its own (the path batching falls back to)."""
+        if event.event_id not in ours:
+            try:
+                await self._check_and_persist(origin, room_version, event)
+            except SoftFailed:
+                pass
+            except EventsError as e:
+                logger.warning("[%s] missing event %s not stored: %s", event.room_id, event.event_id, e)
+            return
+        try:
+            await self._check_and_persist(origin, room_version, event)
+        except SoftFailed:
+            # Accepted and stored (spec: "handled as normal" apart from clients and extremities).
+            self._metrics.pdus.labels(outcome="soft_failed").inc()
+            outcomes[event.event_id] = None
+        except EventsError as e:
+            self._metrics.pdus.labels(outcome=_outcome(e)).inc()
+            outcomes[event.event_id] = str(e)
+        else:
+            self._metrics.pdus.labels(outcome="accepted").inc()
+            outcomes[event.event_id] = None
+
+    async def _rejection(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
+                         state_before: Mapping[StateKey, str],
+                         known: Mapping[str, FrozenEvent] | None = None) -> str | None:
+        """Why the event is rejected (auth against its auth events, then against the state before
+        it), or None. ``known``: events of the batch not stored yet."""
+        try:
+            await check_against_auth_events(self._loader, room_version, event, known)
+            await check_against_state(self._loader, room_version, event, state_before, known)
+        except AuthError as e:
+            logger.warning("[%s] rejecting %s from %s: %s", event.room_id, event.event_id, origin, e)
+            return str(e)
+        return None
+
+    async def _soft_fails(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
+                          current: Mapping[StateKey, str], known: Mapping[str, FrozenEvent] | None = None) -> bool:
+        """Whether the event fails auth against the room's current state (it is soft-failed)."""
+        try:
+            await check_against_state(self._loader, room_version, event, current, known)
+        except AuthError as e:
+            logger.warning("[%s] soft-failing %s from %s: %s", event.room_id, event.event_id, origin, e)
+            return True
+        return False
 
     async def _check_and_persist(self, origin: str, room_version: RoomVersion, event: FrozenEvent) -> None:
         """The spec's checks on receipt of a PDU, then persist it (rejected or soft-failed as they say).
@@ -259,25 +369,17 @@ class TransactionHandler:
             set(event.prev_event_ids)
         ):
             given_state = await self._gaps.state_before(origin, room_version, event)
-        rejection: str | None = None
-        try:
-            await check_against_auth_events(self._loader, room_version, event)
-            if given_state is None:
-                state_before = await self._loader.state_before_event(room_version, event)
-            else:
-                state_before = given_state
-            await check_against_state(self._loader, room_version, event, state_before)
-        except AuthError as e:
-            rejection = str(e)
-            logger.warning("[%s] rejecting %s from %s: %s", event.room_id, event.event_id, origin, e)
+        # Every prev event is in the timeline unless ``given_state`` is set, so this read finds them.
+        if given_state is None:
+            state_before = await self._loader.state_before_event(room_version, event)
+        else:
+            state_before = given_state
+        # A MissingEventsError (auth events unknown; not an AuthError) propagates: nothing is stored.
+        rejection = await self._rejection(origin, room_version, event, state_before)
         soft_failed = False
         if rejection is None:
             current = await self._store.get_current_state_ids(event.room_id)
-            try:
-                await check_against_state(self._loader, room_version, event, current)
-            except AuthError as e:
-                logger.warning("[%s] soft-failing %s from %s: %s", event.room_id, event.event_id, origin, e)
-                soft_failed = True
+            soft_failed = await self._soft_fails(origin, room_version, event, current)
         await self._persister.persist(
             room_version, event, is_local=False, rejection_reason=rejection, soft_failed=soft_failed,
             state_before=given_state,
@@ -305,6 +407,14 @@ class TransactionHandler:
             logger.warning("TX [%s] %s EDU dropped: %s", origin, edu["edu_type"], e)
         except Exception:
             logger.exception("EDU handler for %s failed", edu["edu_type"])
+
+
+async def _each(handle: Callable[[str], Coroutine[Any, Any, None]], room_ids: list[str]) -> None:
+    """``handle`` each room, the rooms side by side; the first failure is raised."""
+    try:
+        await gatherResults([Deferred.fromCoroutine(handle(r)) for r in room_ids], consumeErrors=True)
+    except FirstError as e:
+        e.subFailure.raiseException()
 
 
 class SoftFailed(AuthError):

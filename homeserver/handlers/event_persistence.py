@@ -46,6 +46,7 @@ from homeserver.federation.acl import ACL_KEY, server_allowed
 from homeserver.handlers.event_loader import EventLoader
 from storage.database import Transaction
 from storage.stores.events import (
+    BatchedPersist,
     EventAlreadyPersisted,
     EventsStore,
     PersistContext,
@@ -55,9 +56,12 @@ from storage.stores.events import (
     SendTxn,
     StateKey,
     persist_event_txn,
+    persist_events_txn,
 )
-from storage.stores.push import PushAction
+from storage.stores.push import PushAction, PushContextRow, get_push_context_txn
 from storage.stores.room_state import BulkEventRow, store_join_state_txn
+
+PushContextReader = Callable[[Transaction, str, str, Collection[str]], PushContextRow]
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +73,9 @@ class PushActionsSource(Protocol):
     """Whom a new event notifies (``homeserver/handlers/push.py``): a function the event's
     transaction calls, whose answer it records with the event."""
 
-    def actions_txn(self, event: FrozenEvent) -> Callable[[Transaction], Sequence[PushAction]]: ...
+    def actions_txn(
+        self, event: FrozenEvent, *, read_room: PushContextReader = ...
+    ) -> Callable[[Transaction], Sequence[PushAction]]: ...
 
 
 class StreamIdAllocator(Protocol):
@@ -113,6 +119,22 @@ class PersistenceMetrics:
         for origin in ("local", "remote"):
             metrics.persisted.labels(origin=origin)
         return metrics
+
+
+@attrs.frozen
+class RemoteBatchEvent:
+    """One received event of ``persist_remote_batch``, checked by the caller against the state the
+    batch gave it: the state group before it is ``state_before_group`` (stored) or the group after
+    ``state_before_of`` (an earlier event of the batch). ``current_state_delta``: what it changes in
+    the room's current state, as the only new forward extremity; None for a soft-failed event,
+    which changes neither."""
+
+    event: FrozenEvent
+    rejection_reason: str | None
+    soft_failed: bool
+    state_before_group: int | None
+    state_before_of: str | None
+    current_state_delta: Mapping[StateKey, str] | None
 
 
 PersistedListener = Callable[[FrozenEvent, PersistResult], None]
@@ -406,6 +428,54 @@ class EventPersister:
             self._advance_snapshot(snapshot, event, result)
         return result
 
+    async def persist_remote_batch(
+        self, room_version: RoomVersion, batch: Sequence[RemoteBatchEvent]
+    ) -> list[PersistResult]:
+        """Persist received events of one room, in order, in one transaction; the caller holds
+        ``room_lock`` and planned the batch (``homeserver/federation/batching.py``): each event
+        follows the one before or the extremity it read, so no state is resolved here.
+
+        None of them may be stored already. Raises ``EventAlreadyPersisted`` (nothing written)
+        when one was stored meanwhile: the caller then takes the events one by one.
+        """
+        if not batch:
+            return []
+        room_id = batch[0].event.room_id
+        self._snapshots.pop(room_id, None)
+        start = time.perf_counter()
+        items: list[BatchedPersist] = []
+        room_reads = _SharedRoomReads()
+        for b in batch:
+            event = b.event
+            delta: dict[StateKey, str] = {}
+            key = event.state_key_tuple
+            if key is not None and b.rejection_reason is None:
+                delta = {key: event.event_id}
+            push_actions = None
+            if self._push is not None and b.rejection_reason is None and not b.soft_failed:
+                push_actions = self._push.actions_txn(event, read_room=room_reads.reader(event))
+            request = self._request(
+                room_version,
+                event,
+                is_local=False,
+                push_actions=push_actions,
+                rejection_reason=b.rejection_reason,
+                state_before=b.state_before_group,
+                state_after_delta=delta,
+                current_state_delta=b.current_state_delta,
+                soft_failed=b.soft_failed,
+            )
+            items.append(BatchedPersist(request, b.state_before_of))
+        results = await self._stream_ids.run_interaction(
+            "persist_event_batch", persist_events_txn, items, self._stream_ids.get_next_mult_txn
+        )
+        # The batch's time shared out, so the histogram stays "time to persist one event".
+        per_event = time.perf_counter() - (time.perf_counter() - start) / len(results)
+        for b, result in zip(batch, results):
+            self._loader.prime(b.event)
+            self._after_persist(b.event, result, "remote", per_event)
+        return results
+
     async def _acl_allowed(
         self, event: FrozenEvent, snapshot: _RoomSnapshot | None, servers: frozenset[str]
     ) -> frozenset[str]:
@@ -603,6 +673,33 @@ def _bulk_row(event: FrozenEvent, rejection_reason: str | None) -> BulkEventRow:
         json=encode_compact(event.pdu), prev_event_ids=event.prev_event_ids, auth_event_ids=event.auth_event_ids,
         rejection_reason=rejection_reason, membership=event.membership if event.type == C.MEMBER else None,
     )
+
+
+class _SharedRoomReads:
+    """One push-rules read of the room for a run of a batch's events that change no state: a
+    state event's read is its own, and the event after it reads the room again (as it then is).
+    Keyed by the transaction too, so a retried transaction reads afresh."""
+
+    def __init__(self) -> None:
+        self._txn: Transaction | None = None  # held, so an identity check cannot match a new one
+        self._key: tuple[str, str, tuple[str, ...]] | None = None
+        self._row: PushContextRow | None = None
+
+    def reader(self, event: FrozenEvent) -> PushContextReader:
+        changes_state = event.state_key is not None
+
+        def read(txn: Transaction, room_id: str, server_name: str, extra: Collection[str]) -> PushContextRow:
+            key = (room_id, server_name, tuple(sorted(extra)))
+            row = self._row
+            if row is None or txn is not self._txn or key != self._key:
+                row = get_push_context_txn(txn, room_id, server_name, extra)
+            if changes_state:
+                self._txn, self._key, self._row = None, None, None
+            else:
+                self._txn, self._key, self._row = txn, key, row
+            return row
+
+        return read
 
 
 class _RoomLock:

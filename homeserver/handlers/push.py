@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -55,23 +55,30 @@ def notification_levels(levels: Mapping[str, Any]) -> dict[str, int]:
     return {"room": room if isinstance(room, int) else 50}
 
 
+PushContextReader = Callable[[Transaction, str, str, Collection[str]], PushContextRow]
+"""``(txn, room_id, server_name, extra_users)``: the room as push rules see it (``get_push_context_txn``)."""
+
+
 class PushActionsEvaluator:
     """Evaluates a new event for its local recipients (see the module docstring)."""
 
     def __init__(self, server_name: str) -> None:
         self._server_name = server_name
 
-    def actions_txn(self, event: FrozenEvent) -> Callable[[Transaction], tuple[PushAction, ...]]:
+    def actions_txn(
+        self, event: FrozenEvent, *, read_room: PushContextReader = get_push_context_txn
+    ) -> Callable[[Transaction], tuple[PushAction, ...]]:
         """What the event's persist transaction calls: read the room (one statement, before the
         event is written) and evaluate. A failure to evaluate is logged and notifies nobody:
-        it must never keep an event out of its room."""
+        it must never keep an event out of its room. ``read_room``: how the room is read (a
+        batch of events shares one read while none of them changes the room's state)."""
         extra: tuple[str, ...] = ()
         if (event.type == C.MEMBER and event.membership == C.INVITE and event.state_key
                 and server_name_of(event.state_key) == self._server_name):
             extra = (event.state_key,)
 
         def in_txn(txn: Transaction) -> tuple[PushAction, ...]:
-            room = get_push_context_txn(txn, event.room_id, self._server_name, extra)
+            room = read_room(txn, event.room_id, self._server_name, extra)
             try:
                 return evaluate_for_room(event, room)
             except Exception:

@@ -32,7 +32,7 @@ import attrs
 
 from homeserver.events import EventTemplate, FrozenEvent, RoomVersion, get_room_version, make_event
 from homeserver.events.canonical import thaw
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
 from homeserver.handlers.room_events import MembershipPrecondition, RoomEventCreator, RoomNotFound
 from homeserver.handlers.rooms import send_error
 from storage.kernel.errors import MatrixError, bad_json
@@ -122,6 +122,24 @@ class RoutedPersister(EventPersister):
         result = _result_from_json(await self._client.call(owner, "persist_join", body))
         self._loader.prime(join)
         return result
+
+    async def persist_remote_batch(
+        self, room_version: RoomVersion, batch: Sequence[RemoteBatchEvent]
+    ) -> list[PersistResult]:
+        """A batch of received events: in one transaction here when this process owns the room;
+        otherwise handed to the owner one by one, in order, each with its verdict (rejected,
+        soft-failed), and the owner works out each one's state under its own room lock, as it
+        does for a PDU persisted on its own (the plan made here, without that lock, is not used)."""
+        if not batch:
+            return []
+        owner = self._layout.events_writer_for_room(batch[0].event.room_id)
+        if owner == self._layout.instance_name:
+            return await super().persist_remote_batch(room_version, batch)
+        results = []
+        for b in batch:
+            results.append(await self.persist(room_version, b.event, is_local=False,
+                                              rejection_reason=b.rejection_reason, soft_failed=b.soft_failed))
+        return results
 
     async def persist_backfilled(self, room_version: RoomVersion, event: FrozenEvent, **options: Any) -> PersistResult:
         owner = self._layout.events_writer_for_room(event.room_id)

@@ -21,7 +21,7 @@ import attrs
 import psycopg2.errors
 
 from storage.caches import DictCache
-from storage.database import Database, Transaction
+from storage.database import Database, DeferredStatements, Transaction
 from storage.stores.push import PushAction, push_actions_sql
 
 StateKey = tuple[str, str]
@@ -199,6 +199,29 @@ class PersistResult:
     destinations: frozenset[str] = frozenset()
 
 
+@attrs.frozen
+class BatchStart:
+    """What checking and persisting a batch of received events of one room starts from, read in one
+    transaction (``get_batch_start``): the forward extremities, the current state, the state after
+    (and state group of) each stored prev event the batch builds on, and which of the batch's own
+    events are stored already."""
+
+    extremities: frozenset[str]
+    current_state: StateMap
+    state_after: Mapping[str, StateMap]
+    groups: Mapping[str, int]
+    stored: frozenset[str]
+
+
+@attrs.frozen
+class BatchedPersist:
+    """One event of ``persist_events_txn``: its request, and when its state before is the state
+    group after an earlier event of the same batch (made in the same transaction), that event."""
+
+    request: PersistRequest
+    state_before_of: str | None = None
+
+
 _EVENT_COLUMNS = (
     "event_id, room_id, stream_ordering, instance_name, depth, is_local, outlier, "
     "rejection_reason, redacted_by, json"
@@ -354,6 +377,40 @@ class EventsStore:
 
         return await self._db.run_interaction("get_stream_ordering", query)
 
+    async def get_current_state_for_keys_in_rooms(
+        self, room_ids: Collection[str], keys: Collection[StateKey]
+    ) -> dict[str, dict[StateKey, str]]:
+        """``get_current_state_for_keys`` of several rooms in one query: room ID -> key -> event ID
+        (rooms with none of ``keys`` are absent)."""
+        if not room_ids or not keys:
+            return {}
+
+        def query(txn: Transaction) -> dict[str, dict[StateKey, str]]:
+            txn.execute(
+                """
+                SELECT c.room_id, c.type, c.state_key, c.event_id FROM current_state_events c
+                JOIN unnest(%s::text[], %s::text[]) AS k(type, state_key)
+                  ON c.type = k.type AND c.state_key = k.state_key
+                WHERE c.room_id = ANY(%s)
+                """,
+                ([k[0] for k in keys], [k[1] for k in keys], sorted(room_ids)),
+            )
+            found: dict[str, dict[StateKey, str]] = {}
+            for room_id, kind, state_key, event_id in txn.fetchall():
+                found.setdefault(room_id, {})[(kind, state_key)] = event_id
+            return found
+
+        return await self._db.run_interaction("get_current_state_for_keys_in_rooms", query)
+
+    async def get_batch_start(self, room_id: str, event_ids: Collection[str], prev_event_ids: Collection[str],
+                              *, max_groups: int = 8) -> BatchStart:
+        """``BatchStart`` of ``room_id`` for a batch of ``event_ids`` whose prev events outside the
+        batch are ``prev_event_ids``; the state of at most ``max_groups`` distinct groups is read
+        (a prev event beyond them is left out, so what builds on it takes the one-event path)."""
+        return await self._db.run_interaction(
+            "get_batch_start", get_batch_start_txn, room_id, list(event_ids), list(prev_event_ids), max_groups
+        )
+
     async def new_state_group(self, room_id: str, prev_group: int | None, delta: StateMap) -> int:
         return await self._db.run_interaction("new_state_group", store_state_group_txn, room_id, prev_group, delta)
 
@@ -422,6 +479,46 @@ def get_persist_context_txn(txn: Transaction, room_id: str, event_id: str, prev_
     groups = get_state_groups_txn(txn, prev_event_ids) if prev_event_ids else {}
     return PersistContext(existing, get_forward_extremities_txn(txn, room_id), groups,
                           get_joined_servers_txn(txn, room_id), existing_outlier=existing is not None)
+
+
+def get_batch_start_txn(txn: Transaction, room_id: str, event_ids: list[str], prev_event_ids: list[str],
+                        max_groups: int) -> BatchStart:
+    # One round trip for the rows, one per distinct state group for its state (usually one).
+    txn.execute(
+        """
+        SELECT 's', event_id, NULL, NULL FROM events WHERE event_id = ANY(%s)
+        UNION ALL
+        SELECT 'g', event_id, state_group_after::text, NULL FROM event_state_groups WHERE event_id = ANY(%s)
+        UNION ALL
+        SELECT 'x', event_id, NULL, NULL FROM event_forward_extremities WHERE room_id = %s
+        UNION ALL
+        SELECT 'c', type, state_key, event_id FROM current_state_events WHERE room_id = %s
+        """,
+        (event_ids, prev_event_ids, room_id, room_id),
+    )
+    stored: set[str] = set()
+    groups: dict[str, int] = {}
+    extremities: set[str] = set()
+    current: dict[StateKey, str] = {}
+    for kind, a, b, c in txn.fetchall():
+        if kind == "s":
+            stored.add(a)
+        elif kind == "g":
+            groups[a] = int(b)
+        elif kind == "x":
+            extremities.add(a)
+        else:
+            current[(a, b)] = c
+    kept = sorted(set(groups.values()))[:max_groups]
+    states = {group: get_state_for_group_txn(txn, group) for group in kept}
+    groups = {event_id: group for event_id, group in groups.items() if group in states}
+    return BatchStart(
+        frozenset(extremities),
+        current,
+        {event_id: states[group] for event_id, group in groups.items()},
+        groups,
+        frozenset(stored),
+    )
 
 
 def get_events_txn(txn: Transaction, event_ids: list[str]) -> dict[str, StoredEvent]:
@@ -683,6 +780,41 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     if r.new_current_state is not None:
         _update_current_state_txn(txn, r.room_id, r.new_current_state)
     return PersistResult(stream_ordering, after, already_persisted=False, destinations=r.remote_servers)
+
+
+def persist_events_txn(
+    txn: Transaction, batch: Sequence[BatchedPersist], allocate_many: Callable[[Transaction, int], list[int]]
+) -> list[PersistResult]:
+    """Write a batch of new events of one room, in order, in one transaction (``persist_event_txn``
+    for each); their stream orderings are reserved together, ascending in batch order.
+
+    None of them may be stored already (the caller checked): one that was stored meanwhile
+    raises ``EventAlreadyPersisted`` and rolls the whole batch back. Safe to retry: every
+    attempt starts afresh.
+    """
+    if not batch:
+        return []
+    orderings = iter(allocate_many(txn, len(batch)))
+    groups_after: dict[str, int] = {}
+    results: list[PersistResult] = []
+    # The events' writes go to the server together, up to the next read (a new state group,
+    # a push-rules read): one round trip for a run of messages rather than one per event.
+    held = DeferredStatements(txn)
+    try:
+        for item in batch:
+            r = item.request
+            if item.state_before_of is not None:
+                r = attrs.evolve(r, state_before=groups_after[item.state_before_of])
+            result = persist_event_txn(held, r, lambda _txn: next(orderings))
+            if result.state_group_after is not None:
+                groups_after[r.event_id] = result.state_group_after
+            results.append(result)
+        held.flush()
+    except psycopg2.errors.UniqueViolation as e:
+        if e.diag.table_name == "events":
+            raise EventAlreadyPersisted(", ".join(item.request.event_id for item in batch)) from e
+        raise
+    return results
 
 
 def _run_batch(txn: Transaction, r: PersistRequest, batch: Sequence[tuple[str, Sequence[object]]]) -> None:
