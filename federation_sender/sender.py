@@ -64,7 +64,7 @@ from federation_sender.core import (
 )
 from federation_sender.device_lists import plan_updates
 from federation_sender.metrics import FederationSenderMetrics
-from federation_sender.queue import DEVICE_LIST_EDU_TYPE, Edu, PendingPdu
+from federation_sender.queue import DEVICE_LIST_EDU_TYPE, Edu, PendingPdu, encode_pdu
 from federation_sender.store import SenderStore
 from federation_sender.transport import TransactionFailed, Transport
 from storage.kernel.background import run_in_background
@@ -81,8 +81,13 @@ _REQUESTS = (
 )
 
 
+def _encoded(pdu_json: str) -> bytes:
+    """A stored PDU's canonical JSON (the events table's text is not necessarily canonical)."""
+    return encode_pdu(json.loads(pdu_json))
+
+
 def _pending(event: CatchUpEvent, now: float) -> PendingPdu:
-    return PendingPdu(event.event_id, event.room_id, event.stream_ordering, json.loads(event.pdu_json), now)
+    return PendingPdu(event.event_id, event.room_id, event.stream_ordering, _encoded(event.pdu_json), now)
 
 
 class FederationSender:
@@ -255,7 +260,8 @@ class FederationSender:
             now = self._clock.seconds()
             batches: dict[str, list[PendingPdu]] = {}
             for row in rows:
-                pdu = PendingPdu(row.event_id, row.room_id, row.stream_ordering, json.loads(row.pdu_json), now)
+                # Encoded once here; every destination's transaction joins the same bytes.
+                pdu = PendingPdu(row.event_id, row.room_id, row.stream_ordering, _encoded(row.pdu_json), now)
                 for name in row.destinations:
                     if name != self._server_name and self._should_handle(name):
                         batches.setdefault(name, []).append(pdu)
@@ -269,7 +275,7 @@ class FederationSender:
     def send_pdu(self, pdu: Mapping[str, Any], destinations: Iterable[str]) -> None:
         """Send an event that is not one of our new local events (a remote server's join we
         accepted as the resident server); it does not move catch-up positions."""
-        pending = PendingPdu(str(pdu.get("event_id", "")), str(pdu.get("room_id", "")), None, pdu,
+        pending = PendingPdu(str(pdu.get("event_id", "")), str(pdu.get("room_id", "")), None, encode_pdu(pdu),
                              self._clock.seconds())
         for name in sorted(set(destinations)):
             if name != self._server_name and self._should_handle(name):

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 import pytest
+from canonicaljson import encode_canonical_json
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -217,8 +218,11 @@ class Harness:
             jitter=lambda low, high: 1.0,
         )
 
-    def transport(self, destination: str, txn_id: str, body: dict[str, Any], timeout: float) -> Deferred[Any]:
-        call = Call(destination, txn_id, body, Deferred())
+    def transport(self, destination: str, txn_id: str, body: bytes, timeout: float) -> Deferred[Any]:
+        # The body is canonical JSON, byte for byte what encoding it as a whole would give.
+        parsed = json.loads(body)
+        assert encode_canonical_json(parsed) == body
+        call = Call(destination, txn_id, parsed, Deferred())
         self.calls.append(call)
         return call.answer
 
