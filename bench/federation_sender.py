@@ -11,11 +11,14 @@ Prints:
   with get_missing_events (a PDU arrived whose prev_events it never got);
 - a real receiving Tributary down while 500 messages go to 20 rooms: time from it coming back until
   all 500 are in its user's /sync, and the get_missing_events requests it made;
-- CPU and RSS of the sending process, idle and under load.
+- CPU and RSS of the sending process, idle and under load;
+- the fan-out cost: server CPU per PDU per destination with 1,000 destinations in a room
+  (``--cost-destinations``, ``--cost-events``; ``--only-cost`` runs it alone).
 
 Needs PostgreSQL on 127.0.0.1:5432 (trust auth for ``postgres``), as the tests do. Run by hand:
 
     .venv/bin/python bench/federation_sender.py [--events 500] [--rooms 1000] [--per-room 10]
+    .venv/bin/python bench/federation_sender.py --only-cost [--cost-destinations 1000] [--cost-events 200]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from tests.twisted_plugin import reactor, run_sync  # noqa: E402  (installs the 
 from twisted.internet import task  # noqa: E402
 from twisted.internet.defer import Deferred, gatherResults  # noqa: E402
 
+from bench.profiling import start_py_spy, stop_py_spy  # noqa: E402
 from tests.conftest import scratch_database  # noqa: E402
 from tests.federation_peer import Behaviour, FederationPeer  # noqa: E402
 from tests.harness import TributaryProcess, free_port  # noqa: E402
@@ -198,6 +202,69 @@ async def latency(peer: FederationPeer, name: str, alice: User, count: int) -> N
           f"p99 {pct(lags, 0.99):.1f} ms")
 
 
+async def settle(pid: int, *, quiet: float = 0.05, step: float = 2.0, limit: float = 1800.0) -> None:
+    """Wait until the process uses under ``quiet`` of a core over ``step`` seconds (its sender idle)."""
+    deadline = time.perf_counter() + limit
+    while time.perf_counter() < deadline:
+        cpu0 = cpu_seconds(pid)
+        await sleep(step)
+        if cpu_seconds(pid) - cpu0 < quiet * step:
+            return
+
+
+async def fanout_cost(tmp: Path, dsn: str, n: int, events: int, profile: str | None = None) -> None:
+    """Server CPU per PDU per destination: ``n`` destinations in one room, ``events`` messages
+    persisted while every destination is down, then every destination comes back (one inbound
+    transaction each, whose cost is measured apart and taken off) and the backlog drains."""
+    peer = FederationPeer(reactor, request_timeout_seconds=120)
+    t0 = time.perf_counter()
+    servers = await peer.start(n)
+    proc, name = start_tributary(tmp / "fanout", dsn, {})
+    try:
+        pid = proc.process.pid  # type: ignore[union-attr]
+        alice = await User.register(Client(proc.base_url), "alice")
+        room = await alice.room()
+        await parallel([lambda s=s: peer.join(s, f"@u:{s}", room, via=name) for s in servers], 8)
+        await settle(pid)  # each join is forwarded to every server already in the room
+        print(f"  set-up: {n} virtual servers joined one room in {time.perf_counter() - t0:.0f}s")
+
+        async def say_up(s: str, tag: str) -> None:
+            for attempt in range(3):  # a pooled connection the server has since closed fails once
+                try:
+                    await peer.send_transaction(s, name, f"{tag}-{s}-{attempt}")
+                    return
+                except Exception:
+                    if attempt == 2:
+                        raise
+
+        cpu0 = cpu_seconds(pid)
+        await parallel([lambda s=s: say_up(s, "hello") for s in servers], 8)
+        await settle(pid)
+        inbound = cpu_seconds(pid) - cpu0
+
+        await parallel([lambda s=s: peer.set_behaviour(s, Behaviour.DOWN) for s in servers], 8)
+        sent = await parallel([lambda i=i: alice.send(room, f"fan-out {i}") for i in range(events)], 8)
+        await settle(pid)  # every destination tried once, was refused, and backs off
+        await parallel([lambda s=s: peer.set_behaviour(s, Behaviour.OK) for s in servers], 8)
+        before_txns = sum(len(peer.transactions(s)) for s in servers)
+        spy = start_py_spy(pid, profile)
+        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+        await parallel([lambda s=s: say_up(s, "back") for s in servers], 8)
+        for s in servers:
+            await peer.wait_for_pdus(s, sent, timeout=1800)
+        elapsed = time.perf_counter() - t0
+        cpu = cpu_seconds(pid) - cpu0
+        stop_py_spy(spy, profile)
+        txns = sum(len(peer.transactions(s)) for s in servers) - before_txns - n
+        deliveries = events * n
+        print(f"  {n} destinations x {events} PDUs = {deliveries:,} deliveries in {elapsed:.1f}s, {txns} transactions; "
+              f"sender CPU {cpu:.2f}s less {inbound:.2f}s for the {n} inbound wake-up transactions: "
+              f"{1e6 * (cpu - inbound) / deliveries:.1f} µs per PDU per destination")
+    finally:
+        proc.stop()
+        await peer.stop()
+
+
 def gap_rooms(pdus: list[dict[str, Any]], ids: list[str], known: set[str]) -> int:
     """Rooms in which some PDU arrived whose prev_events the receiver never got (a fetch)."""
     have = set(known)
@@ -319,6 +386,11 @@ async def main(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory() as tmp_name, ExitStack() as stack:
         tmp = Path(tmp_name)
+        if args.only_cost:
+            print("fan-out cost:")
+            await fanout_cost(tmp, stack.enter_context(scratch_database(None)), args.cost_destinations,
+                              args.cost_events, args.py_spy)
+            return
         dsn = stack.enter_context(scratch_database(None))
         peer = FederationPeer(reactor, request_timeout_seconds=60)
         await peer.start(100)
@@ -339,6 +411,10 @@ async def main(args: argparse.Namespace) -> None:
         finally:
             proc.stop()
             await peer.stop()
+        if args.cost_destinations:
+            print("fan-out cost:")
+            await fanout_cost(tmp, stack.enter_context(scratch_database(None)), args.cost_destinations,
+                              args.cost_events, args.py_spy)
         if not args.skip_catch_up:
             print("catch-up:")
             await catch_up(tmp, stack.enter_context(scratch_database(None)), args.rooms, args.per_room)
@@ -355,6 +431,11 @@ if __name__ == "__main__":
     parser.add_argument("--fanout", default="1,10,100", help="destination counts of the throughput runs")
     parser.add_argument("--rooms", type=int, default=1000, help="rooms the catch-up destination missed")
     parser.add_argument("--per-room", type=int, default=10, help="messages it missed in each")
+    parser.add_argument("--cost-destinations", type=int, default=1000,
+                        help="destinations of the fan-out cost run (CPU per PDU per destination); 0 skips it")
+    parser.add_argument("--cost-events", type=int, default=200, help="PDUs each destination gets in that run")
+    parser.add_argument("--only-cost", action="store_true", help="run the fan-out cost run alone")
+    parser.add_argument("--py-spy", metavar="FILE", help="profile the sender during the fan-out cost run into FILE")
     parser.add_argument("--skip-catch-up", action="store_true")
     parser.add_argument("--skip-receiver", action="store_true")
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]

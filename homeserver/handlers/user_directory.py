@@ -5,6 +5,10 @@ process: ``workers/background.py``). It follows the events stream: each time the
 linear position moves, it rewrites from current state the rooms that had a state event since
 its stored position, in batches, storing the new position with the last batch. A process that
 starts from position 0 (a new table, or an old database) so builds the whole directory once.
+The position is read once and then kept in memory: a stretch of the stream with no state
+event (messages) costs one query and no write, and the stored position catches up with the
+next rewrite or once it lags ``POSITION_WRITE_LAG`` behind (a restart looks through that
+stretch again and finds nothing to do).
 It does not know who may search for whom: that is the search query's business.
 """
 
@@ -24,6 +28,8 @@ from storage.stores.user_directory import ROOMS_PER_BATCH, UserDirectoryStore
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_FAILURE_S: Final = 5.0
+POSITION_WRITE_LAG: Final = 1000
+"""Stream positions the stored position may lag the one in memory while no state changes."""
 
 
 def batches(room_ids: list[str], size: int = ROOMS_PER_BATCH) -> list[list[str]]:
@@ -40,6 +46,9 @@ class UserDirectoryUpdater:
         self._again = False
         self._stopping = False
         self._retry: Any = None
+        # The position applied, and the one stored (both None until first read).
+        self._position: int | None = None
+        self._stored: int | None = None
 
     def on_new_events(self) -> None:
         """The events stream moved: apply what changed (once more after the pass in flight)."""
@@ -74,15 +83,20 @@ class UserDirectoryUpdater:
     async def update_once(self) -> int:
         """Apply the events stream up to its current position; how many rooms were rewritten."""
         upto = self._events_position()
-        after = await self._store.get_position()
+        if self._position is None or self._stored is None:
+            self._position = self._stored = await self._store.get_position()
+        after = self._position
         if upto <= after:
             return 0
         rooms = await self._store.changed_rooms(after, upto)
         parts = batches(rooms)
         for i, part in enumerate(parts):
             await self._store.rebuild_rooms(part, upto if i == len(parts) - 1 else None)
-        if not parts:
-            await self._store.rebuild_rooms([], upto)
+        if parts or upto - self._stored >= POSITION_WRITE_LAG:
+            if not parts:
+                await self._store.rebuild_rooms([], upto)
+            self._stored = upto
+        self._position = upto
         if rooms:
             logger.debug("user directory: %d rooms rewritten up to %d", len(rooms), upto)
         return len(rooms)

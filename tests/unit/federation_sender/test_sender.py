@@ -30,6 +30,7 @@ from storage.stores.federation_sender import (
     DeviceListRow,
     FanoutEvent,
     OutboxRow,
+    SentMark,
 )
 
 CONFIG = FederationSenderConfig(
@@ -58,6 +59,9 @@ class MemoryStore:
         # The device_lists stream's rows (local users only), and who shares a room with each user.
         self.device_changes: list[DeviceListRow] = []
         self.sharing: dict[str, set[str]] = {}
+        # The destinations of each mark_sent_many write; a write waits for hold_marks when set.
+        self.mark_batches: list[list[str]] = []
+        self.hold_marks: Deferred[None] | None = None
 
     def device_change(self, user_id: str, device_id: str, *destinations: str) -> int:
         """A local user's device changed, meant for ``destinations`` (the call site's note)."""
@@ -113,11 +117,9 @@ class MemoryStore:
         self._check("set_retry")
         self.row(destination).retry = (retry_last_ts, retry_interval, failure_ts)
 
-    async def mark_sent(
-        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None,
-        device_lists_upto: int | None = None,
-    ) -> None:
-        self._check("mark_sent")
+    def _mark_sent(self, mark: SentMark) -> None:
+        destination, advance_to, reset_retry = mark.destination, mark.advance_to, mark.reset_retry
+        to_device_upto, device_lists_upto = mark.to_device_upto, mark.device_lists_upto
         if device_lists_upto is not None:
             row = self.row(destination)
             row.device_lists_position = max(row.device_lists_position or 0, device_lists_upto)
@@ -128,6 +130,14 @@ class MemoryStore:
             row.retry = (0, 0, None)
         if to_device_upto is not None:
             self.outbox[destination] = [r for r in self.outbox.get(destination, []) if r.stream_id > to_device_upto]
+
+    async def mark_sent_many(self, marks: Sequence[SentMark]) -> None:
+        self._check("mark_sent")
+        self.mark_batches.append(sorted(m.destination for m in marks))
+        if self.hold_marks is not None:
+            await self.hold_marks
+        for mark in marks:
+            self._mark_sent(mark)
 
     async def record_pdu_errors(self, destination: str, errors: Mapping[str, str], now_ms: int) -> None:
         self.pdu_errors.update({(destination, e): error for e, error in errors.items()})
@@ -361,6 +371,26 @@ def test_a_store_failure_is_counted_and_retried_after_a_pause() -> None:
     assert h.store.row("b.example").last_successful is None
     h.clock.advance(1.002)
     assert h.store.row("b.example").last_successful == 1
+
+
+def test_positions_answered_during_a_write_are_written_together_by_the_next() -> None:
+    """Three destinations get an event. b's answer starts a position write, which takes a
+    while; c and d answer meanwhile. Their positions wait, and go in one write once b's ends:
+    two database transactions for three answers, and every position lands."""
+    h = Harness(attrs.evolve(CONFIG, max_concurrent_transactions=10))
+    h.start()
+    h.event("!r", "b.example", "c.example", "d.example")
+    h.store.hold_marks = Deferred()
+    answers = {c.destination: c.answer for c in h.calls}
+    answers["b.example"].callback({})
+    answers["c.example"].callback({})
+    answers["d.example"].callback({})
+    assert h.store.mark_batches == [["b.example"]]
+    assert all(h.store.row(d).last_successful is None for d in ("b.example", "c.example", "d.example"))
+    held, h.store.hold_marks = h.store.hold_marks, None
+    held.callback(None)
+    assert h.store.mark_batches == [["b.example"], ["c.example", "d.example"]]
+    assert [h.store.row(d).last_successful for d in ("b.example", "c.example", "d.example")] == [1, 1, 1]
 
 
 def test_stop_cancels_what_is_in_flight() -> None:

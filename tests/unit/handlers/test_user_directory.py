@@ -8,7 +8,7 @@ from collections.abc import Collection
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from homeserver.handlers.user_directory import UserDirectoryUpdater, batches
+from homeserver.handlers.user_directory import POSITION_WRITE_LAG, UserDirectoryUpdater, batches
 from storage.stores.user_directory import UserDirectoryStore
 
 
@@ -55,9 +55,25 @@ def test_rewrites_changed_rooms_once_and_stores_the_position_with_the_last_batch
     assert store.rebuilt == [(["!a", "!b"], 3)] and store.position == 3
     # Nothing new: nothing rewritten, the position stays.
     assert run(updater) == 0 and store.rebuilt == [(["!a", "!b"], 3)]
-    # The stream moved past events that changed no state: only the position moves.
+    # The stream moved past events that changed no state: nothing is written, the position
+    # moves in memory only (no query for it either) ...
     position[0] = 7
-    assert run(updater) == 0 and store.rebuilt[-1] == ([], 7) and store.position == 7
+    store.position = -1  # a stored position read again would show
+    assert run(updater) == 0 and store.rebuilt == [(["!a", "!b"], 3)] and store.position == -1
+    # ... and a later change is looked for after it, not after the stored one.
+    store.changes[5] = "!c"
+    store.changes[9] = "!d"
+    position[0] = 9
+    assert run(updater) == 1 and store.rebuilt[-1] == (["!d"], 9) and store.position == 9
+
+
+def test_the_stored_position_catches_up_once_it_lags_far_enough() -> None:
+    store = FakeStore({})
+    position = [POSITION_WRITE_LAG - 1]
+    updater = UserDirectoryUpdater(store, Clock(), lambda: position[0])
+    assert run(updater) == 0 and store.rebuilt == [] and store.position == 0
+    position[0] = POSITION_WRITE_LAG
+    assert run(updater) == 0 and store.rebuilt == [([], POSITION_WRITE_LAG)] and store.position == POSITION_WRITE_LAG
 
 
 def test_many_rooms_go_in_batches_with_the_position_last() -> None:
