@@ -69,6 +69,7 @@ from federation_sender.store import SenderStore
 from federation_sender.transport import TransactionFailed, Transport
 from storage.kernel.background import run_in_background
 from storage.kernel.logcontext import log_context
+from storage.kernel.written_events import WrittenEvents, is_fanout
 from storage.stores.federation_sender import CatchUpEvent, SentMark
 
 logger = logging.getLogger(__name__)
@@ -105,8 +106,11 @@ class FederationSender:
         joined_servers: Callable[[str], Awaitable[set[str]]] | None = None,
         should_handle: Callable[[str], bool] = lambda destination: True,
         jitter: Jitter = random.uniform,
+        written: WrittenEvents | None = None,
     ) -> None:
         self._server_name = server_name
+        # What this process persisted: a range of events for no other server needs no read.
+        self._written = written
         self._config = config
         self._store = store
         self._transport = transport
@@ -252,6 +256,10 @@ class FederationSender:
     async def _run_fanout(self) -> None:
         while self._position < self._fanout_target and not self._stopping:
             target = self._fanout_target
+            if self._written is not None and self._written.nothing_for(self._position, target, is_fanout):
+                self._position = target
+                self._metrics.position.set(target)
+                continue
             try:
                 rows = await self._store.get_fanout_events(self._position, target, FANOUT_BATCH)
             except CancelledError:

@@ -44,6 +44,7 @@ from homeserver.events.identifiers import server_name_of
 from homeserver.federation.acl import ACL_KEY, server_allowed
 from homeserver.handlers.event_loader import EventLoader
 from storage.database import Transaction
+from storage.kernel.written_events import WrittenEvent, WrittenEvents
 from storage.stores.events import (
     EventAlreadyPersisted,
     EventsStore,
@@ -147,8 +148,11 @@ class EventPersister:
         metrics: PersistenceMetrics,
         backfill_ids: StreamIdAllocator | None = None,
         push: PushActionsSource | None = None,
+        written: WrittenEvents | None = None,
     ) -> None:
         self._push = push
+        # Notes for this process's readers of the events stream (``storage/kernel/written_events.py``).
+        self._written = written
         self._store = store
         self._loader = loader
         self._stream_ids = stream_ids
@@ -383,7 +387,8 @@ class EventPersister:
         )
         try:
             result = await self._stream_ids.run_interaction(
-                "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
+                "persist_event", persist_event_txn, request,
+                self._allocator(WrittenEvent(state=event.is_state(), fanout=bool(remote_servers))),
             )
         except EventAlreadyPersisted:
             stream_ordering = await self._store.get_stream_ordering(event.event_id)
@@ -394,6 +399,20 @@ class EventPersister:
         if snapshot is not None and linear and ctx.for_local_send and is_local and not result.already_persisted:
             self._advance_snapshot(snapshot, event, result)
         return result
+
+    def _allocator(self, written: WrittenEvent) -> Callable[[Transaction], int]:
+        """The events stream's ``get_next_txn``, noting ``written`` at the position it reserves once
+        the transaction commits (before the position completes, so a reader woken by it sees the note)."""
+        written_events = self._written
+        if written_events is None:
+            return self._stream_ids.get_next_txn
+
+        def allocate(txn: Transaction) -> int:
+            position = self._stream_ids.get_next_txn(txn)
+            txn.call_after(written_events.note, position, written)
+            return position
+
+        return allocate
 
     async def _acl_allowed(
         self, event: FrozenEvent, snapshot: _RoomSnapshot | None, servers: frozenset[str]

@@ -23,6 +23,7 @@ from federation_sender.config import BackoffConfig, FederationSenderConfig
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender
 from federation_sender.transport import TransactionFailed
+from storage.kernel.written_events import WrittenEvent, WrittenEvents
 from storage.stores.federation_sender import (
     CatchUpData,
     CatchUpEvent,
@@ -61,6 +62,7 @@ class MemoryStore:
         self.sharing: dict[str, set[str]] = {}
         # The destinations of each mark_sent_many write; a write waits for hold_marks when set.
         self.mark_batches: list[list[str]] = []
+        self.fanout_reads = 0
         self.hold_marks: Deferred[None] | None = None
 
     def device_change(self, user_id: str, device_id: str, *destinations: str) -> int:
@@ -101,6 +103,7 @@ class MemoryStore:
         return newest
 
     async def get_fanout_events(self, after: int, upto: int, limit: int) -> list[FanoutEvent]:
+        self.fanout_reads += 1
         return [e for e in self.events if after < e.stream_ordering <= upto][:limit]
 
     async def get_backing_off(self) -> list[DestinationRow]:
@@ -208,7 +211,8 @@ class Call:
 
 
 class Harness:
-    def __init__(self, config: FederationSenderConfig = CONFIG, store: MemoryStore | None = None) -> None:
+    def __init__(self, config: FederationSenderConfig = CONFIG, store: MemoryStore | None = None,
+                 written: WrittenEvents | None = None) -> None:
         self.clock = Clock()
         self.clock.advance(1_000)
         self.store = store or MemoryStore()
@@ -226,6 +230,7 @@ class Harness:
             device_lists_position=lambda: self.device_position,
             metrics=FederationSenderMetrics.create(self.registry),
             jitter=lambda low, high: 1.0,
+            written=written,
         )
 
     def transport(self, destination: str, txn_id: str, body: bytes, timeout: float) -> Deferred[Any]:
@@ -391,6 +396,27 @@ def test_positions_answered_during_a_write_are_written_together_by_the_next() ->
     held.callback(None)
     assert h.store.mark_batches == [["b.example"], ["c.example", "d.example"]]
     assert [h.store.row(d).last_successful for d in ("b.example", "c.example", "d.example")] == [1, 1, 1]
+
+
+def test_events_this_process_wrote_for_no_other_server_are_not_read_again() -> None:
+    """The persister noted events 1 and 2 as local-only: the fan-out moves past them without a
+    query. Event 3 is for b (noted so): read and sent. Event 4 was written elsewhere (no note):
+    read, to be sure."""
+    written = WrittenEvents()
+    h = Harness(written=written)
+    h.start()
+    for room in ("!a", "!b"):
+        written.note(h.store.add_event(room, ()), WrittenEvent(state=False, fanout=False))
+    h.position = 2
+    h.sender.notify_new_events(2)
+    assert h.store.fanout_reads == 0 and h.metric("tributary_federation_sender_fanout_position") == 2
+    ordering = h.store.add_event("!c", ("b.example",))
+    written.note(ordering, WrittenEvent(state=False, fanout=True))
+    h.position = ordering
+    h.sender.notify_new_events(ordering)
+    assert h.store.fanout_reads == 1 and [event_ids(c) for c in h.calls] == [["$e3"]]
+    h.event("!d")
+    assert h.store.fanout_reads == 2 and h.metric("tributary_federation_sender_fanout_position") == 4
 
 
 def test_stop_cancels_what_is_in_flight() -> None:
