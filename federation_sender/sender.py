@@ -150,6 +150,8 @@ class FederationSender:
         # Accepted transactions' marks waiting for the write under way to end (``_mark_sent``).
         self._marks: list[tuple[SentMark, Deferred[None]]] = []
         self._marking: Deferred[None] | None = None
+        # Destinations whose position was written while a periodic catch-up scan was reading.
+        self._acked_during_scan: set[str] | None = None
 
         metrics.pending_pdus.set_function(lambda: sum(d.pending_pdus for d in self._destinations.values()))
         metrics.pending_edus.set_function(lambda: sum(d.pending_edus for d in self._destinations.values()))
@@ -546,6 +548,8 @@ class FederationSender:
                                                         self._now_ms())
                 await self._mark_sent(SentMark(name, step.advance_to, step.clear_retry, step.to_device_upto,
                                                step.device_lists_upto))
+                if self._acked_during_scan is not None:
+                    self._acked_during_scan.add(name)
                 return dest.on_persisted(self._now_ms())
             case PersistRetry(retry=retry):
                 await self._store.set_retry(name, retry.retry_last_ts, retry.retry_interval, retry.failure_ts)
@@ -628,10 +632,19 @@ class FederationSender:
         counts, even one past the stream's position: a room's row holds only its newest event,
         so an older event of that room that was in flight when the process died is behind it,
         and the fan-out (which starts at the position) will never hand it out again."""
-        rows = await self._store.get_needing_catch_up(_EVERYTHING if startup else self._position)
+        if not startup:
+            self._acked_during_scan = set()
+        try:
+            rows = await self._store.get_needing_catch_up(_EVERYTHING if startup else self._position)
+        finally:
+            acked, self._acked_during_scan = self._acked_during_scan, None
         found = 0
         for row in rows:
             if not self._should_handle(row.destination):
+                continue
+            if acked is not None and row.destination in acked:
+                # Its position moved while the scan read the old one: the rows it saw were
+                # in flight, not missed (catching up would send them a second time).
                 continue
             found += 1
             dest = self._destination(row.destination)

@@ -63,6 +63,7 @@ class MemoryStore:
         # The destinations of each mark_sent_many write; a write waits for hold_marks when set.
         self.mark_batches: list[list[str]] = []
         self.fanout_reads = 0
+        self.hold_scan: Deferred[None] | None = None
         self.hold_marks: Deferred[None] | None = None
 
     def device_change(self, user_id: str, device_id: str, *destinations: str) -> int:
@@ -111,10 +112,13 @@ class MemoryStore:
 
     async def get_needing_catch_up(self, upto: int) -> list[DestinationRow]:
         names = {d for e in self.events for d in e.destinations}
-        return [
+        rows = [
             self._destination_row(name) for name in sorted(names)
             if any(self.row(name).last_successful or 0 < pos <= upto for pos in self._rooms(name).values())
         ]
+        if self.hold_scan is not None:  # the rows as they were when the query ran, answered later
+            await self.hold_scan
+        return rows
 
     async def set_retry(self, destination: str, retry_last_ts: int, retry_interval: int, failure_ts: int | None) -> None:
         self._check("set_retry")
@@ -417,6 +421,25 @@ def test_events_this_process_wrote_for_no_other_server_are_not_read_again() -> N
     assert h.store.fanout_reads == 1 and [event_ids(c) for c in h.calls] == [["$e3"]]
     h.event("!d")
     assert h.store.fanout_reads == 2 and h.metric("tributary_federation_sender_fanout_position") == 4
+
+
+def test_a_scan_that_read_a_position_since_written_does_not_start_a_catch_up() -> None:
+    """The periodic scan reads b's rows while b's transaction is in flight: the event looks
+    missed. b's answer comes and its position is written before the scan's answer arrives, by
+    which time b is idle. The scan must not send b into catch-up: that would send it the event
+    a second time."""
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example")
+    h.store.hold_scan = Deferred()
+    h.clock.advance(CONFIG.catch_up.scan_interval.total_seconds())
+    h.calls[0].answer.callback({})
+    assert h.store.row("b.example").last_successful == 1
+    held, h.store.hold_scan = h.store.hold_scan, None
+    held.callback(None)
+    h.clock.advance(1)
+    assert len(h.calls) == 1
+    assert h.metric("tributary_federation_sender_catch_up_entered_total", reason="missed") == 0
 
 
 def test_stop_cancels_what_is_in_flight() -> None:
