@@ -302,7 +302,7 @@ def make_event(
     validate_pdu(room_version, pdu)
     if trusted_event_id is None:
         check_edge_caps(pdu)
-    size = len(encode_canonical(thaw(pdu)))
+    size = len(encode_canonical(pdu))
     if size > C.MAX_PDU_SIZE:
         raise EventTooLarge(f"event is {size} bytes of canonical JSON; the limit is {C.MAX_PDU_SIZE}")
     event_id = trusted_event_id or compute_event_id(room_version, pdu)
