@@ -133,6 +133,17 @@ async def sleep(seconds: float) -> None:
     await task.deferLater(reactor, seconds, lambda: None)
 
 
+async def say_up(peer: FederationPeer, server: str, destination: str, tag: str) -> None:
+    """Virtual ``server`` sends ``destination`` an empty transaction: it is up (its backoff ends)."""
+    for attempt in range(3):  # a pooled connection the destination has since closed fails once
+        try:
+            await peer.send_transaction(server, destination, f"{tag}-{server}-{attempt}")
+            return
+        except Exception:
+            if attempt == 2:
+                raise
+
+
 async def throughput(peer: FederationPeer, proc: TributaryProcess, name: str, alice: User, n: int,
                      events: int) -> None:
     servers = peer.servers[:n]
@@ -164,17 +175,7 @@ async def throughput(peer: FederationPeer, proc: TributaryProcess, name: str, al
     for s in servers:
         await peer.set_behaviour(s, Behaviour.OK)
     cpu0, t0 = cpu_seconds(pid), time.perf_counter()
-
-    async def say_up(s: str) -> None:
-        for attempt in range(3):  # a pooled connection the server has since closed fails once
-            try:
-                await peer.send_transaction(s, name, f"up-{s}-{t0}-{attempt}")
-                return
-            except Exception:
-                if attempt == 2:
-                    raise
-
-    await parallel([lambda s=s: say_up(s) for s in servers], 8)
+    await parallel([lambda s=s: say_up(peer, s, name, f"up-{t0}") for s in servers], 8)
     for s in servers:
         await peer.wait_for_pdus(s, sent, timeout=300)
     elapsed = time.perf_counter() - t0
@@ -240,20 +241,11 @@ async def fanout_cost(tmp: Path, dsn: str, n: int, events: int, profile: str | N
         print(f"  set-up: {n} virtual servers joined one room and went down, {events} messages sent, "
               f"in {time.perf_counter() - t0:.0f}s")
 
-        async def say_up(s: str, tag: str) -> None:
-            for attempt in range(3):  # a pooled connection the server has since closed fails once
-                try:
-                    await peer.send_transaction(s, name, f"{tag}-{s}-{attempt}")
-                    return
-                except Exception:
-                    if attempt == 2:
-                        raise
-
         await parallel([lambda s=s: peer.set_behaviour(s, Behaviour.OK) for s in servers], 8)
         first = {s: len(peer.transactions(s)) for s in servers}
         spy = start_py_spy(pid, profile)
         cpu0, t0 = cpu_seconds(pid), time.perf_counter()
-        await parallel([lambda s=s: say_up(s, "back") for s in servers], 8)
+        await parallel([lambda s=s: say_up(peer, s, name, "back") for s in servers], 8)
         for s in servers:
             await peer.wait_for_pdus(s, sent, timeout=3600)
         elapsed = time.perf_counter() - t0
@@ -264,7 +256,7 @@ async def fanout_cost(tmp: Path, dsn: str, n: int, events: int, profile: str | N
         deliveries = sum(len(t.pdus) for t in txns)
 
         cpu0 = cpu_seconds(pid)
-        await parallel([lambda s=s: say_up(s, "again") for s in servers], 8)
+        await parallel([lambda s=s: say_up(peer, s, name, "again") for s in servers], 8)
         await settle(pid, quiet=0.02, step=1.0)
         inbound = cpu_seconds(pid) - cpu0
         print(f"  {n} destinations: {deliveries:,} PDUs delivered ({events} messages each, and the joins after "
