@@ -442,6 +442,21 @@ def test_a_scan_that_read_a_position_since_written_does_not_start_a_catch_up() -
     assert h.metric("tributary_federation_sender_catch_up_entered_total", reason="missed") == 0
 
 
+def test_stopping_during_a_position_write_leaves_no_error_behind() -> None:
+    """The sender stops while a position write is under way: the stop does not wait for it,
+    and the write's end afterwards raises nothing and counts no crashed loop."""
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example")
+    h.store.hold_marks = Deferred()
+    h.calls[0].answer.callback({})
+    d = Deferred.fromCoroutine(h.sender.stop())
+    assert d.called
+    held, h.store.hold_marks = h.store.hold_marks, None
+    held.callback(None)
+    assert h.metric("tributary_federation_sender_loop_restarts_total") == 0
+
+
 def test_stop_cancels_what_is_in_flight() -> None:
     h = Harness()
     h.start()
