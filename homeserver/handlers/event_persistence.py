@@ -56,7 +56,7 @@ from storage.stores.events import (
     StateKey,
     persist_event_txn,
 )
-from storage.stores.push import PushAction
+from storage.stores.push import PushAction, any_http_pusher_txn
 
 logger = logging.getLogger(__name__)
 
@@ -366,8 +366,10 @@ class EventPersister:
                 remote_servers = await self._acl_allowed(event, snapshot, remote_servers)
 
         push_actions = None
+        # Whether the event notifies anyone with a pusher: found by the transaction, noted after it.
+        pushes = [False]
         if self._push is not None and not outlier and rejection_reason is None and not soft_failed:
-            push_actions = self._push.actions_txn(event)
+            push_actions = self._noting_pushes(self._push.actions_txn(event), pushes)
         request = self._request(
             room_version,
             event,
@@ -388,7 +390,7 @@ class EventPersister:
         try:
             result = await self._stream_ids.run_interaction(
                 "persist_event", persist_event_txn, request,
-                self._allocator(WrittenEvent(state=event.is_state(), fanout=bool(remote_servers))),
+                self._allocator(lambda: WrittenEvent(event.is_state(), bool(remote_servers), pushes[0])),
             )
         except EventAlreadyPersisted:
             stream_ordering = await self._store.get_stream_ordering(event.event_id)
@@ -400,19 +402,36 @@ class EventPersister:
             self._advance_snapshot(snapshot, event, result)
         return result
 
-    def _allocator(self, written: WrittenEvent) -> Callable[[Transaction], int]:
-        """The events stream's ``get_next_txn``, noting ``written`` at the position it reserves once
-        the transaction commits (before the position completes, so a reader woken by it sees the note)."""
+    def _allocator(self, written: Callable[[], WrittenEvent]) -> Callable[[Transaction], int]:
+        """The events stream's ``get_next_txn``, noting ``written()`` at the position it reserves
+        once the transaction commits (before the position completes, so a reader woken by it
+        sees the note)."""
         written_events = self._written
         if written_events is None:
             return self._stream_ids.get_next_txn
 
         def allocate(txn: Transaction) -> int:
             position = self._stream_ids.get_next_txn(txn)
-            txn.call_after(written_events.note, position, written)
+            txn.call_after(lambda: written_events.note(position, written()))
             return position
 
         return allocate
+
+    def _noting_pushes(self, actions_txn: Callable[[Transaction], Sequence[PushAction]],
+                       pushes: list[bool]) -> Callable[[Transaction], Sequence[PushAction]]:
+        """``actions_txn``, also setting ``pushes[0]`` when a user it notifies has an ``http``
+        pusher (one more statement in the transaction, only when someone is notified, and only
+        when this process keeps notes for its own pushers' scan)."""
+        if self._written is None:
+            pushes[0] = True
+            return actions_txn
+
+        def in_txn(txn: Transaction) -> Sequence[PushAction]:
+            actions = actions_txn(txn)
+            pushes[0] = bool(actions) and any_http_pusher_txn(txn, {a.user_id for a in actions})
+            return actions
+
+        return in_txn
 
     async def _acl_allowed(
         self, event: FrozenEvent, snapshot: _RoomSnapshot | None, servers: frozenset[str]

@@ -4,9 +4,10 @@ Each time the events stream moves, readers in the same process (the federation s
 fan-out, the user directory's updater) look at what the new positions hold, and each look is
 a database round trip: for a message in a room with no other server, two round trips that
 find nothing. The persister notes, for each event it commits, the two facts those readers
-need (is it a state event; does it go to other servers), before its position completes, and a
-reader skips its query over a range every position of which this process noted and none of
-which is of interest to it.
+need (is it a state event; does it go to other servers; did it notify anyone with a pusher),
+before its position completes, and a
+reader (also the pushers' scan) skips its query over a range every position of which this
+process noted and none of which is of interest to it.
 
 It knows only positions this process wrote: another writer's events, a position whose
 transaction rolled back, or one older than the last ``capacity`` notes are unknown, and a
@@ -36,6 +37,8 @@ class WrittenEvent:
     state: bool
     # It is a local event for other servers (``events.destinations`` is set: the fan-out reads it).
     fanout: bool
+    # It notified a user with an ``http`` pusher, or that is not known (the pushers' scan reads it).
+    pushes: bool = True
 
 
 class WrittenEvents:
@@ -73,3 +76,7 @@ def is_state(written: WrittenEvent) -> bool:
 
 def is_fanout(written: WrittenEvent) -> bool:
     return written.fanout
+
+
+def is_push(written: WrittenEvent) -> bool:
+    return written.pushes
