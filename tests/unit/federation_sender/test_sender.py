@@ -114,7 +114,7 @@ class MemoryStore:
         names = {d for e in self.events for d in e.destinations}
         rows = [
             self._destination_row(name) for name in sorted(names)
-            if any(self.row(name).last_successful or 0 < pos <= upto for pos in self._rooms(name).values())
+            if any((self.row(name).last_successful or 0) < pos <= upto for pos in self._rooms(name).values())
         ]
         if self.hold_scan is not None:  # the rows as they were when the query ran, answered later
             await self.hold_scan
