@@ -34,12 +34,16 @@ run: $(RUN_STAMP)
 # PostgreSQL and Redis running; Prometheus, nginx and docker-compose installed (from
 # Debian's packages) for the observability and deployment tests; Java and the
 # PostgreSQL JDBC driver for the Spark reports; Chromium and chromedriver for the
-# operator console test. Installing needs root (or sudo): see README.md.
+# operator console test; ngIRCd and heisenbridge (its own virtualenv) for the bridge test;
+# matrix-js-sdk (npm, tests/js_client) for the sliding sync client test.
+# Installing needs root (or sudo): see README.md.
 services:
 	@bash .ci/ensure-services.sh
 	@bash .ci/install-observability.sh
 	@bash .ci/install-spark.sh
 	@bash .ci/install-browser.sh
+	@bash .ci/install-js-client.sh
+	@bash .ci/install-bridge.sh
 
 test: $(TEST_STAMP) services
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -36,6 +36,9 @@ import attrs
 from federation_sender.backoff import HEALTHY, Jitter, RetryState, is_unhealthy, policy_from_config
 from federation_sender.catch_up import CatchUpChunk, CatchUpRoom, plan_chunks
 from federation_sender.config import FederationSenderConfig
+from federation_sender.link import ProtocolViolation as ProtocolViolation
+from federation_sender.link import RequestLink
+from federation_sender.link import ScheduleWake as ScheduleWake
 from federation_sender.queue import (
     DATABASE_EDU_TYPES,
     DEVICE_LIST_EDU_TYPE,
@@ -46,10 +49,6 @@ from federation_sender.queue import (
     PerDestinationQueue,
     PlannedTransaction,
 )
-
-# A destination whose loop raised waits this long before going on, doubling per crash in a row.
-SUPERVISION_FIRST_DELAY_MS: Final = 1_000
-SUPERVISION_MAX_DELAY_MS: Final = 300_000
 
 # Why a destination refused a PDU, as a closed set (a metric label): the error text of a
 # ``/send`` answer's ``pdus`` map is free text, so it is classified by what it mentions.
@@ -202,13 +201,6 @@ Request: TypeAlias = (
 
 
 @attrs.frozen
-class ScheduleWake:
-    """Call ``on_wake`` at ``at_ms`` (not before)."""
-
-    at_ms: int
-
-
-@attrs.frozen
 class WaitForPosition:
     """Call ``on_position`` once the events stream's position is above ``above``."""
 
@@ -274,11 +266,7 @@ Notice: TypeAlias = EnteredCatchUp | CaughtUp | BackingOff | TransactionRejected
 Action: TypeAlias = Request | ScheduleWake | WaitForPosition | QueueWake | Notice
 
 
-class ProtocolViolation(Exception):
-    """The loop called a result method that does not answer the outstanding request (a bug)."""
-
-
-class Destination:
+class Destination(RequestLink[Request]):
     """Everything about sending to one destination (see the module docstring)."""
 
     def __init__(
@@ -290,7 +278,7 @@ class Destination:
         jitter: Jitter,
         retry: RetryState = HEALTHY,
     ) -> None:
-        self.name = name
+        super().__init__(name)
         self._config = config
         self._txn_ids = txn_ids
         self._jitter = jitter
@@ -303,14 +291,8 @@ class Destination:
         # nothing sent to it since: it has no in-memory queue yet, so what comes for it is left
         # to catch-up (PDUs) or dropped (EDUs) instead of piling up.
         self._has_queue = retry.healthy
-        self._step: Request | None = None
         self._in_flight: PlannedTransaction | None = None
         self._retry_dirty = False
-        self._wake_at: int | None = None
-        # Supervision: crashes in a row, and no request before this moment after one.
-        self._crashes = 0
-        self._resting_until = 0
-        self._resume: PersistPosition | None = None
         # To-device messages read for the next transaction.
         self._outbox: tuple[OutboxMessage, ...] | None = None
         # Device-list updates read for the next transaction, and the stream position they cover.
@@ -347,11 +329,6 @@ class Destination:
     @property
     def in_flight(self) -> PlannedTransaction | None:
         return self._in_flight
-
-    @property
-    def outstanding(self) -> Request | None:
-        """The request the loop is carrying out for this destination."""
-        return self._step
 
     @property
     def acked_position(self) -> int:
@@ -447,8 +424,7 @@ class Destination:
         return [QueueWake()]
 
     def on_wake(self, now_ms: int) -> list[Action]:
-        if self._wake_at is not None and now_ms >= self._wake_at:
-            self._wake_at = None
+        self._woken(now_ms)
         return self._next(now_ms)
 
     def on_position(self, position: int, now_ms: int) -> list[Action]:
@@ -477,7 +453,7 @@ class Destination:
     def on_crashed(self, now_ms: int) -> list[Action]:
         """Carrying out the outstanding request raised unexpectedly (a bug or a lost database).
         It is redone, or decided afresh, after a delay that doubles per crash in a row."""
-        step, self._step = self._step, None
+        step, wake = self._crashed(now_ms)
         if isinstance(step, SendTransaction):
             # No answer is known: resend it as it was (same ID), so the receiver can deduplicate.
             self._in_flight = None
@@ -490,10 +466,7 @@ class Destination:
             self._queue.outbox_pending = True
         elif isinstance(step, ReadDeviceLists):
             self._queue.device_lists_pending = True
-        self._crashes += 1
-        delay = min(SUPERVISION_FIRST_DELAY_MS * 2 ** (self._crashes - 1), SUPERVISION_MAX_DELAY_MS)
-        self._resting_until = now_ms + delay
-        return self._schedule_wake(self._resting_until)
+        return wake
 
     # --- answers to requests -------------------------------------------------------------------
 
@@ -634,13 +607,9 @@ class Destination:
 
     def _next(self, now_ms: int) -> list[Action]:
         """What to do now that nothing is outstanding (nothing, while something is)."""
-        if self._step is not None:
-            return []
-        if now_ms < self._resting_until:
-            return self._schedule_wake(self._resting_until)
-        if self._resume is not None:
-            resume, self._resume = self._resume, None
-            return self._begin(resume)
+        first = self._before_deciding(now_ms)
+        if first is not None:
+            return first
         if self._retry_dirty:
             self._retry_dirty = False
             return self._begin(PersistRetry(self._queue.retry))
@@ -703,26 +672,6 @@ class Destination:
         self._in_flight = txn
         return self._begin(SendTransaction(txn))
 
-    def _begin(self, step: Request) -> list[Action]:
-        self._step = step
-        return [step]
-
-    def _schedule_wake(self, at_ms: int) -> list[Action]:
-        if self._wake_at == at_ms:
-            return []
-        self._wake_at = at_ms
-        return [ScheduleWake(at_ms)]
-
     def _forget_catch_up_plan(self) -> None:
         self._chunks.clear()
         self._awaiting_position = None
-
-    def _answer(self, *kinds: type[Any]) -> Any:
-        """The outstanding request, which must be one of ``kinds``; nothing is outstanding after."""
-        step = self._step
-        if not isinstance(step, kinds):
-            names = "/".join(k.__name__ for k in kinds)
-            raise ProtocolViolation(f"[{self.name}] got an answer to {names}, but the outstanding request is {step!r}")
-        self._step = None
-        self._crashes = 0  # carried out: the crashes are no longer in a row
-        return step

@@ -44,6 +44,7 @@ from twisted.web.server import Request
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender
 from homeserver import __version__
+from homeserver.admin.guard import AdminGuard
 from homeserver.admin.console import register_console
 from homeserver.admin.servlets import AdminApi
 from homeserver.admin.tasks import TaskTracker
@@ -69,6 +70,7 @@ from homeserver.handlers.federation_edus import EduSink, OutboundEdus
 from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.presence import SyncTracker
 from homeserver.handlers.push import PushActionsEvaluator, PushersHandler
+from homeserver.handlers.ratelimit import Ratelimiter
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.handlers.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
@@ -115,6 +117,7 @@ from storage.kernel.written_events import WrittenEvents
 from storage.metrics import StorageMetrics, StreamMetrics
 from storage.notifier import Notifier
 from storage.prepare import apply_migrations, check_server_name, current_schema_version, prepare_database
+from storage.stores.admin import AdminStore
 from storage.stores.e2e import E2eStore
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
@@ -678,6 +681,7 @@ class HomeServer:
     def _register_servlets(self, storage: Storage, streams: Streams, services: Services) -> None:
         """The client and federation servlets this process's role serves (and, on the main
         process, the admin API)."""
+        admin = None
         if self.layout.is_main:
             admin = AdminApi(config=self.config, db=storage.db, reactor=self.reactor, accounts=services.accounts,
                              rooms=services.rooms, remote_up=services.remote_up, tasks=self.admin_tasks)
@@ -711,8 +715,12 @@ class HomeServer:
         if media is not None:
             previewer = UrlPreviewer(self.config.media.url_preview, self.reactor, media.metrics,
                                      media.store_preview_image)
-            register_media_servlets(self.router, admin_router=self.admin_router, auth=accounts.auth, repo=media,
-                                    previewer=previewer)
+            # The main process shares the admin API's guard (one rc_admin budget per admin); a
+            # media_repository worker has its own.
+            guard = admin.admin_only if admin is not None else AdminGuard(
+                accounts.auth, AdminStore(storage.db), Ratelimiter.from_config(self.config.rc_admin))
+            register_media_servlets(self.router, admin_router=self.admin_router, admin_only=guard,
+                                    auth=accounts.auth, repo=media, previewer=previewer)
             register_federation_media_servlets(self.federation_router, services.federation, media)
             register_legacy_download_for_federation(self.federation_router, repo=media)
 

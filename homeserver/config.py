@@ -22,6 +22,8 @@ import attrs
 import yaml
 
 from federation_sender.config import BackoffConfig, CatchUpConfig, FederationSenderConfig
+from homeserver.appservice.config import DEFAULT_APP_SERVICE_BACKOFF, AppServiceSenderConfig
+from homeserver.appservice.registration import AppService, Namespace
 from homeserver.media.config import MediaConfig, RateLimitSpec, UrlPreviewConfig
 from homeserver.media.rules import ThumbnailSpec
 from replication.config import DEFAULT_REDIS_URL, RedisConfig, ReplicationConfig
@@ -346,9 +348,8 @@ def _federation(path: str, raw: object) -> FederationConfig:
     return result
 
 
-def _backoff(path: str, raw: object) -> BackoffConfig:
+def _backoff(path: str, raw: object, defaults: BackoffConfig = BackoffConfig()) -> BackoffConfig:
     s = _Section(path, raw)
-    defaults = BackoffConfig()
 
     def jitter(p: str, v: object) -> tuple[float, float]:
         items = _expect_list(p, v)
@@ -647,7 +648,7 @@ def _media(path: str, raw: object, path_value: Callable[[str, object], Path]) ->
 
 # Worker roles the launcher knows (issue 9 makes them pluggable; the names are fixed here).
 WORKER_APPS: Final = ("generic", "event_persister", "federation_sender", "background", "media_repository",
-                      "pusher")
+                      "pusher", "appservice")
 # Streams whose writer is configurable in ``stream_writers``.
 WRITABLE_STREAMS: Final = ("events", "typing", "receipts", "presence", "to_device", "account_data")
 MAIN_INSTANCE: Final = "master"
@@ -792,6 +793,11 @@ def _check_worker_layout(config: HomeserverConfig) -> None:
     if len(pushers) > 1:
         # Each would deliver every notification: users would get every push twice.
         raise ConfigError(f"workers.{pushers[1]}.app", f"only one pusher worker may run; {', '.join(pushers)} are")
+    senders = sorted(name for name, worker in config.workers.items() if worker.app == "appservice")
+    if len(senders) > 1:
+        # Each would send every transaction: services would get every event twice.
+        raise ConfigError(f"workers.{senders[1]}.app",
+                          f"only one appservice worker may run; {', '.join(senders)} are")
     if config.workers and MAIN_INSTANCE not in config.instance_map:
         raise ConfigError(
             "instance_map",
@@ -859,6 +865,9 @@ class HomeserverConfig:
     federation_sender_instances: tuple[str, ...] = ()
     workers: Mapping[str, WorkerConfig] = attrs.field(factory=dict)
     media: MediaConfig = MediaConfig()
+    # ``app_service_config_files``: one registration per file (docs/appservices.md).
+    app_services: tuple[AppService, ...] = ()
+    app_service_sender: AppServiceSenderConfig = AppServiceSenderConfig()
 
     @property
     def media_store_path(self) -> Path:
@@ -893,6 +902,118 @@ class HomeserverConfig:
     @property
     def effective_tls_private_key_path(self) -> Path:
         return self.tls_private_key_path or self.data_dir / f"{_safe_file_name(self.server_name)}.tls.key"
+
+
+# --- application service registrations (docs/appservices.md) ------------------------------------
+
+_AS_LOCALPART_RE = re.compile(r"^[a-z0-9._=/+\-]+$")
+
+
+def _as_url(path: str, value: object) -> str:
+    text = _expect_str(path, value)
+    if not text.startswith(("http://", "https://")):
+        raise ConfigError(path, f"expected an http:// or https:// URL or null, got {_describe(value)}")
+    return text.rstrip("/")
+
+
+def _as_namespaces(path: str, raw: object) -> tuple[Namespace, ...]:
+    out = []
+    for i, item in enumerate(_expect_list(path, raw)):
+        s = _Section(f"{path}[{i}]", item)
+        regex = s.require("regex", _expect_str)
+        exclusive = s.require("exclusive", _expect_bool)
+        s.finish()
+        try:
+            out.append(Namespace.of(regex, exclusive))
+        except re.error as e:
+            raise ConfigError(f"{path}[{i}].regex", f"not a valid regular expression ({e}): {_describe(regex)}") from e
+    return tuple(out)
+
+
+def _as_protocols(path: str, raw: object) -> tuple[str, ...]:
+    return tuple(_expect_str(f"{path}[{i}]", item) for i, item in enumerate(_expect_list(path, raw)))
+
+
+def parse_app_service(raw: object, *, server_name: str, source: str = "") -> AppService:
+    """One registration file's YAML document; errors name the key (``namespaces.users[0].regex``)."""
+    s = _Section("", raw)
+    service_id = s.require("id", _expect_str)
+    s.used.add("url")
+    url = s.raw.get("url")
+    if "url" not in s.raw:
+        raise ConfigError("url", "is required (null when the service takes no transactions)")
+    localpart = s.require("sender_localpart", _expect_str)
+    if not _AS_LOCALPART_RE.match(localpart):
+        raise ConfigError("sender_localpart", f"expected a user ID localpart (a-z, 0-9, ._=-/+), got {_describe(localpart)}")
+    none: tuple[Namespace, ...] = ()
+    ns = _Section("namespaces", s.get("namespaces", _expect_mapping, None))
+    users = ns.get("users", _as_namespaces, none)
+    aliases = ns.get("aliases", _as_namespaces, none)
+    rooms = ns.get("rooms", _as_namespaces, none)
+    ns.finish()
+    ephemeral = s.get("receive_ephemeral", _expect_bool, False)
+    ephemeral = s.get("de.sorunome.msc2409.push_ephemeral", _expect_bool, ephemeral)
+    service = AppService(
+        id=service_id,
+        url=None if url is None else _as_url("url", url),
+        as_token=s.require("as_token", _expect_str),
+        hs_token=s.require("hs_token", _expect_str),
+        sender=f"@{localpart}:{server_name}",
+        users=users,
+        aliases=aliases,
+        rooms=rooms,
+        rate_limited=s.get("rate_limited", _expect_bool, True),
+        protocols=s.get("protocols", _as_protocols, ()),
+        receive_ephemeral=ephemeral,
+        receive_to_device=s.get("org.matrix.msc2409.receive_to_device", _expect_bool, False),
+        device_masquerading=s.get("org.matrix.msc3202", _expect_bool, True),
+        source=source,
+    )
+    # Other top-level keys are the bridge's own (heisenbridge's ``heisenbridge`` section, say):
+    # left alone, as Synapse does, or the files bridges generate would not load. A namespace
+    # entry, which is ours to read, refuses unknown keys.
+    return service
+
+
+def _app_service_sender(path: str, raw: object) -> AppServiceSenderConfig:
+    s = _Section(path, raw)
+    defaults = AppServiceSenderConfig()
+    result = AppServiceSenderConfig(
+        backoff=s.get("backoff", lambda p, v: _backoff(p, v, DEFAULT_APP_SERVICE_BACKOFF), defaults.backoff),
+        max_events_per_transaction=s.get("max_events_per_transaction", lambda p, v: _expect_int(p, v, 1, 10_000),
+                                         defaults.max_events_per_transaction),
+        request_timeout=s.get("request_timeout", _positive_duration, defaults.request_timeout),
+    )
+    s.finish()
+    return result
+
+
+def _app_services(base: Path, server_name: str) -> Callable[[str, object], tuple[AppService, ...]]:
+    def parse(path: str, value: object) -> tuple[AppService, ...]:
+        services: list[AppService] = []
+        for i, item in enumerate(_expect_list(path, value)):
+            where = f"{path}[{i}]"
+            name = Path(_expect_str(where, item)).expanduser()
+            file = name if name.is_absolute() else base / name
+            try:
+                raw = yaml.load(file.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506
+            except (OSError, UnicodeDecodeError) as e:
+                raise ConfigError(where, f"cannot read application service registration {file}: {e}") from e
+            except yaml.YAMLError as e:
+                raise ConfigError(where, f"{file} is not valid YAML: {e}") from e
+            try:
+                service = parse_app_service(raw, server_name=server_name, source=str(file))
+            except ConfigError as e:
+                raise ConfigError(f"{where} ({file}): {e.path or '(top level)'}", e.message) from e
+            for key in ("id", "as_token", "hs_token"):
+                for other in services:
+                    if getattr(other, key) == getattr(service, key):
+                        raise ConfigError(f"{where} ({file}): {key}", f"the same {key} as {other.source}: each "
+                                          "service needs its own")
+            services.append(service)
+        return tuple(services)
+
+    return parse
 
 
 def _safe_file_name(server_name: str) -> str:
@@ -994,6 +1115,8 @@ def parse_config(raw: object, *, config_path: Path | None = None, data_dir_overr
         federation_sender_instances=s.get("federation_sender_instances", _instance_names, ()),
         workers=s.get("workers", _workers, {}),
         media=s.get("media", lambda p, v: _media(p, v, path_value), MediaConfig()),
+        app_services=s.get("app_service_config_files", _app_services(base, server_name), ()),
+        app_service_sender=s.get("app_service_sender", _app_service_sender, AppServiceSenderConfig()),
     )
     _check_worker_layout(config)
     if not config.allow_unauthenticated_replication:

@@ -6,7 +6,8 @@ deletes, in batches of ``batch`` rows until none are left (``storage/stores/prun
 superseded typing rows, ``federation_stream`` EDUs that every configured federation
 sender has acknowledged (``FEDERATION_ACK``; nothing while one of them has not
 acknowledged since this process started), cache invalidations older than a day,
-and the stored answers to inbound federation transactions older than a day.
+the stored answers to inbound federation transactions older than a day, and sliding sync
+connections (MSC4186) unused for a week (their next request gets ``M_UNKNOWN_POS``).
 """
 
 # tests: tests/integration/test_pruning.py
@@ -29,6 +30,7 @@ PRUNE_INTERVAL_S: Final = 600.0
 PRUNE_BATCH: Final = 10_000
 CACHE_INVALIDATIONS_KEPT_MS: Final = 24 * 3600 * 1000
 RECEIVED_TRANSACTIONS_KEPT_MS: Final = 24 * 3600 * 1000  # as Synapse keeps them
+SLIDING_SYNC_CONNECTIONS_KEPT_MS: Final = 7 * 24 * 3600 * 1000
 
 
 class StreamPruner:
@@ -82,6 +84,9 @@ class StreamPruner:
             lambda batch: self._store.prune_cache_invalidations(now_ms - CACHE_INVALIDATIONS_KEPT_MS, batch))
         deleted["received_transactions"] = await self._drain(
             lambda batch: self._store.prune_received_transactions(now_ms - RECEIVED_TRANSACTIONS_KEPT_MS, batch))
+        deleted["sliding_sync_connections"] = await self._drain(
+            lambda batch: self._store.prune_sliding_sync_connections(now_ms - SLIDING_SYNC_CONNECTIONS_KEPT_MS,
+                                                                     batch))
         if any(deleted.values()):
             logger.info("pruned stream tables: %s", ", ".join(f"{k} {v}" for k, v in deleted.items() if v))
         return deleted

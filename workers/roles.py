@@ -13,12 +13,14 @@ from __future__ import annotations
 from typing import Final
 
 from homeserver.roles import WorkerRole
+from workers.appservice import start_appservice_sender
 from workers.background import start_background
 from workers.pusher import start_pusher
 
 GENERIC: Final = WorkerRole(
     name="generic",
-    description="Client reads (/sync, /messages, state, members, events, profiles) and inbound federation; "
+    description="Client reads (/sync, simplified sliding sync, /messages, state, members, events, profiles) "
+                "and inbound federation; "
                 "writes are forwarded to their owners.",
     resources=frozenset({"client", "federation", "keys", "replication", "health"}),
     servlets="worker",
@@ -62,4 +64,12 @@ MEDIA_REPOSITORY: Final = WorkerRole(
                 "admin API (docs/media.md); the main process then serves none of it.",
     resources=frozenset({"client", "federation", "replication", "health"}),
     servlets="media",
+)
+
+APPSERVICE: Final = WorkerRole(
+    name="appservice",
+    description="Pushes events to application services (workers/appservice.py), taken off the main process.",
+    resources=frozenset({"replication", "health"}),
+    start=start_appservice_sender,
+    main_runs_without_worker=True,
 )

@@ -8,7 +8,8 @@ did what to which path and the status. The servlets are registered only on the m
 process, on its own router, which listeners serve with the ``client`` or ``admin``
 resource and never with ``federation`` alone (docs/admin.md).
 
-Media endpoints (``/_synapse/admin/v1/media/...``) are not here: the media area owns them.
+Media endpoints (``/_synapse/admin/v1/media/...``) are not here: the media area owns them,
+and guards them with the same ``AdminGuard`` (homeserver/admin/guard.py).
 """
 
 # tests: tests/integration/test_admin_api.py, tests/unit/test_admin_shared_secret.py
@@ -29,6 +30,7 @@ from twisted.web.server import Request
 
 from homeserver import __version__
 from homeserver.admin.accounts import AccountExists, create_account, password_hasher
+from homeserver.admin.guard import AdminGuard, audit_logger, not_admin
 from homeserver.admin.tasks import TaskTracker
 from homeserver.config import HomeserverConfig
 from homeserver.events import get_room_version
@@ -47,7 +49,6 @@ from storage.stores.accounts import AccountStore
 from storage.stores.admin import DESTINATION_ORDERS, ROOM_ORDERS, USER_ORDERS, AdminStore, AdminUserRow
 
 logger = logging.getLogger(__name__)
-audit_logger = logging.getLogger("homeserver.admin.audit")
 
 ADMIN_PREFIX: Final = "/_synapse/admin"
 USER: Final = r"(?P<user_id>[^/]+)"
@@ -56,10 +57,6 @@ MAX_PAGE: Final = 1000
 # Shared-secret registration: how long a nonce stays usable, and how many may wait at once.
 NONCE_LIFETIME_S: Final = 60.0
 MAX_NONCES: Final = 10_000
-
-
-def not_admin() -> MatrixError:
-    return MatrixError(403, "M_FORBIDDEN", "You are not a server admin")
 
 
 def shared_secret_mac(secret: str, nonce: str, username: str, password: str, admin: bool,
@@ -162,14 +159,16 @@ class AdminApi:
     tasks: TaskTracker
     clock: Callable[[], float] = time.time
     store: AdminStore = attrs.field(init=False)
-    limiter: Ratelimiter = attrs.field(init=False)
+    # Every admin servlet is wrapped by it: authenticated, rate-limited, admins only, audited.
+    admin_only: AdminGuard = attrs.field(init=False)
     register_limiter: Ratelimiter = attrs.field(init=False)
     nonces: Nonces = attrs.field(init=False)
     deactivation: DeactivationHandler = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.store = AdminStore(self.db)
-        self.limiter = Ratelimiter.from_config(self.config.rc_admin)
+        self.admin_only = AdminGuard(self.accounts.auth, self.store, Ratelimiter.from_config(self.config.rc_admin),
+                                     self.clock)
         self.register_limiter = Ratelimiter.from_config(self.config.rc_registration)
         self.nonces = Nonces(self.clock)
         self.deactivation = DeactivationHandler(login=self.accounts.login, rooms=self.rooms.rooms,
@@ -180,33 +179,6 @@ class AdminApi:
         return self.config.server_name
 
     # --- plumbing ---------------------------------------------------------------------------
-
-    def admin_only(self, handler: Callable[[Request, Mapping[str, str], Requester], Awaitable[tuple[int, Any]]],
-                   *, allow_self: bool = False) -> Handler:
-        """``handler`` for server admins (and, with ``allow_self``, the user the path names), rate-limited
-        per admin and written to the audit log."""
-
-        async def checked(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-            requester = await self.accounts.auth.get_user_by_req(request)
-            method = request.method.decode("ascii", "replace")
-            path = request.path.decode("utf-8", "replace")
-            # Before the admin check: a non-admin probing the API is limited too.
-            ratelimit(self.limiter, requester.user_id, self.clock())
-            myself = allow_self and params.get("user_id") == requester.user_id
-            if not myself and not await self.store.is_admin(requester.user_id):
-                audit_logger.warning("[%s] refused (not an admin): %s %s", requester.user_id, method, path)
-                raise not_admin()
-            status = 500
-            try:
-                status, body = await handler(request, params, requester)
-                return status, body
-            except MatrixError as e:
-                status = e.status
-                raise
-            finally:
-                audit_logger.info("[%s] %s %s -> %d", requester.user_id, method, path, status)
-
-        return checked
 
     def _local_user(self, user_id: str) -> str:
         if server_name_of(user_id) != self.server_name:

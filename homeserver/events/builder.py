@@ -43,6 +43,9 @@ class EventTemplate:
     content: JsonMapping = attrs.field(converter=_freeze_mapping)
     state_key: str | None = None
     redacts: str | None = None
+    # The event's ``origin_server_ts`` when not now: an application service's ``ts`` (the time
+    # a bridged message was sent on its network).
+    origin_server_ts: int | None = None
 
 
 def select_prev_events(forward_extremities: Mapping[str, int]) -> list[str]:

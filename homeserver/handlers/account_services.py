@@ -20,6 +20,9 @@ from typing import Any, Final
 import attrs
 from twisted.internet.threads import deferToThreadPool
 
+from homeserver.appservice.client import AppServiceClient
+from homeserver.appservice.queries import AppServiceQueries
+from homeserver.appservice.registration import AppServiceRegistry
 from homeserver.config import HomeserverConfig
 from homeserver.handlers.account_data import AccountDataHandler, StreamIdAllocator
 from homeserver.handlers.auth import Auth, PasswordHasher
@@ -88,6 +91,8 @@ class AccountServices:
     filters: FilterHandler
     # Whether a registration token may be used now (GET .../registration_token/validity).
     registration_token_valid: Callable[[str], Awaitable[bool]]
+    # Questions for application services (unknown users and aliases, third-party lookups, pings).
+    app_service_queries: AppServiceQueries
 
     @classmethod
     def build(
@@ -106,7 +111,12 @@ class AccountServices:
         account_data_store = AccountDataStore(db)
         hasher = PasswordHasher(config.bcrypt_rounds, _thread_runner(reactor))
         ratelimiters = Ratelimiters.from_config(config)
-        auth = Auth(accounts, device_store, clock=clock)
+        app_services = AppServiceRegistry(config.app_services)
+        auth = Auth(accounts, device_store, clock=clock, app_services=app_services)
+        app_service_queries = AppServiceQueries(
+            app_services, AppServiceClient(reactor, timeout=config.app_service_sender.request_timeout.total_seconds()),
+            clock_ms=lambda: int(clock() * 1000),
+        )
         devices = DeviceHandler(device_store, auth)
         login = LoginHandler(
             server_name=config.server_name,
@@ -137,7 +147,8 @@ class AccountServices:
             ),
             login=login,
             devices=devices,
-            profiles=ProfileHandler(ProfileStore(db), server_name=config.server_name, remote=remote_profiles),
+            profiles=ProfileHandler(ProfileStore(db), server_name=config.server_name, remote=remote_profiles,
+                                    ask_services=app_service_queries.query_user if app_services else None),
             account_data=AccountDataHandler(
                 account_data_store,
                 account_data_stream_ids or sequence_stream_ids(account_data_store),
@@ -145,4 +156,5 @@ class AccountServices:
             ),
             filters=FilterHandler(FilterStore(db)),
             registration_token_valid=lambda token: tokens.registration_token_valid(token, int(clock() * 1000)),
+            app_service_queries=app_service_queries,
         )

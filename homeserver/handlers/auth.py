@@ -9,6 +9,10 @@ cache, and a generation counter keeps a lookup that raced an invalidation
 from caching a token that was just revoked. Passwords are hashed with bcrypt
 on a worker thread, never on the reactor.
 
+An application service's ``as_token`` is not in the database: the service acts as its
+sender, or as the user its ``user_id`` query parameter names when that user is in its user
+namespaces (and registered), on the device ``device_id`` names (docs/appservices.md).
+
 The cache is per process. With workers, a revocation reaches the other
 processes over the ``caches`` stream (``revoked_hooks`` on the revoking side,
 ``TokenCacheInvalidation`` on the others).
@@ -31,7 +35,8 @@ import attrs
 import bcrypt
 from twisted.web.server import Request
 
-from storage.kernel.errors import MatrixError
+from homeserver.appservice.registration import AppService, AppServiceRegistry
+from storage.kernel.errors import MatrixError, forbidden
 from storage.stores.accounts import AccountStore, TokenOwner
 from storage.stores.devices import DeviceStore
 
@@ -117,6 +122,20 @@ class Requester:
     device_id: str
     access_token_id: int
     is_guest: bool = False
+    # The application service acting (as ``user_id``), if it is one.
+    app_service: AppService | None = None
+
+    @property
+    def ratelimited(self) -> bool:
+        """Whether rate limits apply (not to a service registered with ``rate_limited: false``)."""
+        return self.app_service is None or self.app_service.rate_limited
+
+
+def app_service_token_id(service_id: str, user_id: str, device_id: str) -> int:
+    """A stand-in ``access_token_id`` for a service acting as a user on a device: stable, and
+    negative so that it never equals a real token's ID (send transaction IDs are scoped by it)."""
+    digest = hashlib.sha256(f"{service_id}\0{user_id}\0{device_id}".encode("utf-8", "surrogatepass")).digest()
+    return -1 - int.from_bytes(digest[:7], "big")
 
 
 def generate_access_token() -> str:
@@ -171,6 +190,18 @@ def client_ip(request: Request) -> str | None:
     return host if isinstance(host, str) else None
 
 
+def _query_arg(args: Mapping[bytes, list[bytes]], name: bytes) -> str | None:
+    values = args.get(name)
+    if not values:
+        return None
+    if len(values[0]) > 255:
+        raise MatrixError(400, "M_INVALID_PARAM", f"{name.decode()} is too long")
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise MatrixError(400, "M_INVALID_PARAM", f"{name.decode()} is not UTF-8") from None
+
+
 class PasswordHasher:
     """bcrypt over the base64 SHA-256 of the password, on a thread.
 
@@ -223,7 +254,11 @@ class Auth:
         *,
         clock: Callable[[], float],
         cache_size: int = DEFAULT_TOKEN_CACHE_SIZE,
+        app_services: AppServiceRegistry | None = None,
     ) -> None:
+        self.app_services = app_services if app_services is not None else AppServiceRegistry()
+        # Users a service may act as that are known to be registered (services' senders included).
+        self._as_users_known: set[str] = set()
         self._accounts = accounts
         self._devices = devices
         self._clock = clock
@@ -239,12 +274,45 @@ class Auth:
         token = access_token_from_request(request)
         if token is None:
             raise missing_token()
+        service = self.app_services.by_token(token)
+        if service is not None:
+            return await self._app_service_requester(service, request)
         owner = await self._lookup(token)
         # The router names the servlet on the request; one allow-list decides for guests.
         if owner.is_guest and not guest_may_use(getattr(request, "servlet", ""), getattr(request, "path_params", {})):
             raise guest_access_forbidden()
         await self._note_seen(owner, client_ip(request))
         return Requester(owner.user_id, owner.device_id, owner.token_id, owner.is_guest)
+
+    def app_service_by_req(self, request: Request) -> AppService | None:
+        """The service whose ``as_token`` the request carries (None: not a service's token)."""
+        token = access_token_from_request(request)
+        return None if token is None else self.app_services.by_token(token)
+
+    async def _app_service_requester(self, service: AppService, request: Request) -> Requester:
+        """The spec's identity assertion: ``user_id`` (default: the sender) must be the service's,
+        and registered; ``device_id``, if given, must be one of that user's devices."""
+        args: dict[bytes, list[bytes]] = request.args or {}
+        user_id = _query_arg(args, b"user_id") or service.sender
+        if not service.may_act_as(user_id):
+            raise forbidden("Application service cannot masquerade as this user")
+        if user_id not in self._as_users_known:
+            row = await self._accounts.get_user(user_id)
+            if row is None and user_id == service.sender:
+                # Its sender exists from the service's first request on.
+                await self._accounts.register_user(user_id, password_hash=None, displayname=user_id[1:].split(":")[0],
+                                                   login=None, now_ms=int(self._clock() * 1000))
+                row = await self._accounts.get_user(user_id)
+            if row is None or row.deactivated:
+                raise forbidden("Application service has not registered this user")
+            if len(self._as_users_known) >= 100_000:
+                self._as_users_known.clear()
+            self._as_users_known.add(user_id)
+        device_id = _query_arg(args, b"device_id") if service.device_masquerading else None
+        if device_id is not None and await self._devices.get_device(user_id, device_id) is None:
+            raise MatrixError(400, "M_UNKNOWN_DEVICE", "No such device for this user")
+        device = device_id or ""
+        return Requester(user_id, device, app_service_token_id(service.id, user_id, device), app_service=service)
 
     async def get_user_by_access_token(self, token: str) -> Requester:
         owner = await self._lookup(token)
@@ -290,12 +358,15 @@ class Auth:
     def forget_token_hashes(self, hashes: Iterable[bytes]) -> None:
         """Drop these tokens from this process's cache only (another process revoked them)."""
         self._generation += 1
+        # A revocation may be a deactivation: services' users are looked up again.
+        self._as_users_known.clear()
         for digest in hashes:
             self._cache.pop(digest, None)
 
     def invalidate_all(self) -> None:
         self._generation += 1
         self._cache.clear()
+        self._as_users_known.clear()
 
 
 class TokenCacheInvalidation:

@@ -336,6 +336,13 @@ class E2eHandler:
     async def to_device_for(self, requester: Requester, after: int, upto: int) -> list[Any]:
         return [json.loads(m) for m in await self._store.get_to_device(requester.user_id, requester.device_id, after, upto)]
 
+    async def to_device_page(self, requester: Requester, after: int, upto: int, limit: int) -> tuple[list[Any], int]:
+        """Sliding sync's ``to_device``: at most ``limit`` messages in (after, upto] (those up to
+        ``after`` deleted as acknowledged), and the position they reach (its ``next_batch``)."""
+        messages, reached = await self._store.get_to_device_page(
+            requester.user_id, requester.device_id, after, upto, limit=limit)
+        return [json.loads(m) for m in messages], reached
+
     async def key_changes(self, user_id: str, from_text: str | None, to_text: str | None) -> dict[str, list[str]]:
         """``GET /keys/changes?from=&to=``: ``device_lists`` between two ``/sync`` tokens."""
         if not from_text or not to_text:

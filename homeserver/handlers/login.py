@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from homeserver.appservice.registration import AppService
 from homeserver.handlers.auth import (
     Auth,
     PasswordHasher,
@@ -132,6 +133,30 @@ class LoginHandler:
         ratelimit(self._limits.login_account, user_id, self._clock())
         if not await self._check_password(user_id, password):
             raise invalid_credentials()
+        return await self._issue_login(user_id, device_id, initial_device_display_name, ip)
+
+    async def login_as_app_service(
+        self,
+        service: AppService,
+        *,
+        user: str,
+        device_id: str | None,
+        initial_device_display_name: str | None,
+        ip: str | None,
+    ) -> LoginResult:
+        """``m.login.application_service``: a token for a registered user of the service's
+        namespaces (400 ``M_EXCLUSIVE`` outside them, 403 for an unknown or closed account)."""
+        user_id = resolve_user(user, self._server_name)
+        if user_id is None or not service.may_act_as(user_id):
+            raise MatrixError(400, "M_EXCLUSIVE", "This user is not in the application service's namespaces")
+        row = await self._accounts.get_user(user_id)
+        if row is None or row.deactivated:
+            raise invalid_credentials()
+        return await self._issue_login(user_id, device_id, initial_device_display_name, ip)
+
+    async def _issue_login(
+        self, user_id: str, device_id: str | None, initial_device_display_name: str | None, ip: str | None
+    ) -> LoginResult:
         device_id = device_id or generate_device_id()
         token = generate_access_token()
         login = NewLogin(device_id, initial_device_display_name, hash_access_token(token), ip)

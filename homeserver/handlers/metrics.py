@@ -16,7 +16,7 @@ import attrs
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 #: ``initial``: no ``since`` token (or ``full_state``); ``incremental``: everything else.
-SYNC_KINDS: Final = ("initial", "incremental")
+SYNC_KINDS: Final = ("initial", "incremental", "sliding_initial", "sliding_incremental")
 
 SYNC_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 WAKE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

@@ -18,8 +18,8 @@ online when they start syncing anywhere (unless they set themselves
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred
 
@@ -29,6 +29,8 @@ from storage.kernel.errors import forbidden
 from storage.id_generators import StreamIdGenerator
 from storage.stores.presence import PresenceRow, PresenceStore
 from storage.kernel.background import run_in_background
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +132,21 @@ class PresenceHandler:
         if row is None:
             return {"presence": "offline"}
         return _presence_content(row, self._clock_ms())
+
+
+async def while_syncing(tracker: SyncTracker | None, user_id: str, set_presence: str,
+                        work: Callable[[], Awaitable[T]]) -> T:
+    """Run a sync request's ``work`` counted by ``tracker`` as the user syncing here (online),
+    unless ``set_presence`` says otherwise (``/sync`` and sliding sync)."""
+    if tracker is None or set_presence != "online":
+        return await work()
+    started = tracker.begin(user_id)
+    if started is not None:
+        await started
+    try:
+        return await work()
+    finally:
+        tracker.end(user_id)
 
 
 class SyncTracker:

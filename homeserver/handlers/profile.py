@@ -34,8 +34,11 @@ class RemoteProfiles(Protocol):
 
 
 class ProfileHandler:
-    def __init__(self, store: ProfileStore, *, server_name: str, remote: RemoteProfiles | None = None) -> None:
+    def __init__(self, store: ProfileStore, *, server_name: str, remote: RemoteProfiles | None = None,
+                 ask_services: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self._store = store
+        # Asks application services about an unknown user of their namespaces (they may make it).
+        self._ask_services = ask_services
         self._server_name = server_name
         self._remote = remote
         self.profile_changed_hooks: list[ProfileChangedHook] = []
@@ -45,6 +48,8 @@ class ProfileHandler:
         if not is_local_user_id(user_id, self._server_name):
             raise not_found("Profiles of users on other servers are not available")
         profile = await self._store.get_profile(user_id)
+        if profile is None and self._ask_services is not None and await self._ask_services(user_id):
+            profile = await self._store.get_profile(user_id)
         if profile is None:
             raise not_found("Profile not found")
         return profile

@@ -107,8 +107,11 @@ class RegistrationHandler:
         inhibit_login: bool,
         ip: str | None,
         is_guest: bool = False,
+        counted: bool = True,
     ) -> RegistrationResult:
-        """Create an account; a guest (``is_guest``) has no password and always gets a login."""
+        """Create an account; a guest (``is_guest``) has no password and always gets a login.
+        ``counted``: against the address's registration rate limit (not an application
+        service's registrations: a bridge's hundreds of users would shut its address out)."""
         password_hash = None if password is None else await self._hasher.hash(password)
         new_login, login_token = _new_login(device_id, initial_device_display_name, ip, inhibit_login)
         now_ms = int(self._clock() * 1000)
@@ -127,7 +130,8 @@ class RegistrationHandler:
                 break
         else:
             raise user_in_use()
-        self._ratelimiter.record(("register", ip), self._clock())
+        if counted:
+            self._ratelimiter.record(("register", ip), self._clock())
         logger.info("registered %s%s", "guest " if is_guest else "", user_id)
         if new_login is None or login_token is None:
             return RegistrationResult(user_id, None)

@@ -40,6 +40,7 @@ from homeserver.events import (
 from homeserver.events import constants as C
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
+from storage.kernel.errors import MatrixError
 from storage.stores.events import DuplicateTxnId, EventsStore, SendTxn, StaleRoomContext, StateKey
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 # A send whose room changed under it (another writer: StaleRoomContext) is built again
 # on a fresh read, at most this many times in all.
 MAX_SEND_ATTEMPTS: Final = 3
+# Create events tried, a millisecond apart, before a room ID not already taken is found.
+_CREATE_ATTEMPTS: Final = 10
 
 
 
@@ -170,7 +173,8 @@ class RoomEventCreator:
                     room_id=room_id,
                     current_state=current,
                     forward_extremities=context.forward_extremities,
-                    origin_server_ts=self._clock_ms(),
+                    origin_server_ts=(template.origin_server_ts if template.origin_server_ts is not None
+                                      else self._clock_ms()),
                     server_name=self._server_name,
                     signing_key=self._signing_key,
                     edge_hashes=await self._edge_hashes(room_version, [*context.forward_extremities, *current.values()]),
@@ -203,19 +207,29 @@ class RoomEventCreator:
         """Create a room whose first template is ``m.room.create``, then send the rest as
         ``creator`` (``/createRoom``, and room upgrades); return its room ID."""
         room_id = None if room_version.room_id_is_create_event_id else self._new_room_id()
-        create = create_local_event(
-            room_version,
-            templates[0],
-            sender=creator,
-            room_id=room_id,
-            current_state={},
-            forward_extremities={},
-            origin_server_ts=self._clock_ms(),
-            server_name=self._server_name,
-            signing_key=self._signing_key,
-        )
-        check_auth_rules(room_version, create, {})
-        await self._persister.persist(room_version, create, is_local=True)
+        origin_server_ts = self._clock_ms()
+        for _ in range(_CREATE_ATTEMPTS):
+            create = create_local_event(
+                room_version,
+                templates[0],
+                sender=creator,
+                room_id=room_id,
+                current_state={},
+                forward_extremities={},
+                origin_server_ts=origin_server_ts,
+                server_name=self._server_name,
+                signing_key=self._signing_key,
+            )
+            check_auth_rules(room_version, create, {})
+            result = await self._persister.persist(room_version, create, is_local=True)
+            if not result.already_persisted:
+                break
+            # From room version 12 the room ID is the create event's hash: the same creator
+            # making the same room in the same millisecond (a script, or two processes) would
+            # be handed the other request's room. A later timestamp makes another room.
+            origin_server_ts += 1
+        else:
+            raise MatrixError(500, "M_UNKNOWN", "Could not make a room ID that is not already taken")
         for template in templates[1:]:
             await self.send(create.room_id, template, creator)
         return create.room_id

@@ -36,6 +36,7 @@ from homeserver.handlers.room_events import RoomEventCreator
 from homeserver.handlers.room_upgrade import RoomUpgradeHandler
 from homeserver.handlers.search import SearchHandler
 from homeserver.handlers.rooms import RemoteDirectory, RemoteMembership, RoomHandler
+from homeserver.handlers.sliding_sync import SlidingSyncHandler
 from homeserver.handlers.sync import SyncHandler
 from homeserver.handlers.typing import TypingHandler
 from homeserver.routing.writers import Writers
@@ -57,6 +58,7 @@ from storage.stores.relations import RelationsStore
 from storage.stores.search import SearchStore
 from storage.stores.streams import insert_typing_txn
 from storage.stores.timeline import TimelineStore
+from storage.stores.sliding_sync import SlidingSyncStore
 from storage.stores.user_directory import UserDirectoryStore
 from storage.streams import StreamName
 
@@ -87,6 +89,8 @@ class RoomServices:
     hierarchy: HierarchyHandler
     # POST /rooms/{roomId}/upgrade.
     upgrades: RoomUpgradeHandler
+    # Simplified sliding sync (MSC4186).
+    sliding_sync: SlidingSyncHandler
 
     @classmethod
     def build(
@@ -157,6 +161,8 @@ class RoomServices:
             remote=remote,
             directory=directory,
             publish=room_directory.publish,
+            app_services=accounts.auth.app_services,
+            ask_services_alias=accounts.app_service_queries.query_alias if accounts.auth.app_services else None,
             is_blocked=blocked_rooms,
         )
         accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
@@ -227,6 +233,12 @@ class RoomServices:
             room_tokens=room_tokens,
             push=PushStore(db),
         )
+        sliding_sync = SlidingSyncHandler(
+            store=SlidingSyncStore(db), sync=sync, notifier=notifier, clock=reactor, room_tokens=room_tokens,
+            timeline=timeline, events_store=events_store, client_events=client_events,
+            account_data=AccountDataStore(db), typing=typing, receipts=receipts, e2e=e2e, push=PushStore(db),
+            metrics=sync.metrics,
+        )
         relations = RelationsHandler(
             store=relations_store, events_store=events_store, timeline=timeline, client_events=client_events,
             messages=messages, room_tokens=room_tokens,
@@ -241,7 +253,7 @@ class RoomServices:
                                  client_events=client_events),
                    HierarchyHandler(store=DirectoryStore(db), server_name=server_name,
                                     memberships=timeline.get_rooms_for_user, remote=public_rooms_client),
-                   upgrades)
+                   upgrades, sliding_sync)
 
     def stop(self) -> None:
         """Cancel timers; ``HomeServer.stop`` should call this before closing the database."""

@@ -11,6 +11,8 @@ parse and serialise. It does not know the timeline (messages.py) or sync.
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
@@ -41,7 +43,8 @@ from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.profile import ProfileHandler
-from homeserver.handlers.ratelimit import Ratelimiters, ratelimit
+from homeserver.appservice.registration import AppServiceRegistry
+from homeserver.handlers.ratelimit import Ratelimiter, Ratelimiters, ratelimit
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound, MembershipPrecondition
 from homeserver.handlers.validation import check_text, check_user_id
 from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, not_found
@@ -124,11 +127,13 @@ def unknown_room(room_id: str) -> MatrixError:
 
 
 def make_template(
-    event_type: str, content: Mapping[str, Any], state_key: str | None = None, redacts: str | None = None
+    event_type: str, content: Mapping[str, Any], state_key: str | None = None, redacts: str | None = None,
+    origin_server_ts: int | None = None,
 ) -> EventTemplate:
     """An ``EventTemplate``; content that is not canonical JSON (floats, ...) is 400 ``M_BAD_JSON``."""
     try:
-        return EventTemplate(type=event_type, content=content, state_key=state_key, redacts=redacts)
+        return EventTemplate(type=event_type, content=content, state_key=state_key, redacts=redacts,
+                             origin_server_ts=origin_server_ts)
     except EventsError as e:
         raise events_error(e) from None
     except (TypeError, ValueError) as e:
@@ -173,9 +178,15 @@ class RoomHandler:
         directory: RemoteDirectory | None = None,
         is_blocked: Callable[[str], Awaitable[bool]] | None = None,
         publish: Callable[[str], Awaitable[None]] | None = None,
+        app_services: AppServiceRegistry | None = None,
+        ask_services_alias: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
+        # Asks application services about an unknown alias of their namespaces (they may make it).
+        self._ask_services_alias = ask_services_alias
         # Lists a room created with ``visibility: public`` in the room directory.
         self._publish = publish
+        # Exclusive alias namespaces are kept from everyone but their service.
+        self._app_services = app_services if app_services is not None else AppServiceRegistry()
         self._limits = ratelimiters
         # Rooms an admin blocked (docs/admin.md): no local user joins, is invited or knocks.
         self._is_blocked = is_blocked
@@ -217,18 +228,27 @@ class RoomHandler:
     def _now(self) -> float:
         return self._clock_ms() / 1000.0
 
+    def _ratelimit(self, requester: Requester, limiter: Ratelimiter, key: str) -> None:
+        """Count an action against ``limiter`` (429 past it), unless the requester is exempt
+        (an application service registered with ``rate_limited: false``)."""
+        if requester.ratelimited:
+            ratelimit(limiter, key, self._now())
+
     async def _check_room(self, room_id: str) -> None:
         if await self._events_store.get_room_version(room_id) is None:
             raise unknown_room(room_id)
 
     async def send_event(
         self, requester: Requester, room_id: str, event_type: str, content: Mapping[str, Any], txn_id: str | None,
-        *, ratelimited: bool = True,
+        *, ratelimited: bool = True, ts: int | None = None,
     ) -> str:
+        """Send a message event; ``ts`` (an application service's timestamp massaging) sets its
+        ``origin_server_ts``."""
         if txn_id is None:
-            if ratelimited:  # server notices are not (the admin API limits the admin)
-                ratelimit(self._limits.message, requester.user_id, self._now())
-            return (await self._send(room_id, make_template(event_type, content), requester.user_id)).event_id
+            if ratelimited and requester.ratelimited:  # server notices are not (the admin API limits the admin)
+                self._ratelimit(requester, self._limits.message, requester.user_id)
+            return (await self._send(room_id, make_template(event_type, content, origin_server_ts=ts),
+                                     requester.user_id)).event_id
         key = (str(requester.access_token_id), txn_id)
         sent = self._sent_txns.get(key)
         if sent is not None:
@@ -237,9 +257,10 @@ class RoomHandler:
         # already (by another process, or before a restart) answers with its event.
         txn = SendTxn(requester.access_token_id, txn_id, requester.user_id, self._clock_ms())
         try:
-            ratelimit(self._limits.message, requester.user_id, self._now())
+            self._ratelimit(requester, self._limits.message, requester.user_id)
             # An unknown room surfaces from _send_idempotent as RoomNotFound -> 404.
-            event_id = await self._send_idempotent(room_id, make_template(event_type, content), requester.user_id, txn)
+            event_id = await self._send_idempotent(room_id, make_template(event_type, content, origin_server_ts=ts),
+                                                   requester.user_id, txn)
         except MatrixError:
             # A retry whose first attempt this process does not remember still gets
             # that event's ID, even if the user could no longer send it now.
@@ -251,11 +272,12 @@ class RoomHandler:
         return event_id
 
     async def send_state(
-        self, requester: Requester, room_id: str, event_type: str, state_key: str, content: Mapping[str, Any]
+        self, requester: Requester, room_id: str, event_type: str, state_key: str, content: Mapping[str, Any],
+        *, ts: int | None = None,
     ) -> str:
         if event_type == C.MEMBER:
             return await self._send_member_state(requester, room_id, state_key, content)
-        ratelimit(self._limits.message, requester.user_id, self._now())
+        self._ratelimit(requester, self._limits.message, requester.user_id)
         if event_type == C.CANONICAL_ALIAS and state_key == "":
             # The auth rules refuse a non-member anyway; checked first so that no
             # stranger makes this server look aliases up.
@@ -264,7 +286,7 @@ class RoomHandler:
                 await self._check_room(room_id)
                 raise forbidden("You are not in this room")
             await self._check_canonical_alias(room_id, content)
-        template = make_template(event_type, content, state_key)
+        template = make_template(event_type, content, state_key, origin_server_ts=ts)
         return (await self._send(room_id, template, requester.user_id)).event_id
 
     async def _send_member_state(
@@ -334,7 +356,7 @@ class RoomHandler:
         existing = await self._timeline.get_txn_event(requester.access_token_id, txn_id)
         if existing is not None:
             return existing
-        ratelimit(self._limits.message, requester.user_id, self._now())
+        self._ratelimit(requester, self._limits.message, requester.user_id)
         await self._check_room(room_id)
         target = await self._loader.get_event(event_id)
         if target is None:
@@ -371,6 +393,7 @@ class RoomHandler:
             alias = f"#{request.room_alias_name}:{self._server_name}"
             if len(alias) > 255:
                 raise invalid_param("room_alias_name is too long")
+            self._check_alias_not_exclusive(requester, alias)
             if await self._timeline.get_alias(alias) is not None:
                 raise MatrixError(400, "M_ROOM_IN_USE", f"Room alias {alias} is already taken")
         join_content = await self._profile_content(requester.user_id)
@@ -408,6 +431,8 @@ class RoomHandler:
         if self._directory is not None and alias.split(":", 1)[1] != self._server_name:
             return await self._directory.query_directory(alias)
         entry = await self._timeline.get_alias(alias)
+        if entry is None and self._ask_services_alias is not None and await self._ask_services_alias(alias):
+            entry = await self._timeline.get_alias(alias)
         if entry is None:
             raise not_found(f"Room alias {alias} not found")
         return {"room_id": entry[0], "servers": [self._server_name]}
@@ -416,9 +441,17 @@ class RoomHandler:
         self._check_alias(alias)
         if alias.split(":", 1)[1] != self._server_name:
             raise invalid_param("Room alias must be on this server")
+        self._check_alias_not_exclusive(requester, alias)
         await self._check_room(room_id)
         if not await self._timeline.create_alias(alias, room_id, requester.user_id):
             raise MatrixError(409, "M_UNKNOWN", f"Room alias {alias} already exists")
+
+    def _check_alias_not_exclusive(self, requester: Requester, alias: str) -> None:
+        """400 ``M_EXCLUSIVE`` for an alias in a service's exclusive namespace, unless that
+        service (acting as any of its users) asks."""
+        owner = self._app_services.exclusive_alias_owner(alias)
+        if owner is not None and (requester.app_service is None or requester.app_service.id != owner.id):
+            raise MatrixError(400, "M_EXCLUSIVE", "This room alias is reserved by an application service")
 
     async def delete_alias(self, requester: Requester, alias: str) -> None:
         self._check_alias(alias)
@@ -504,6 +537,11 @@ class RoomHandler:
             await self._check_not_blocked(room_id)
         if remote is not None and membership == C.INVITE and server_name_of(target) != self._server_name:
             return await self._invite_remote(remote, requester, room_id, target, reason, extra, ratelimited)
+        if membership == C.INVITE and self._app_services.user_query_targets(target):
+            # An invite of a user of a service's namespace: the service may want to make them
+            # first (the spec's user query; the profile lookup asks when they are unknown).
+            with contextlib.suppress(MatrixError):
+                await self._profiles.get_profile(target)
         if remote is not None and membership == C.LEAVE and target == requester.user_id:
             invite = await remote.pending_invite(room_id, target)
             servers = [] if invite is None else [server_name_of(invite.sender)]
@@ -520,7 +558,7 @@ class RoomHandler:
                     raise events_error(e) from None
         await self._check_room(room_id)
         now = self._now()
-        if not ratelimited:
+        if not ratelimited or not requester.ratelimited:
             pass
         elif membership in (C.JOIN, C.KNOCK) and target == requester.user_id:
             ratelimit(self._limits.joins_local, requester.user_id, now)
@@ -629,7 +667,7 @@ class RoomHandler:
             candidates.append(server_name_of(room_id))
             candidates = [s for s in dict.fromkeys(candidates) if s and s != self._server_name]
             if candidates:
-                ratelimit(self._limits.joins_remote, user_id, self._now())
+                self._ratelimit(requester, self._limits.joins_remote, user_id)
                 join_content = {**await self._profile_content(user_id), **(content or {})}
                 join_content.pop("membership", None)
                 try:
@@ -664,7 +702,7 @@ class RoomHandler:
             candidates.append(server_name_of(room_id))
             candidates = [s for s in dict.fromkeys(candidates) if s and s != self._server_name]
             if candidates:
-                ratelimit(self._limits.joins_remote, user_id, self._now())
+                self._ratelimit(requester, self._limits.joins_remote, user_id)
                 try:
                     await remote.knock_remote(room_id, user_id, candidates, content)
                 except RemoteMembershipError as e:
@@ -698,7 +736,7 @@ class RoomHandler:
     ) -> str:
         """Invite a user of another server: their server co-signs the invite (``PUT /invite`` v2)."""
         await self._check_room(room_id)
-        if ratelimited:
+        if ratelimited and requester.ratelimited:
             now = self._now()
             ratelimit(self._limits.invites_per_room, room_id, now)
             ratelimit(self._limits.invites_per_user, target, now)

@@ -173,6 +173,11 @@ class SyncHandler:
         # device under ``lazy_load_members``: not sent again (unless ``include_redundant_members``).
         self._lazy_members = DictCache[tuple[tuple[str, str], ...]]("sync_lazy_members", max_entries=100_000)
 
+    @property
+    def metrics(self) -> SyncMetrics:
+        """The /sync metrics, shared with sliding sync (homeserver/handlers/sliding_sync.py)."""
+        return self._metrics
+
     def current_token(self) -> StreamToken:
         def pos(name: StreamName) -> MultiWriterStreamToken:
             return MultiWriterStreamToken.at(self._streams[name].get_current_token())

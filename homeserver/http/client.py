@@ -19,9 +19,12 @@ SUPPORTED_SPEC_VERSIONS: Final = (
     "v1.1", "v1.2", "v1.3", "v1.4", "v1.5", "v1.6", "v1.7", "v1.8", "v1.9", "v1.10", "v1.11",
 )
 
+# MSC flags clients look for: simplified sliding sync (MSC4186, docs/client-api.md "Sliding sync").
+UNSTABLE_FEATURES: Final = {"org.matrix.simplified_msc3575": True}
+
 
 async def _versions(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-    return 200, {"versions": list(SUPPORTED_SPEC_VERSIONS), "unstable_features": {}}
+    return 200, {"versions": list(SUPPORTED_SPEC_VERSIONS), "unstable_features": dict(UNSTABLE_FEATURES)}
 
 
 def register_versions(router: Routes) -> None:

@@ -191,6 +191,7 @@ def _template_to_json(template: EventTemplate) -> dict[str, Any]:
         "content": thaw(template.content),
         "state_key": template.state_key,
         "redacts": template.redacts,
+        "origin_server_ts": template.origin_server_ts,
     }
 
 
@@ -211,8 +212,9 @@ def register_event_operations(
         check_owner(room_id)
         raw = body["template"]
         try:
+            ts = raw.get("origin_server_ts")
             template = EventTemplate(type=raw["type"], content=raw["content"], state_key=raw.get("state_key"),
-                                     redacts=raw.get("redacts"))
+                                     redacts=raw.get("redacts"), origin_server_ts=ts if isinstance(ts, int) else None)
             txn = None if body.get("txn") is None else SendTxn(**body["txn"])
             raw_check = body.get("precheck")
             precheck = None if raw_check is None else MembershipPrecondition.from_json(raw_check)

@@ -110,18 +110,28 @@ class E2eStore:
 
     async def get_to_device(self, user_id: str, device_id: str, after: int, upto: int) -> list[str]:
         """Message JSON for the device with ``after < stream_id <= upto``, deleting those ``<= after``."""
+        messages, _ = await self.get_to_device_page(user_id, device_id, after, upto, limit=None)
+        return messages
 
-        def txn_fn(txn: Transaction) -> list[str]:
+    async def get_to_device_page(
+        self, user_id: str, device_id: str, after: int, upto: int, *, limit: int | None
+    ) -> tuple[list[str], int]:
+        """As ``get_to_device``, at most ``limit`` messages (None: all); and the position they
+        reach: ``upto``, or the last message's when the limit cut the rest off."""
+
+        def txn_fn(txn: Transaction) -> tuple[list[str], int]:
             txn.execute(
                 "DELETE FROM device_inbox WHERE user_id = %s AND device_id = %s AND stream_id <= %s",
                 (user_id, device_id, after),
             )
             txn.execute(
-                "SELECT message_json FROM device_inbox WHERE user_id = %s AND device_id = %s "
-                "AND stream_id > %s AND stream_id <= %s ORDER BY stream_id",
-                (user_id, device_id, after, upto),
+                "SELECT message_json, stream_id FROM device_inbox WHERE user_id = %s AND device_id = %s "
+                "AND stream_id > %s AND stream_id <= %s ORDER BY stream_id LIMIT %s",
+                (user_id, device_id, after, upto, limit),
             )
-            return [str(r[0]) for r in txn.fetchall()]
+            rows = txn.fetchall()
+            reached = int(rows[-1][1]) if limit is not None and len(rows) >= limit and rows else upto
+            return [str(r[0]) for r in rows], reached
 
         return await self._db.run_interaction("get_to_device", txn_fn)
 

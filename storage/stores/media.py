@@ -221,12 +221,6 @@ def _expired_txn(txn: Transaction, now_ms: int, local_before: int | None, remote
     return local, remote
 
 
-def _is_admin_txn(txn: Transaction, user_id: str) -> bool:
-    txn.execute("SELECT admin FROM users WHERE user_id = %s", (user_id,))
-    row = txn.fetchone()
-    return bool(row is not None and row[0])
-
-
 class MediaStore:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -282,5 +276,3 @@ class MediaStore:
         return await self._db.run_interaction("expired_media", _expired_txn, now_ms, local_before, remote_before,
                                               limit)
 
-    async def is_admin(self, user_id: str) -> bool:
-        return await self._db.run_interaction("is_admin", _is_admin_txn, user_id)

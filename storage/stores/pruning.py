@@ -7,6 +7,8 @@
   longer starts again with empty caches).
 - ``received_transactions``: answers to inbound ``/send`` transactions older than a
   day; a sender repeats a transaction within seconds or minutes, not days.
+- ``sliding_sync_connections``: connections (with their positions and room rows)
+  last used before a cut-off (storage/stores/sliding_sync.py).
 """
 
 # tests: tests/integration/test_pruning.py
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 from storage.database import Database, Transaction
+from storage.stores.sliding_sync import prune_connections_txn
 
 
 def _prune_typing_txn(txn: Transaction, batch: int) -> int:
@@ -75,4 +78,9 @@ class PruningStore:
     async def prune_received_transactions(self, before_ts: int, batch: int) -> int:
         return await self._db.run_interaction(
             "prune_received_transactions", _prune_received_transactions_txn, before_ts, batch
+        )
+
+    async def prune_sliding_sync_connections(self, before_ts: int, batch: int) -> int:
+        return await self._db.run_interaction(
+            "prune_sliding_sync_connections", prune_connections_txn, before_ts, batch
         )

@@ -356,6 +356,17 @@ class TimelineStore:
             "get_room_events", _room_events_txn, room_id, start=start, end=end, limit=limit, backwards=backwards
         )
 
+    async def get_recent_events(
+        self, room_ids: Sequence[str], *, after: Bound, upto: Bound, limit: int
+    ) -> dict[str, list[tuple[str, int]]]:
+        """Per room, up to ``limit`` newest events in (after, upto], newest first (rooms with none
+        left out): one query for all the rooms."""
+        if not room_ids:
+            return {}
+        return await self._db.run_interaction(
+            "get_recent_events", _recent_events_txn, room_ids, after=after, upto=upto, limit=limit
+        )
+
     async def get_sync_rooms(
         self, user_id: str, *, since: Bound | None, upto: Bound, limit: int, full_rooms: FullRoomsRule
     ) -> SyncRooms:

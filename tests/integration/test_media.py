@@ -225,6 +225,8 @@ async def test_asynchronous_upload(server: Server) -> None:
 
 
 async def test_quarantine_and_delete_need_an_admin(server: Server) -> None:
+    """Only server admins quarantine or delete media, through the admin API's guard (403 and an
+    audit line for anyone else); quarantined media is 404 to everyone."""
     user = await register(server.url, "q_user")
     admin = await register(server.url, "q_admin")
     data = png(64, 64, (1, 2, 3))
@@ -248,6 +250,9 @@ async def test_quarantine_and_delete_need_an_admin(server: Server) -> None:
     deleted = await http("DELETE", delete, token=admin)
     assert deleted.code == 200 and deleted.json["deleted_media"] == [media_id]
     assert (await http("DELETE", delete, token=admin)).code == 404
+    # The admin API's guard: refusals are in the audit log (WARNING, which this server logs).
+    log = server.process.log_path.read_text(encoding="utf-8")
+    assert f"[@q_user:localhost] refused (not an admin): DELETE /_synapse/admin/v1/media/localhost/{media_id}" in log
     digest = hashlib.sha256(data).hexdigest()
     assert not [p for p in media_files(server) if p.name == digest[4:]]
 

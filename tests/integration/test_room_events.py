@@ -80,3 +80,21 @@ async def test_concurrent_sends_in_one_room_stay_linear(creator: RoomEventCreato
 async def test_unknown_room(creator: RoomEventCreator) -> None:
     with pytest.raises(RoomNotFound):
         await creator.send("!nope:hs.test", EventTemplate(type="m.room.message", content={}), ALICE)
+
+
+async def test_same_room_created_twice_in_one_millisecond_gets_two_room_ids(
+        database: Database, store: EventsStore) -> None:
+    """Room version 12's room ID is the create event's hash: the same creator asking for the
+    same room twice in one millisecond gets two rooms, not the first one twice."""
+    loader = EventLoader(store)
+    persister = await new_persister(database, store, server_name=SERVER, loader=loader)
+    frozen = RoomEventCreator(
+        persister=persister, loader=loader, store=store, server_name=SERVER, signing_key=generate_signing_key("t1"),
+        default_room_version="12", clock_ms=lambda: 1_700_000_000_000,
+    )
+    request = parse_create_room_request({"preset": "private_chat", "room_version": "12"})
+    first = await frozen.create_room(ALICE, request)
+    second = await frozen.create_room(ALICE, request)
+    assert first != second
+    for room_id in (first, second):
+        assert (await store.get_current_state_ids(room_id))[("m.room.member", ALICE)]

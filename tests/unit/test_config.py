@@ -121,7 +121,7 @@ def test_full_config() -> None:
         ({"server_name": "h", "federation_sender": {"catch_up": {"missed": 5}}},
          "federation_sender.catch_up.missed: unknown key"),
         ({"server_name": "h", "send_federation": "no"}, "send_federation: expected true or false, got 'no'"),
-        ({"server_name": "h", "workers": {"w1": {"app": "sync"}}}, "workers.w1.app: unknown worker app 'sync'; installed roles: background, event_persister"),
+        ({"server_name": "h", "workers": {"w1": {"app": "sync"}}}, "workers.w1.app: unknown worker app 'sync'; installed roles: appservice, background"),
         ({"server_name": "h", "worker_replication_secret": "s", "workers": {"g": {"app": "generic"}}},
          "database.url: workers share one PostgreSQL database"),
         ({"server_name": "h", "worker_replication_secret": "s", "database": {"url": "postgresql://x/y"},

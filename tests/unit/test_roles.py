@@ -30,8 +30,8 @@ def test_servlets_each_role_serves() -> None:
     assert WorkerRole(name="x", description="").servlets == "none"
 
 
-def test_only_the_background_and_pusher_roles_run_on_main_without_a_worker() -> None:
+def test_only_the_appservice_background_and_pusher_roles_run_on_main_without_a_worker() -> None:
     falling_back = [name for name in known_roles() if load_role(name).main_runs_without_worker]
-    assert falling_back == ["background", "pusher"]
+    assert falling_back == ["appservice", "background", "pusher"]
     assert shipped.BACKGROUND.start is not None
     assert shipped.FEDERATION_SENDER.sends_federation and not shipped.GENERIC.sends_federation

@@ -12,6 +12,7 @@ from __future__ import annotations
 from homeserver.config import HomeserverConfig
 from homeserver.handlers.account_services import AccountServices
 from homeserver.http.client_api.account import register_account_servlets
+from homeserver.http.client_api.appservice import register_appservice_servlets
 from homeserver.http.client_api.account_data import register_account_data_servlets
 from homeserver.http.client_api.devices import register_device_servlets
 from homeserver.http.client_api.profile import register_profile_servlets
@@ -41,3 +42,4 @@ def register_client_api_servlets(router: Routes, config: HomeserverConfig, servi
     )
     register_server_info_servlets(router, config=config, auth=services.auth)
     register_threepid_servlets(router, auth=services.auth, uia=services.uia)
+    register_appservice_servlets(router, auth=services.auth, queries=services.app_service_queries)

@@ -18,11 +18,12 @@ import attrs
 
 from twisted.web.server import Request
 
+from homeserver.appservice.registration import AppService
 from homeserver.config import HomeserverConfig
 from homeserver.handlers.auth import MAX_TOKEN_LENGTH, Auth, client_ip
 from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.login import LOGIN_TYPE_PASSWORD, LoginHandler, invalid_credentials, user_from_identifier
-from homeserver.handlers.register import RegistrationHandler
+from homeserver.handlers.register import RegistrationHandler, RegistrationResult
 from homeserver.handlers.server_info import client_well_known
 from homeserver.handlers.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, LOGIN_REGISTRATION_TOKEN, UserInteractiveAuth
 from homeserver.handlers.validation import (
@@ -44,6 +45,7 @@ from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_para
 from homeserver.http.server import Routes, parse_json_object
 
 REGISTER_FLOWS: Final = ((LOGIN_DUMMY,),)
+LOGIN_TYPE_APPLICATION_SERVICE: Final = "m.login.application_service"
 # With ``registration_requires_token``: a registration token (made with the admin API) first.
 TOKEN_REGISTER_FLOWS: Final = ((LOGIN_REGISTRATION_TOKEN,),)
 PASSWORD_FLOWS: Final = ((LOGIN_PASSWORD,),)
@@ -99,9 +101,14 @@ def register_account_servlets(
             return await register_guest(request)
         if kind != "user":
             raise invalid_param("kind must be 'user' or 'guest'")
+        service = auth.app_service_by_req(request)
+        if service is not None:
+            return await register_app_service_user(request, service)
         if not config.enable_registration:
             raise forbidden("Registration is disabled")
         body = parse_json_object(request)
+        if body.get("type") == LOGIN_TYPE_APPLICATION_SERVICE:
+            raise MatrixError(401, "M_MISSING_TOKEN", "m.login.application_service needs the service's as_token")
         ip = client_ip(request)
         registration.check_ratelimit(ip)
         given = RegisterParams(
@@ -139,6 +146,7 @@ def register_account_servlets(
             if wanted.username is not None and registration.user_id_for(wanted.username) != guest_user_id:
                 raise invalid_param("An upgraded guest keeps its user ID: username must be its localpart")
         elif wanted.username is not None:
+            check_not_exclusive(registration.user_id_for(wanted.username))
             await registration.check_username_available(wanted.username)
         session = await uia.check(
             auth_dict, operation="register", flows=register_flows, user_id=None,
@@ -178,13 +186,48 @@ def register_account_servlets(
             if session.has_result:  # a concurrent request of this session registered first
                 return 200, session.result
             raise
+        response = registered(result)
+        session.set_result(response)
+        session.params = None  # forget the password
+        return 200, response
+
+    def registered(result: RegistrationResult) -> dict[str, Any]:
         response: dict[str, Any] = {"user_id": result.user_id, "home_server": server_name}
         if result.login is not None:
             response["access_token"] = result.login.access_token
             response["device_id"] = result.login.device_id
-        session.set_result(response)
-        session.params = None  # forget the password
-        return 200, response
+        return response
+
+    def check_not_exclusive(user_id: str) -> None:
+        if auth.app_services.exclusive_user_owner(user_id) is not None:
+            raise MatrixError(400, "M_EXCLUSIVE", "This user ID is reserved by an application service")
+
+    async def register_app_service_user(request: Request, service: AppService) -> tuple[int, Any]:
+        """``type: m.login.application_service`` with the service's ``as_token``: no password,
+        no user-interactive auth, open even when registration is closed; the user must be in
+        the service's namespaces (400 ``M_EXCLUSIVE`` otherwise)."""
+        body = parse_json_object(request)
+        if body.get("type") != LOGIN_TYPE_APPLICATION_SERVICE:
+            raise bad_json(f"An application service registers users with type {LOGIN_TYPE_APPLICATION_SERVICE}")
+        username = required_string(body, "username", max_length=MAX_USERNAME_LENGTH, allow_empty=False)
+        user_id = registration.user_id_for(username)
+        if not service.may_act_as(user_id):
+            raise MatrixError(400, "M_EXCLUSIVE", "This user ID is not in the application service's namespaces")
+        other = auth.app_services.exclusive_user_owner(user_id)
+        if other is not None and other.id != service.id:
+            raise MatrixError(400, "M_EXCLUSIVE", "This user ID is reserved by another application service")
+        result = await registration.register(
+            username=username,
+            password=None,
+            device_id=optional_string(body, "device_id", max_length=MAX_DEVICE_ID_LENGTH, allow_empty=False),
+            initial_device_display_name=optional_string(
+                body, "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
+            ),
+            inhibit_login=optional_bool(body, "inhibit_login", False),
+            ip=client_ip(request),
+            counted=False,
+        )
+        return 200, registered(result)
 
     async def register_guest(request: Request) -> tuple[int, Any]:
         # The spec: every body field but initial_device_display_name is ignored and
@@ -220,11 +263,15 @@ def register_account_servlets(
         if username is None:
             raise missing_param("Missing query parameter 'username'")
         check_text(username, "username", max_length=MAX_USERNAME_LENGTH)
+        check_not_exclusive(registration.user_id_for(username))
         await registration.check_username_available(username)
         return 200, {"available": True}
 
     async def get_login(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        return 200, {"flows": [{"type": LOGIN_TYPE_PASSWORD}]}
+        flows = [{"type": LOGIN_TYPE_PASSWORD}]
+        if auth.app_services:
+            flows.append({"type": LOGIN_TYPE_APPLICATION_SERVICE})
+        return 200, {"flows": flows}
 
     async def post_login(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         body = parse_json_object(request)
@@ -233,6 +280,8 @@ def register_account_servlets(
             raise missing_param("Missing 'type'")
         if not isinstance(login_type, str):
             raise bad_json("'type' must be a string")
+        if login_type == LOGIN_TYPE_APPLICATION_SERVICE:
+            return await post_login_app_service(request, body)
         if login_type != LOGIN_TYPE_PASSWORD:
             raise MatrixError(400, "M_UNKNOWN", "Unsupported login type")
         user = user_from_identifier(body.get("identifier"), body.get("user"))
@@ -270,6 +319,24 @@ def register_account_servlets(
             response["well_known"] = well_known
         return 200, response
 
+    async def post_login_app_service(request: Request, body: Mapping[str, Any]) -> tuple[int, Any]:
+        service = auth.app_service_by_req(request)
+        if service is None:
+            raise MatrixError(401, "M_MISSING_TOKEN", "m.login.application_service needs the service's as_token")
+        user = user_from_identifier(body.get("identifier"), body.get("user"))
+        if user is None:
+            raise missing_param("Missing 'identifier'")
+        result = await login.login_as_app_service(
+            service, user=user,
+            device_id=optional_string(dict(body), "device_id", max_length=MAX_DEVICE_ID_LENGTH, allow_empty=False),
+            initial_device_display_name=optional_string(
+                dict(body), "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
+            ),
+            ip=client_ip(request),
+        )
+        return 200, {"user_id": result.user_id, "access_token": result.access_token, "device_id": result.device_id,
+                     "home_server": server_name}
+
     async def post_logout(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         await login.logout(await auth.get_user_by_req(request))
         return empty()
@@ -280,7 +347,10 @@ def register_account_servlets(
 
     async def get_whoami(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)
-        return 200, {"user_id": requester.user_id, "device_id": requester.device_id, "is_guest": requester.is_guest}
+        answer: dict[str, Any] = {"user_id": requester.user_id, "is_guest": requester.is_guest}
+        if requester.device_id:  # an application service may act with no device
+            answer["device_id"] = requester.device_id
+        return 200, answer
 
     async def post_password(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)

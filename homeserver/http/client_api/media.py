@@ -12,14 +12,14 @@ servlet name starts with ``media_``: the ``media_repository`` worker serves exac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth
+from homeserver.handlers.auth import Auth, Requester
 from homeserver.http.client_api._base import query_string
-from homeserver.http.server import Routes
+from homeserver.http.server import Handler, Routes
 from homeserver.media.preview import UrlPreviewer
 from homeserver.media.repository import MediaFile, MediaRepository
 from homeserver.media.rules import (
@@ -77,10 +77,11 @@ def _allow_remote(request: Request) -> bool:
     return text != "false"
 
 
-def register_media_servlets(router: Routes, *, admin_router: Routes, auth: Auth, repo: MediaRepository,
-                            previewer: UrlPreviewer) -> None:
+def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only: Callable[..., Handler],
+                            auth: Auth, repo: MediaRepository, previewer: UrlPreviewer) -> None:
     """The media endpoints on ``router``; quarantine and delete on ``admin_router``, which
-    serves ``/_synapse/admin/...`` on this process's client and admin listeners."""
+    serves ``/_synapse/admin/...`` on this process's client and admin listeners, behind
+    ``admin_only`` (the admin API's guard: admins only, ``rc_admin``, the audit log)."""
     async def config(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         await auth.get_user_by_req(request)
         return 200, {"m.upload.size": repo.config.max_upload_size}
@@ -140,13 +141,11 @@ def register_media_servlets(router: Routes, *, admin_router: Routes, auth: Auth,
             raise missing_param("Missing 'url'")
         return 200, await previewer.preview(url, requester.user_id)
 
-    async def quarantine(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
+    async def quarantine(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
         await repo.quarantine(requester.user_id, params["server"], params["media_id"])
         return 200, {}
 
-    async def delete(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
+    async def delete(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
         await repo.delete(requester.user_id, params["server"], params["media_id"])
         return 200, {"deleted_media": [params["media_id"]], "total": 1}
 
@@ -163,8 +162,9 @@ def register_media_servlets(router: Routes, *, admin_router: Routes, auth: Auth,
     router.register(["GET"], f"{MEDIA_PREFIX}/thumbnail{media}", serve_thumbnail, "media_thumbnail_legacy")
     router.register(["GET"], f"{CLIENT_MEDIA}/preview_url", preview_url, "media_preview_url")
     router.register(["GET"], f"{MEDIA_PREFIX}/preview_url", preview_url, "media_preview_url_legacy")
-    admin_router.register(["POST"], f"{ADMIN_MEDIA}/quarantine{media}", quarantine, "media_admin_quarantine")
-    admin_router.register(["DELETE"], f"{ADMIN_MEDIA}{media}", delete, "media_admin_delete")
+    admin_router.register(["POST"], f"{ADMIN_MEDIA}/quarantine{media}", admin_only(quarantine),
+                          "media_admin_quarantine")
+    admin_router.register(["DELETE"], f"{ADMIN_MEDIA}{media}", admin_only(delete), "media_admin_delete")
 
 
 def register_legacy_download_for_federation(router: Routes, *, repo: MediaRepository) -> None:

@@ -16,7 +16,7 @@ from twisted.web.server import Request
 
 from homeserver.events import constants as C
 from homeserver.events.identifiers import is_valid_event_id, is_valid_server_name
-from homeserver.handlers.auth import Auth
+from homeserver.handlers.auth import Auth, Requester
 from homeserver.handlers.messages import MessagesHandler, parse_event_filter
 from homeserver.handlers.rooms import MEMBERSHIP_ACTIONS, RoomHandler
 from homeserver.routing.writers import Writers
@@ -45,6 +45,23 @@ from storage.kernel.json_input import JsonInputError, decode_json
 MAX_ID_LENGTH: Final = 255
 MAX_REASON_LENGTH: Final = 2048
 ROOM: Final = r"/rooms/(?P<room_id>[^/]+)"
+
+
+# The largest ``ts`` a service may give: canonical JSON's integer range.
+MAX_TS = 2**53 - 1
+
+
+def _massaged_ts(request: Request, requester: Requester) -> int | None:
+    """``?ts=`` on a send or state PUT: an application service's timestamp for the event (the
+    spec's timestamp massaging); ignored for anyone else, as Synapse does."""
+    if requester.app_service is None:
+        return None
+    text = query_string(request, "ts")
+    if text is None:
+        return None
+    if not text.isascii() or not text.isdigit() or len(text) > 16 or int(text) > MAX_TS:
+        raise invalid_param(f"ts must be a timestamp in milliseconds, got {text[:50]!r}")
+    return int(text)
 
 
 def _room_id(params: Mapping[str, str]) -> str:
@@ -207,7 +224,7 @@ def register_room_servlets(
         # The older POST form (r0's v1-style send) has no transaction ID: every call is a new event.
         txn_id = _short(params["txn_id"], "txnId") if params.get("txn_id") is not None else None
         body = parse_json_object(request)
-        event_id = await rooms.send_event(requester, room_id, event_type, body, txn_id)
+        event_id = await rooms.send_event(requester, room_id, event_type, body, txn_id, ts=_massaged_ts(request, requester))
         return 200, {"event_id": event_id}
 
     async def put_state(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -216,7 +233,8 @@ def register_room_servlets(
         event_type = _short(params["event_type"], "eventType")
         state_key = check_text(params.get("state_key", ""), "stateKey", max_length=MAX_ID_LENGTH)
         body = parse_json_object(request)
-        return 200, {"event_id": await rooms.send_state(requester, room_id, event_type, state_key, body)}
+        return 200, {"event_id": await rooms.send_state(requester, room_id, event_type, state_key, body,
+                                                        ts=_massaged_ts(request, requester))}
 
     async def get_state(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         requester = await auth.get_user_by_req(request)

@@ -15,7 +15,7 @@ from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.auth import Auth
 from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.filters import FilterHandler, validate_filter
-from homeserver.handlers.presence import PRESENCE_STATES, SyncTracker
+from homeserver.handlers.presence import PRESENCE_STATES, SyncTracker, while_syncing
 from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.legacy_sync import LegacySyncHandler
 from homeserver.handlers.sync import DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncHandler
@@ -26,6 +26,7 @@ from homeserver.http.client_api.rooms import ROOM, register_room_servlets
 from homeserver.http.client_api.directory import register_directory_servlets
 from homeserver.http.client_api.relations import register_relations_servlets
 from homeserver.http.client_api.search import register_search_servlets
+from homeserver.http.client_api.sliding_sync import register_sliding_sync_servlet
 from homeserver.http.client_api.room_upgrade import register_room_upgrade_servlet
 from homeserver.http.client_api._base import client_path, query_int, query_string
 from storage.kernel.errors import invalid_param, missing_param
@@ -117,25 +118,13 @@ def register_sync_servlets(router: Routes, *, auth: Auth, sync: SyncHandler, fil
             else:
                 filter_json = await filters.get_filter(requester, requester.user_id, filter_text)
         # A syncing client is online (set_presence=offline or unavailable: the client says otherwise).
-        tracked = sync_tracker is not None and set_presence == "online"
-        if tracked:
-            assert sync_tracker is not None
-            started = sync_tracker.begin(requester.user_id)
-            if started is not None:
-                await started
-        try:
-            result = await sync.wait_for_sync(
-                requester,
-                since,
-                timeout_ms=timeout_ms,
-                full_state=full_state_text == "true",
-                sync_filter=SyncFilter.parse(filter_json),
-            )
-        finally:
-            if tracked:
-                assert sync_tracker is not None
-                sync_tracker.end(requester.user_id)
-        return 200, result
+        return 200, await while_syncing(sync_tracker, requester.user_id, set_presence, lambda: sync.wait_for_sync(
+            requester,
+            since,
+            timeout_ms=timeout_ms,
+            full_state=full_state_text == "true",
+            sync_filter=SyncFilter.parse(filter_json),
+        ))
 
     router.register(["GET"], client_path(r"/sync"), get_sync, "client_sync")
 
@@ -156,6 +145,8 @@ def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: Ac
     register_room_upgrade_servlet(router, auth=accounts.auth, upgrades=rooms.upgrades)
     register_sync_servlets(router, auth=accounts.auth, sync=rooms.sync, filters=accounts.filters,
                            sync_tracker=sync_tracker)
+    register_sliding_sync_servlet(router, auth=accounts.auth, sliding_sync=rooms.sliding_sync,
+                                  sync_tracker=sync_tracker)
     register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers,
                           uia=accounts.uia)
     register_deactivate_servlet(router, auth=accounts.auth, uia=accounts.uia, deactivation=DeactivationHandler(

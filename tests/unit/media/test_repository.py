@@ -32,9 +32,6 @@ class Rows:
         digest = self.local.pop(media_id, None)
         return digest is not None, [] if digest is None else await self.unused_hashes({digest})
 
-    async def is_admin(self, user_id: str) -> bool:
-        return True
-
 
 class Files:
     """Blobs in a dict; ``delete`` waits for ``gate`` when one is set."""
