@@ -5,7 +5,7 @@ Against a running server (``--base-url``, which must have generous ``rc_message`
 ``rc_joins`` and ``rc_registration`` limits), or, by default, against a fresh
 ``tributary`` process it starts on the embedded PostgreSQL. Run by hand:
 
-    .venv/bin/python bench/client_api.py [--sends 500] [--rooms 50] [--events 100]
+    .venv/bin/python bench/client_api.py [--sends 500] [--rooms 50] [--events 100] [--py-spy FILE]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.profiling import start_py_spy, stop_py_spy  # noqa: E402
 from tests.harness import TributaryProcess  # noqa: E402
 
 GENEROUS = {"per_second": 100000, "burst_count": 100000}
@@ -100,9 +101,11 @@ async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metric
         for i in range(20):  # warm up
             await alice.send(room, f"warm {i}")
         txn0 = txn_totals(metrics_url)
+        profiler = start_py_spy(pid, args.py_spy)
         cpu0, start = cpu_seconds(pid), time.perf_counter()
         latencies = [await alice.send(room, f"seq {i}") for i in range(args.sends)]
         elapsed, cpu = time.perf_counter() - start, cpu_seconds(pid) - cpu0
+        stop_py_spy(profiler, args.py_spy)
         print(f"sequential sends: {args.sends / elapsed:.0f}/s, p50 {pct(latencies, 0.5) * 1000:.1f} ms, "
               f"p99 {pct(latencies, 0.99) * 1000:.1f} ms, server CPU {cpu / args.sends * 1000:.2f} ms/message")
         txn1 = txn_totals(metrics_url)
@@ -159,6 +162,7 @@ def main() -> None:
     parser.add_argument("--wakes", type=int, default=100)
     parser.add_argument("--rooms", type=int, default=50)
     parser.add_argument("--events", type=int, default=100)
+    parser.add_argument("--py-spy", metavar="FILE", help="profile the sequential sends with py-spy into FILE")
     args = parser.parse_args()
     if args.base_url:
         asyncio.run(bench(args.base_url, None, args))

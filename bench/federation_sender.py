@@ -11,11 +11,14 @@ Prints:
   with get_missing_events (a PDU arrived whose prev_events it never got);
 - a real receiving Tributary down while 500 messages go to 20 rooms: time from it coming back until
   all 500 are in its user's /sync, and the get_missing_events requests it made;
-- CPU and RSS of the sending process, idle and under load.
+- CPU and RSS of the sending process, idle and under load;
+- the fan-out cost: server CPU per PDU per destination with 1,000 destinations in a room
+  (``--cost-destinations``, ``--cost-events``; ``--only-cost`` runs it alone).
 
 Needs PostgreSQL on 127.0.0.1:5432 (trust auth for ``postgres``), as the tests do. Run by hand:
 
     .venv/bin/python bench/federation_sender.py [--events 500] [--rooms 1000] [--per-room 10]
+    .venv/bin/python bench/federation_sender.py --only-cost [--cost-destinations 1000] [--cost-events 200]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from tests.twisted_plugin import reactor, run_sync  # noqa: E402  (installs the 
 from twisted.internet import task  # noqa: E402
 from twisted.internet.defer import Deferred, gatherResults  # noqa: E402
 
+from bench.profiling import start_py_spy, stop_py_spy  # noqa: E402
 from tests.conftest import scratch_database  # noqa: E402
 from tests.federation_peer import Behaviour, FederationPeer  # noqa: E402
 from tests.harness import TributaryProcess, free_port  # noqa: E402
@@ -129,6 +133,17 @@ async def sleep(seconds: float) -> None:
     await task.deferLater(reactor, seconds, lambda: None)
 
 
+async def say_up(peer: FederationPeer, server: str, destination: str, tag: str) -> None:
+    """Virtual ``server`` sends ``destination`` an empty transaction: it is up (its backoff ends)."""
+    for attempt in range(3):  # a pooled connection the destination has since closed fails once
+        try:
+            await peer.send_transaction(server, destination, f"{tag}-{server}-{attempt}")
+            return
+        except Exception:
+            if attempt == 2:
+                raise
+
+
 async def throughput(peer: FederationPeer, proc: TributaryProcess, name: str, alice: User, n: int,
                      events: int) -> None:
     servers = peer.servers[:n]
@@ -160,17 +175,7 @@ async def throughput(peer: FederationPeer, proc: TributaryProcess, name: str, al
     for s in servers:
         await peer.set_behaviour(s, Behaviour.OK)
     cpu0, t0 = cpu_seconds(pid), time.perf_counter()
-
-    async def say_up(s: str) -> None:
-        for attempt in range(3):  # a pooled connection the server has since closed fails once
-            try:
-                await peer.send_transaction(s, name, f"up-{s}-{t0}-{attempt}")
-                return
-            except Exception:
-                if attempt == 2:
-                    raise
-
-    await parallel([lambda s=s: say_up(s) for s in servers], 8)
+    await parallel([lambda s=s: say_up(peer, s, name, f"up-{t0}") for s in servers], 8)
     for s in servers:
         await peer.wait_for_pdus(s, sent, timeout=300)
     elapsed = time.perf_counter() - t0
@@ -196,6 +201,73 @@ async def latency(peer: FederationPeer, name: str, alice: User, count: int) -> N
         await sleep(0.02)
     print(f"  idle link, 1 destination, {count} events: created -> received p50 {pct(lags, 0.5):.1f} ms, "
           f"p99 {pct(lags, 0.99):.1f} ms")
+
+
+async def settle(pid: int, *, quiet: float = 0.05, step: float = 2.0, limit: float = 1800.0) -> None:
+    """Wait until the process uses under ``quiet`` of a core over ``step`` seconds (its sender idle)."""
+    deadline = time.perf_counter() + limit
+    while time.perf_counter() < deadline:
+        cpu0 = cpu_seconds(pid)
+        await sleep(step)
+        if cpu_seconds(pid) - cpu0 < quiet * step:
+            return
+
+
+async def fanout_cost(tmp: Path, dsn: str, n: int, events: int, profile: str | None = None) -> None:
+    """Server CPU per PDU per destination with ``n`` destinations in one room.
+
+    Each virtual server answers 500 once it has joined (its port stays open: a closed one may
+    be taken by another process meanwhile), so the sender backs off from it and what the room
+    sends it from then on (the joins of the servers after it, then ``events`` messages) waits
+    in its queue. Then every server answers again and says so with a transaction of its own,
+    and the backlogs drain
+    in full transactions: the sender's CPU over the drain, less what ``n`` such inbound
+    wake-up transactions cost when nothing waits (measured after), divided by the PDUs the
+    servers received, is the figure."""
+    peer = FederationPeer(reactor, request_timeout_seconds=120)
+    t0 = time.perf_counter()
+    servers = await peer.start(n)
+    proc, name = start_tributary(tmp / "fanout", dsn, {})
+    try:
+        pid = proc.process.pid  # type: ignore[union-attr]
+        alice = await User.register(Client(proc.base_url), "alice")
+        room = await alice.room()
+
+        async def join(s: str) -> None:
+            await peer.join(s, f"@u:{s}", room, via=name)
+            await peer.set_behaviour(s, Behaviour.ERROR_500)
+
+        await parallel([lambda s=s: join(s) for s in servers], 8)
+        sent = await parallel([lambda i=i: alice.send(room, f"fan-out {i}") for i in range(events)], 8)
+        await settle(pid)
+        print(f"  set-up: {n} virtual servers joined one room and began to fail, {events} messages sent, "
+              f"in {time.perf_counter() - t0:.0f}s")
+
+        await parallel([lambda s=s: peer.set_behaviour(s, Behaviour.OK) for s in servers], 8)
+        first = {s: len(peer.transactions(s)) for s in servers}
+        spy = start_py_spy(pid, profile)
+        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+        await parallel([lambda s=s: say_up(peer, s, name, "back") for s in servers], 8)
+        for s in servers:
+            await peer.wait_for_pdus(s, sent, timeout=3600)
+        elapsed = time.perf_counter() - t0
+        await settle(pid, quiet=0.02, step=1.0)  # the last positions written
+        cpu = cpu_seconds(pid) - cpu0
+        stop_py_spy(spy, profile)
+        txns = [t for s in servers for t in peer.transactions(s)[first[s]:] if not t.repeat and t.pdus]
+        deliveries = sum(len(t.pdus) for t in txns)
+
+        cpu0 = cpu_seconds(pid)
+        await parallel([lambda s=s: say_up(peer, s, name, "again") for s in servers], 8)
+        await settle(pid, quiet=0.02, step=1.0)
+        inbound = cpu_seconds(pid) - cpu0
+        print(f"  {n} destinations: {deliveries:,} PDUs delivered ({events} messages each, and the joins after "
+              f"its own) in {elapsed:.1f}s, {len(txns):,} transactions ({deliveries / max(len(txns), 1):.1f} PDUs "
+              f"each); sender CPU {cpu:.2f}s less {inbound:.2f}s for the {n} inbound wake-up transactions: "
+              f"{1e6 * (cpu - inbound) / max(deliveries, 1):.1f} µs per PDU per destination")
+    finally:
+        proc.stop()
+        await peer.stop()
 
 
 def gap_rooms(pdus: list[dict[str, Any]], ids: list[str], known: set[str]) -> int:
@@ -319,6 +391,11 @@ async def main(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory() as tmp_name, ExitStack() as stack:
         tmp = Path(tmp_name)
+        if args.only_cost:
+            print("fan-out cost:")
+            await fanout_cost(tmp, stack.enter_context(scratch_database(None)), args.cost_destinations,
+                              args.cost_events, args.py_spy)
+            return
         dsn = stack.enter_context(scratch_database(None))
         peer = FederationPeer(reactor, request_timeout_seconds=60)
         await peer.start(100)
@@ -339,6 +416,10 @@ async def main(args: argparse.Namespace) -> None:
         finally:
             proc.stop()
             await peer.stop()
+        if args.cost_destinations:
+            print("fan-out cost:")
+            await fanout_cost(tmp, stack.enter_context(scratch_database(None)), args.cost_destinations,
+                              args.cost_events, args.py_spy)
         if not args.skip_catch_up:
             print("catch-up:")
             await catch_up(tmp, stack.enter_context(scratch_database(None)), args.rooms, args.per_room)
@@ -355,6 +436,11 @@ if __name__ == "__main__":
     parser.add_argument("--fanout", default="1,10,100", help="destination counts of the throughput runs")
     parser.add_argument("--rooms", type=int, default=1000, help="rooms the catch-up destination missed")
     parser.add_argument("--per-room", type=int, default=10, help="messages it missed in each")
+    parser.add_argument("--cost-destinations", type=int, default=1000,
+                        help="destinations of the fan-out cost run (CPU per PDU per destination); 0 skips it")
+    parser.add_argument("--cost-events", type=int, default=200, help="PDUs each destination gets in that run")
+    parser.add_argument("--only-cost", action="store_true", help="run the fan-out cost run alone")
+    parser.add_argument("--py-spy", metavar="FILE", help="profile the sender during the fan-out cost run into FILE")
     parser.add_argument("--skip-catch-up", action="store_true")
     parser.add_argument("--skip-receiver", action="store_true")
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
+from canonicaljson import encode_canonical_json
 
 from federation_sender.backoff import HEALTHY, BackoffPolicy, Jitter, RetryState, after_failure
 
@@ -50,8 +51,15 @@ class PendingPdu:
     # Position in the events stream; None for a remote server's event we forward
     # (a join we accepted as the resident server), which does not count for catch-up.
     stream_ordering: int | None
-    pdu: Mapping[str, Any]
+    # The PDU as canonical JSON, encoded once (``encode_pdu``) when it was read: every
+    # destination's transactions join these bytes, none encodes the PDU again.
+    encoded: bytes
     queued_at: float
+
+
+def encode_pdu(pdu: Mapping[str, Any]) -> bytes:
+    """A PDU's canonical JSON, as ``PendingPdu.encoded`` holds it."""
+    return encode_canonical_json(pdu)
 
 
 @attrs.frozen
@@ -84,13 +92,18 @@ class PlannedTransaction:
     # Catch-up: the rooms this transaction finishes, with their destination_rooms positions.
     completed_rooms: tuple[tuple[str, int], ...] = ()
 
-    def body(self, origin: str, now_ms: int) -> JsonDict:
-        return {
-            "origin": origin,
-            "origin_server_ts": now_ms,
-            "pdus": [dict(p.pdu) for p in self.pdus],
-            "edus": [e.to_json() for e in self.edus],
-        }
+    def body(self, origin: str, now_ms: int) -> bytes:
+        """The ``PUT /send`` body as canonical JSON, joined from the PDUs' pre-encoded bytes
+        rather than encoded as a whole: only the EDUs and the envelope are encoded here. The
+        keys are written in canonical (sorted) order, so the bytes are exactly what
+        ``encode_canonical_json`` of the body as a dict would give, and the request signature
+        can be made over them without encoding anything again."""
+        return b"".join((
+            b'{"edus":', encode_canonical_json([e.to_json() for e in self.edus]),
+            b',"origin":', encode_canonical_json(origin),
+            b',"origin_server_ts":', str(int(now_ms)).encode("ascii"),
+            b',"pdus":[', b",".join(p.encoded for p in self.pdus), b"]}",
+        ))
 
 
 class Added(enum.Enum):

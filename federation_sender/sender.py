@@ -64,12 +64,13 @@ from federation_sender.core import (
 )
 from federation_sender.device_lists import plan_updates
 from federation_sender.metrics import FederationSenderMetrics
-from federation_sender.queue import DEVICE_LIST_EDU_TYPE, Edu, PendingPdu
+from federation_sender.queue import DEVICE_LIST_EDU_TYPE, Edu, PendingPdu, encode_pdu
 from federation_sender.store import SenderStore
 from federation_sender.transport import TransactionFailed, Transport
 from storage.kernel.background import run_in_background
 from storage.kernel.logcontext import log_context
-from storage.stores.federation_sender import CatchUpEvent
+from storage.kernel.written_events import WrittenEvents, is_fanout
+from storage.stores.federation_sender import CatchUpEvent, SentMark
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +82,13 @@ _REQUESTS = (
 )
 
 
+def _encoded(pdu_json: str) -> bytes:
+    """A stored PDU's canonical JSON (the events table's text is not necessarily canonical)."""
+    return encode_pdu(json.loads(pdu_json))
+
+
 def _pending(event: CatchUpEvent, now: float) -> PendingPdu:
-    return PendingPdu(event.event_id, event.room_id, event.stream_ordering, json.loads(event.pdu_json), now)
+    return PendingPdu(event.event_id, event.room_id, event.stream_ordering, _encoded(event.pdu_json), now)
 
 
 class FederationSender:
@@ -100,8 +106,11 @@ class FederationSender:
         joined_servers: Callable[[str], Awaitable[set[str]]] | None = None,
         should_handle: Callable[[str], bool] = lambda destination: True,
         jitter: Jitter = random.uniform,
+        written: WrittenEvents | None = None,
     ) -> None:
         self._server_name = server_name
+        # What this process persisted: a range of events for no other server needs no read.
+        self._written = written
         self._config = config
         self._store = store
         self._transport = transport
@@ -138,6 +147,11 @@ class FederationSender:
         self._background: set[Deferred[Any]] = set()
         self._receipts: dict[str, tuple[set[str], dict[str, Any]]] = {}
         self._receipt_timer: IDelayedCall | None = None
+        # Accepted transactions' marks waiting for the write under way to end (``_mark_sent``).
+        self._marks: list[tuple[SentMark, Deferred[None]]] = []
+        self._marking: Deferred[None] | None = None
+        # Destinations whose position was written while a periodic catch-up scan was reading.
+        self._acked_during_scan: set[str] | None = None
 
         metrics.pending_pdus.set_function(lambda: sum(d.pending_pdus for d in self._destinations.values()))
         metrics.pending_edus.set_function(lambda: sum(d.pending_edus for d in self._destinations.values()))
@@ -244,6 +258,10 @@ class FederationSender:
     async def _run_fanout(self) -> None:
         while self._position < self._fanout_target and not self._stopping:
             target = self._fanout_target
+            if self._written is not None and self._written.nothing_for(self._position, target, is_fanout):
+                self._position = target
+                self._metrics.position.set(target)
+                continue
             try:
                 rows = await self._store.get_fanout_events(self._position, target, FANOUT_BATCH)
             except CancelledError:
@@ -255,7 +273,8 @@ class FederationSender:
             now = self._clock.seconds()
             batches: dict[str, list[PendingPdu]] = {}
             for row in rows:
-                pdu = PendingPdu(row.event_id, row.room_id, row.stream_ordering, json.loads(row.pdu_json), now)
+                # Encoded once here; every destination's transaction joins the same bytes.
+                pdu = PendingPdu(row.event_id, row.room_id, row.stream_ordering, _encoded(row.pdu_json), now)
                 for name in row.destinations:
                     if name != self._server_name and self._should_handle(name):
                         batches.setdefault(name, []).append(pdu)
@@ -269,7 +288,7 @@ class FederationSender:
     def send_pdu(self, pdu: Mapping[str, Any], destinations: Iterable[str]) -> None:
         """Send an event that is not one of our new local events (a remote server's join we
         accepted as the resident server); it does not move catch-up positions."""
-        pending = PendingPdu(str(pdu.get("event_id", "")), str(pdu.get("room_id", "")), None, pdu,
+        pending = PendingPdu(str(pdu.get("event_id", "")), str(pdu.get("room_id", "")), None, encode_pdu(pdu),
                              self._clock.seconds())
         for name in sorted(set(destinations)):
             if name != self._server_name and self._should_handle(name):
@@ -527,9 +546,10 @@ class FederationSender:
                                    first.event_id, first.error)
                     await self._store.record_pdu_errors(name, {r.event_id: r.error for r in step.refusals},
                                                         self._now_ms())
-                await self._store.mark_sent(name, step.advance_to, reset_retry=step.clear_retry,
-                                            to_device_upto=step.to_device_upto,
-                                            device_lists_upto=step.device_lists_upto)
+                await self._mark_sent(SentMark(name, step.advance_to, step.clear_retry, step.to_device_upto,
+                                               step.device_lists_upto))
+                if self._acked_during_scan is not None:
+                    self._acked_during_scan.add(name)
                 return dest.on_persisted(self._now_ms())
             case PersistRetry(retry=retry):
                 await self._store.set_retry(name, retry.retry_last_ts, retry.retry_interval, retry.failure_ts)
@@ -553,6 +573,39 @@ class FederationSender:
             self._metrics.in_flight.dec()
             self._semaphore.release()
         return dest.on_transaction_accepted(pdu_errors(response), self._now_ms())
+
+    async def _mark_sent(self, mark: SentMark) -> None:
+        """Write what an accepted transaction moves, together with the marks of every other
+        destination answered meanwhile: one database transaction at a time, for all of them
+        (at 1,000 destinations, one write per answer was a thread hop and a commit each)."""
+        done: Deferred[None] = Deferred()
+        self._marks.append((mark, done))
+        if self._marking is None:
+            marking = Deferred.fromCoroutine(self._write_marks())
+            if not marking.called:
+                self._marking = marking
+                self._background.add(marking)
+                marking.addBoth(lambda _: self._background.discard(marking))
+        await done
+
+    async def _write_marks(self) -> None:
+        try:
+            while self._marks:
+                batch, self._marks = self._marks, []
+                try:
+                    await self._store.mark_sent_many([mark for mark, _ in batch])
+                except CancelledError:
+                    for _, done in batch:
+                        done.cancel()
+                    raise
+                except Exception as e:  # each destination's loop reports it and pauses
+                    for _, done in batch:
+                        done.errback(e)
+                else:
+                    for _, done in batch:
+                        done.callback(None)
+        finally:
+            self._marking = None
 
     def _arm_timer(self, name: str, at_ms: int, now_ms: int) -> None:
         # One millisecond late rather than early: the core compares whole milliseconds.
@@ -579,10 +632,19 @@ class FederationSender:
         counts, even one past the stream's position: a room's row holds only its newest event,
         so an older event of that room that was in flight when the process died is behind it,
         and the fan-out (which starts at the position) will never hand it out again."""
-        rows = await self._store.get_needing_catch_up(_EVERYTHING if startup else self._position)
+        if not startup:
+            self._acked_during_scan = set()
+        try:
+            rows = await self._store.get_needing_catch_up(_EVERYTHING if startup else self._position)
+        finally:
+            acked, self._acked_during_scan = self._acked_during_scan, None
         found = 0
         for row in rows:
             if not self._should_handle(row.destination):
+                continue
+            if acked is not None and row.destination in acked:
+                # Its position moved while the scan read the old one: the rows it saw were
+                # in flight, not missed (catching up would send them a second time).
                 continue
             found += 1
             dest = self._destination(row.destination)

@@ -12,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from storage.stores.federation_sender import CatchUpData, DestinationRow, DeviceListRow, FanoutEvent, OutboxRow
+from storage.stores.federation_sender import (
+    CatchUpData,
+    DestinationRow,
+    DeviceListRow,
+    FanoutEvent,
+    OutboxRow,
+    SentMark,
+)
 
 
 class SenderStore(Protocol):
@@ -26,10 +33,7 @@ class SenderStore(Protocol):
         self, destination: str, retry_last_ts: int, retry_interval: int, failure_ts: int | None
     ) -> None: ...
 
-    async def mark_sent(
-        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None,
-        device_lists_upto: int | None = None,
-    ) -> None: ...
+    async def mark_sent_many(self, marks: Sequence[SentMark]) -> None: ...
 
     async def record_pdu_errors(self, destination: str, errors: Mapping[str, str], now_ms: int) -> None: ...
 

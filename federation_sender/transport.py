@@ -6,6 +6,9 @@ federation client), and tests supply fakes. A call either returns the
 destination's 2xx answer body or raises ``TransactionFailed``; anything else it
 raises is a bug in the transport and is treated as a crash of that
 destination's loop.
+
+``body`` is the transaction as canonical JSON bytes (``PlannedTransaction.body``): the
+transport sends them as they are and signs the request over them, encoding nothing again.
 """
 
 # tests: tests/unit/federation_sender/test_sender.py
@@ -25,4 +28,4 @@ class TransactionFailed(Exception):
 
 
 class Transport(Protocol):
-    def __call__(self, destination: str, txn_id: str, body: dict[str, Any], timeout: float) -> Awaitable[Any]: ...
+    def __call__(self, destination: str, txn_id: str, body: bytes, timeout: float) -> Awaitable[Any]: ...

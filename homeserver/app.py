@@ -119,6 +119,7 @@ from storage.embedded import EmbeddedPostgres, find_binaries
 from storage.id_generators import StreamIdGenerator
 from storage.kernel.background import register_metrics as register_background_metrics
 from storage.kernel.background import run_in_background
+from storage.kernel.written_events import WrittenEvents
 from storage.metrics import StorageMetrics, StreamMetrics
 from storage.notifier import Notifier
 from storage.prepare import apply_migrations, check_server_name, current_schema_version, prepare_database
@@ -287,6 +288,9 @@ class HomeServer:
         self.console_router = JsonRouter(self.http_metrics)
         self.admin_tasks = TaskTracker()
         self.persistence_metrics = PersistenceMetrics.create(self.registry)
+        # What this process persisted at recent events-stream positions: its own readers of the
+        # stream (fan-out, user directory) skip queries over ranges it knows hold nothing for them.
+        self.written_events = WrittenEvents()
         self.stream_metrics = StreamMetrics.create(self.registry)
         self.reactor_monitor = ReactorTickMonitor(reactor, ReactorMetrics.create(self.registry))
         self.ports: list[IListeningPort] = []
@@ -478,7 +482,7 @@ class HomeServer:
             store=events_store, loader=loader, stream_ids=generators[StreamName.EVENTS], server_name=config.server_name,
             instance_name=self.instance_name, metrics=self.persistence_metrics,
             backfill_ids=generators[StreamName.BACKFILL],
-            push=PushActionsEvaluator(config.server_name),
+            push=PushActionsEvaluator(config.server_name), written=self.written_events,
         )
         creator_options: dict[str, Any] = dict(
             loader=loader, store=events_store, server_name=config.server_name, signing_key=storage.signing_key,
@@ -598,6 +602,7 @@ class HomeServer:
                 joined_servers=room_servers,
                 should_handle=layout.sends_to,
                 device_lists_position=generators[StreamName.DEVICE_LISTS].get_current_token,
+                written=self.written_events,
             )
             running = sender
             events.add_position_listener(lambda stream, instance, old, new: running.notify_new_events(
@@ -676,7 +681,8 @@ class HomeServer:
 
         context = RoleContext(config=self.config, instance_name=self.instance_name, reactor=self.reactor,
                               db=storage.db, on_federation_ack=on_federation_ack, registry=self.registry,
-                              streams={str(name): g for name, g in streams.generators.items()})
+                              streams={str(name): g for name, g in streams.generators.items()},
+                              written_events=self.written_events)
         return tuple([await hook(context) for hook in hooks])
 
     def _register_servlets(self, storage: Storage, streams: Streams, services: Services) -> None:

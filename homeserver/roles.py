@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 from homeserver.config import HomeserverConfig
 from storage.database import Database
 from storage.id_generators import StreamIdGenerator
+from storage.kernel.written_events import WrittenEvents
 
 ENTRY_POINT_GROUP: Final = "tributary.workers"
 
@@ -87,6 +88,8 @@ class RoleContext:
     # and position listeners, local or fed by replication).
     registry: CollectorRegistry = attrs.field(factory=CollectorRegistry)
     streams: Mapping[str, StreamIdGenerator] = attrs.field(factory=dict)
+    # What this process persisted at recent events-stream positions (``storage/kernel/written_events.py``).
+    written_events: WrittenEvents | None = None
 
 
 RoleHook = Callable[[RoleContext], Awaitable[Stoppable]]

@@ -33,7 +33,8 @@ class BackgroundJobs:
 async def start_background(context: RoleContext) -> BackgroundJobs:
     pruner = await start_pruning(context)
     events = context.streams["events"]
-    updater = UserDirectoryUpdater(UserDirectoryStore(context.db), context.reactor, events.get_current_token)
+    updater = UserDirectoryUpdater(UserDirectoryStore(context.db), context.reactor, events.get_current_token,
+                                   written=context.written_events)
     events.add_position_listener(lambda *_: updater.on_new_events())
     updater.on_new_events()
     return BackgroundJobs(pruner, updater)

@@ -30,8 +30,9 @@ async def start_pusher(context: RoleContext) -> PusherPool:
         store=PushStore(context.db), load_events=load_events, transport=HttpGatewayTransport(context.reactor, ip_range_whitelist=context.config.push.ip_range_whitelist),
         clock=context.reactor, metrics=PusherMetrics.create(context.registry),
         events_position=events.get_current_token, receipts_position=receipts.get_current_token,
+        written=context.written_events,
     )
-    events.add_position_listener(lambda *_: pool.on_new_events())
+    events.add_position_listener(lambda *_: pool.on_events_moved())
     receipts.add_position_listener(lambda *_: pool.on_new_receipts())
     pool.start()
     return pool

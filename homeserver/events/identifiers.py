@@ -15,6 +15,7 @@ v2) the domain must be a server name. This module knows nothing of HTTP or stora
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from typing import Final
@@ -55,9 +56,12 @@ def check_hostname(host: str) -> None:
                              "digits and hyphens")
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_server_name(name: str) -> ServerName:
     """Split ``host[:port]`` (IPv6 literals in brackets); raises ValueError unless it is a server
-    name by the spec's grammar, with DNS labels of at most 63 characters."""
+    name by the spec's grammar, with DNS labels of at most 63 characters. Answers for valid
+    names are remembered (a bounded cache: the federation client checks the destination of
+    every request; a refusal is not cached, so hostile names cannot fill it)."""
     if len(name) > MAX_DNS_NAME_LENGTH:
         raise ValueError(f"server name of {len(name)} characters, over {MAX_DNS_NAME_LENGTH}")
     if name.startswith("["):

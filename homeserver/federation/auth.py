@@ -51,11 +51,33 @@ def request_json(method: str, uri: str, origin: str, destination: str, content: 
     return obj
 
 
+def request_message(method: str, uri: str, origin: str, destination: str, content: bytes | None) -> bytes:
+    """The canonical JSON of ``request_json(...)``, given the content already as canonical JSON
+    bytes: they are joined in, not decoded and encoded again (the keys are written in their
+    canonical order: content, destination, method, origin, uri)."""
+    opening = (b"{",) if content is None else (b'{"content":', content, b",")
+    return b"".join((
+        *opening,
+        b'"destination":', encode_canonical(destination),
+        b',"method":', encode_canonical(method.upper()),
+        b',"origin":', encode_canonical(origin),
+        b',"uri":', encode_canonical(uri), b"}",
+    ))
+
+
 def sign_request(
     method: str, uri: str, origin: str, destination: str, content: Any | None, signing_key: SigningKey
 ) -> str:
     """The ``Authorization`` header value for one outbound request."""
-    message = encode_canonical(request_json(method, uri, origin, destination, content))
+    encoded = None if content is None else encode_canonical(content)
+    return sign_encoded_request(method, uri, origin, destination, encoded, signing_key)
+
+
+def sign_encoded_request(
+    method: str, uri: str, origin: str, destination: str, content: bytes | None, signing_key: SigningKey
+) -> str:
+    """``sign_request`` for content given as its canonical JSON bytes (the body as sent)."""
+    message = request_message(method, uri, origin, destination, content)
     signature = encode_base64(signing_key.sign(message).signature)
     key_id = f"{signing_key.alg}:{signing_key.version}"
     return f'X-Matrix origin="{origin}",destination="{destination}",key="{key_id}",sig="{signature}"'

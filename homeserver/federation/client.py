@@ -47,7 +47,8 @@ from zope.interface import implementer
 from homeserver.events.identifiers import ServerName as ServerName
 from homeserver.events.identifiers import check_hostname as check_hostname
 from homeserver.events.identifiers import parse_server_name as parse_server_name
-from homeserver.federation.auth import sign_request
+from homeserver.events.canonical import encode_canonical
+from homeserver.federation.auth import sign_encoded_request
 from homeserver.federation.metrics import METHODS, FederationMetrics
 from homeserver.federation.ttl_cache import TtlCache
 
@@ -483,6 +484,14 @@ class _FederationEndpointFactory:
         return _FederationEndpoint(self._reactor, self._resolver, uri.netloc.decode("ascii"))
 
 
+def _encode_body(content: Any, *, canonical: bool) -> bytes:
+    """A request body: canonical JSON when the request is signed (the signature covers exactly
+    these bytes, so they are encoded once for both), compact JSON otherwise."""
+    if canonical:
+        return encode_canonical(content)
+    return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
 @implementer(IBodyProducer)
 class _JsonBody:
     def __init__(self, body: bytes) -> None:
@@ -559,6 +568,11 @@ class FederationClient:
                        max_bytes: int = MAX_RESPONSE_BYTES) -> Any:
         return await self.request("PUT", destination, path, content=content, timeout=timeout, max_bytes=max_bytes)
 
+    async def put_encoded(self, destination: str, path: str, body: bytes, *, timeout: float | None = None) -> Any:
+        """``put_json`` of a body already encoded as canonical JSON (the federation sender's
+        transactions, joined from pre-encoded PDUs): sent as it is and signed over as it is."""
+        return await self.request("PUT", destination, path, encoded=body, timeout=timeout)
+
     async def post_json(self, destination: str, path: str, content: Any, *, signed: bool = True,
                         timeout: float | None = None) -> Any:
         return await self.request("POST", destination, path, content=content, signed=signed, timeout=timeout)
@@ -571,16 +585,20 @@ class FederationClient:
         *,
         query: Mapping[str, Any] | None = None,
         content: Any | None = None,
+        encoded: bytes | None = None,
         signed: bool = True,
         timeout: float | None = None,
         max_bytes: int = MAX_RESPONSE_BYTES,
     ) -> Any:
         """Send one request; return the parsed JSON body of a 2xx response (at most ``max_bytes``).
+        The body is ``content`` (encoded here), or ``encoded``: content already in canonical JSON.
 
         Raises ``HttpResponseError`` for other statuses and ``FederationClientError``
         for everything that stops a response arriving.
         """
-        response, raw = await self._exchange(method, destination, path, query=query, content=content, signed=signed,
+        if content is not None:
+            encoded = _encode_body(content, canonical=signed)
+        response, raw = await self._exchange(method, destination, path, query=query, encoded=encoded, signed=signed,
                                              timeout=timeout, max_bytes=max_bytes)
         if not 200 <= response.code < 300:
             self._count(method, "http_error")
@@ -596,7 +614,7 @@ class FederationClient:
         """GET ``path`` and return the answer whatever its type (media): its status, Content-Type and
         body. A body above ``max_bytes`` is a ``FederationClientError`` (the read stops there);
         a status other than 2xx is an ``HttpResponseError``."""
-        response, raw = await self._exchange("GET", destination, path, query=query, content=None, signed=signed,
+        response, raw = await self._exchange("GET", destination, path, query=query, encoded=None, signed=signed,
                                              timeout=timeout, max_bytes=max_bytes)
         if not 200 <= response.code < 300:
             self._count("GET", "http_error")
@@ -607,18 +625,19 @@ class FederationClient:
         return RawResponse(response.code, types[0].decode("latin-1"), dispositions[0].decode("latin-1"), raw)
 
     async def _exchange(self, method: str, destination: str, path: str, *, query: Mapping[str, Any] | None,
-                        content: Any | None, signed: bool, timeout: float | None,
+                        encoded: bytes | None, signed: bool, timeout: float | None,
                         max_bytes: int) -> tuple[IResponse, bytes]:
+        """``encoded``: the body, canonical JSON when ``signed`` (the signature is made over it)."""
         uri = path
         if query:
             uri += "?" + urlencode(query, doseq=True, quote_via=quote)
         headers = Headers({b"User-Agent": [b"Tributary"]})
         body: _JsonBody | None = None
-        if content is not None:
+        if encoded is not None:
             headers.addRawHeader(b"Content-Type", b"application/json")
-            body = _JsonBody(json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+            body = _JsonBody(encoded)
         if signed:
-            auth = sign_request(method, uri, self._server_name, destination, content, self._signing_key)
+            auth = sign_encoded_request(method, uri, self._server_name, destination, encoded, self._signing_key)
             headers.addRawHeader(b"Authorization", auth.encode("utf-8"))
         try:
             parse_server_name(destination)

@@ -20,16 +20,17 @@ from homeserver.federation.client import FederationClientError, HttpResponseErro
 class JsonPutter(Protocol):
     """What the adapter needs of ``FederationClient``."""
 
-    async def put_json(self, destination: str, path: str, content: Any, *, timeout: float | None = None) -> Any: ...
+    async def put_encoded(self, destination: str, path: str, body: bytes, *, timeout: float | None = None) -> Any: ...
 
 
 def client_transport(client: JsonPutter) -> Transport:
-    """``PUT /_matrix/federation/v1/send/{txnId}`` through the federation client."""
+    """``PUT /_matrix/federation/v1/send/{txnId}`` through the federation client; the body is
+    the transaction's canonical JSON, sent and signed over as it is."""
 
-    async def send(destination: str, txn_id: str, body: dict[str, Any], timeout: float) -> Any:
+    async def send(destination: str, txn_id: str, body: bytes, timeout: float) -> Any:
         path = f"/_matrix/federation/v1/send/{quote(txn_id, safe='')}"
         try:
-            return await client.put_json(destination, path, body, timeout=timeout)
+            return await client.put_encoded(destination, path, body, timeout=timeout)
         except HttpResponseError as e:
             raise TransactionFailed(e.code, str(e)) from e
         except FederationClientError as e:

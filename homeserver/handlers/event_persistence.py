@@ -45,6 +45,7 @@ from homeserver.events.identifiers import server_name_of
 from homeserver.federation.acl import ACL_KEY, server_allowed
 from homeserver.handlers.event_loader import EventLoader
 from storage.database import Transaction
+from storage.kernel.written_events import WrittenEvent, WrittenEvents
 from storage.stores.events import (
     BatchedPersist,
     EventAlreadyPersisted,
@@ -58,7 +59,7 @@ from storage.stores.events import (
     persist_event_txn,
     persist_events_txn,
 )
-from storage.stores.push import PushAction, PushContextRow, get_push_context_txn
+from storage.stores.push import PushAction, PushContextRow, any_http_pusher_txn, get_push_context_txn
 from storage.stores.room_state import BulkEventRow, store_join_state_txn
 
 PushContextReader = Callable[[Transaction, str, str, Collection[str]], PushContextRow]
@@ -173,8 +174,11 @@ class EventPersister:
         metrics: PersistenceMetrics,
         backfill_ids: StreamIdAllocator | None = None,
         push: PushActionsSource | None = None,
+        written: WrittenEvents | None = None,
     ) -> None:
         self._push = push
+        # Notes for this process's readers of the events stream (``storage/kernel/written_events.py``).
+        self._written = written
         self._store = store
         self._loader = loader
         self._stream_ids = stream_ids
@@ -395,8 +399,10 @@ class EventPersister:
                 remote_servers = await self._acl_allowed(event, snapshot, remote_servers)
 
         push_actions = None
+        # Whether the event notifies anyone with a pusher: found by the transaction, noted after it.
+        pushes = [False]
         if self._push is not None and not outlier and rejection_reason is None and not soft_failed:
-            push_actions = self._push.actions_txn(event)
+            push_actions = self._noting_pushes(self._push.actions_txn(event), pushes)
         request = self._request(
             room_version,
             event,
@@ -416,7 +422,8 @@ class EventPersister:
         )
         try:
             result = await self._stream_ids.run_interaction(
-                "persist_event", persist_event_txn, request, self._stream_ids.get_next_txn
+                "persist_event", persist_event_txn, request,
+                self._allocator(lambda: WrittenEvent(event.is_state(), bool(remote_servers), pushes[0])),
             )
         except EventAlreadyPersisted:
             stream_ordering = await self._store.get_stream_ordering(event.event_id)
@@ -475,6 +482,37 @@ class EventPersister:
             self._loader.prime(b.event)
             self._after_persist(b.event, result, "remote", per_event)
         return results
+
+    def _allocator(self, written: Callable[[], WrittenEvent]) -> Callable[[Transaction], int]:
+        """The events stream's ``get_next_txn``, noting ``written()`` at the position it reserves
+        once the transaction commits (before the position completes, so a reader woken by it
+        sees the note)."""
+        written_events = self._written
+        if written_events is None:
+            return self._stream_ids.get_next_txn
+
+        def allocate(txn: Transaction) -> int:
+            position = self._stream_ids.get_next_txn(txn)
+            txn.call_after(lambda: written_events.note(position, written()))
+            return position
+
+        return allocate
+
+    def _noting_pushes(self, actions_txn: Callable[[Transaction], Sequence[PushAction]],
+                       pushes: list[bool]) -> Callable[[Transaction], Sequence[PushAction]]:
+        """``actions_txn``, also setting ``pushes[0]`` when a user it notifies has an ``http``
+        pusher (one more statement in the transaction, only when someone is notified, and only
+        when this process keeps notes for its own pushers' scan)."""
+        if self._written is None:
+            pushes[0] = True
+            return actions_txn
+
+        def in_txn(txn: Transaction) -> Sequence[PushAction]:
+            actions = actions_txn(txn)
+            pushes[0] = bool(actions) and any_http_pusher_txn(txn, {a.user_id for a in actions})
+            return actions
+
+        return in_txn
 
     async def _acl_allowed(
         self, event: FrozenEvent, snapshot: _RoomSnapshot | None, servers: frozenset[str]

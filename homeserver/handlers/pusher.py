@@ -52,6 +52,7 @@ from homeserver.federation.client import IpFilter
 
 from storage.kernel.background import run_in_background
 from storage.kernel.backoff import BackoffPolicy
+from storage.kernel.written_events import WrittenEvents, is_push
 from storage.stores.push import Notification, PusherRow, PushStore
 
 logger = logging.getLogger(__name__)
@@ -257,8 +258,13 @@ class PusherPool:
 
     def __init__(self, *, store: PushStore, load_events: EventLoader, transport: GatewayTransport, clock: Any,
                  metrics: PusherMetrics, events_position: Callable[[], int],
-                 receipts_position: Callable[[], int], backoff: BackoffPolicy = PUSH_BACKOFF) -> None:
+                 receipts_position: Callable[[], int], backoff: BackoffPolicy = PUSH_BACKOFF,
+                 written: WrittenEvents | None = None) -> None:
         self._store = store
+        # What this process persisted: a range of events that notified no one with a pusher
+        # needs no scan (``on_events_moved``); the position the last scan looked up to.
+        self._written = written
+        self._scanned_upto: int | None = None
         self._load_events = load_events
         self._transport = transport
         self._clock = clock
@@ -283,6 +289,18 @@ class PusherPool:
         self._timers: list[Any] = []
 
     def start(self) -> None:
+        self.on_new_events()
+
+    def on_events_moved(self) -> None:
+        """The events stream moved: scan, unless every new position was persisted by this process
+        and notified no one with a pusher (then there is nothing new to deliver; a pusher created
+        meanwhile by another process has its first notification delivered with its next one)."""
+        upto = self._events_position()
+        scanned = self._scanned_upto
+        if (self._written is not None and scanned is not None and self._scanning is None
+                and self._written.nothing_for(scanned, upto, is_push)):
+            self._scanned_upto = max(scanned, upto)
+            return
         self.on_new_events()
 
     def on_new_events(self) -> None:
@@ -328,6 +346,7 @@ class PusherPool:
             while not self._stopping:
                 self._again = False
                 upto = self._events_position()
+                self._scanned_upto = upto
                 now = self._clock.seconds()
                 for pusher in await self._store.get_pushers_with_pending(upto):
                     if self._stopping or len(self._active) >= MAX_CONCURRENT_PUSHERS:

@@ -5,6 +5,11 @@ process: ``workers/background.py``). It follows the events stream: each time the
 linear position moves, it rewrites from current state the rooms that had a state event since
 its stored position, in batches, storing the new position with the last batch. A process that
 starts from position 0 (a new table, or an old database) so builds the whole directory once.
+The position is read once and then kept in memory: a stretch of the stream with no state
+event (messages) costs one query and no write (none at all when this process persisted
+them itself: ``storage/kernel/written_events.py``), and the stored position catches up with the
+next rewrite or once it lags ``POSITION_WRITE_LAG`` behind (a restart looks through that
+stretch again and finds nothing to do).
 It does not know who may search for whom: that is the search query's business.
 """
 
@@ -19,11 +24,14 @@ from typing import Any, Final
 from twisted.internet.defer import Deferred
 
 from storage.kernel.background import run_in_background
+from storage.kernel.written_events import WrittenEvents, is_state
 from storage.stores.user_directory import ROOMS_PER_BATCH, UserDirectoryStore
 
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_FAILURE_S: Final = 5.0
+POSITION_WRITE_LAG: Final = 1000
+"""Stream positions the stored position may lag the one in memory while no state changes."""
 
 
 def batches(room_ids: list[str], size: int = ROOMS_PER_BATCH) -> list[list[str]]:
@@ -32,14 +40,20 @@ def batches(room_ids: list[str], size: int = ROOMS_PER_BATCH) -> list[list[str]]
 
 
 class UserDirectoryUpdater:
-    def __init__(self, store: UserDirectoryStore, clock: Any, events_position: Callable[[], int]) -> None:
+    def __init__(self, store: UserDirectoryStore, clock: Any, events_position: Callable[[], int], *,
+                 written: WrittenEvents | None = None) -> None:
         self._store = store
+        # What this process persisted: a range of its own messages needs no query.
+        self._written = written
         self._clock = clock
         self._events_position = events_position
         self._running: Deferred[None] | None = None
         self._again = False
         self._stopping = False
         self._retry: Any = None
+        # The position applied, and the one stored (both None until first read).
+        self._position: int | None = None
+        self._stored: int | None = None
 
     def on_new_events(self) -> None:
         """The events stream moved: apply what changed (once more after the pass in flight)."""
@@ -74,15 +88,23 @@ class UserDirectoryUpdater:
     async def update_once(self) -> int:
         """Apply the events stream up to its current position; how many rooms were rewritten."""
         upto = self._events_position()
-        after = await self._store.get_position()
+        if self._position is None or self._stored is None:
+            self._position = self._stored = await self._store.get_position()
+        after = self._position
         if upto <= after:
             return 0
-        rooms = await self._store.changed_rooms(after, upto)
+        if self._written is not None and self._written.nothing_for(after, upto, is_state):
+            rooms: list[str] = []
+        else:
+            rooms = await self._store.changed_rooms(after, upto)
         parts = batches(rooms)
         for i, part in enumerate(parts):
             await self._store.rebuild_rooms(part, upto if i == len(parts) - 1 else None)
-        if not parts:
-            await self._store.rebuild_rooms([], upto)
+        if parts or upto - self._stored >= POSITION_WRITE_LAG:
+            if not parts:
+                await self._store.rebuild_rooms([], upto)
+            self._stored = upto
+        self._position = upto
         if rooms:
             logger.debug("user directory: %d rooms rewritten up to %d", len(rooms), upto)
         return len(rooms)

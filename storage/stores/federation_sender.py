@@ -101,6 +101,52 @@ def _like_server_suffix(destination: str) -> str:
     return "%:" + escaped
 
 
+@attrs.frozen
+class SentMark:
+    """What one destination's accepted transaction moves (``FederationSenderStore.mark_sent``)."""
+
+    destination: str
+    advance_to: int | None
+    reset_retry: bool
+    to_device_upto: int | None
+    device_lists_upto: int | None = None
+
+    def is_empty(self) -> bool:
+        return (self.advance_to is None and not self.reset_retry and self.to_device_upto is None
+                and self.device_lists_upto is None)
+
+
+def _mark_sent_txn(txn: Transaction, mark: SentMark) -> None:
+    if mark.advance_to is not None or mark.reset_retry:
+        txn.execute(
+            """
+            INSERT INTO destinations (destination, last_successful_stream_ordering,
+                                      retry_last_ts, retry_interval, failure_ts)
+            VALUES (%s, %s, 0, 0, NULL)
+            ON CONFLICT (destination) DO UPDATE SET
+                last_successful_stream_ordering = GREATEST(
+                    destinations.last_successful_stream_ordering, EXCLUDED.last_successful_stream_ordering),
+                retry_last_ts = CASE WHEN %s THEN 0 ELSE destinations.retry_last_ts END,
+                retry_interval = CASE WHEN %s THEN 0 ELSE destinations.retry_interval END,
+                failure_ts = CASE WHEN %s THEN NULL ELSE destinations.failure_ts END
+            """,
+            (mark.destination, mark.advance_to, mark.reset_retry, mark.reset_retry, mark.reset_retry),
+        )
+    if mark.to_device_upto is not None:
+        txn.execute(
+            "DELETE FROM device_federation_outbox WHERE destination = %s AND stream_id <= %s",
+            (mark.destination, mark.to_device_upto),
+        )
+    if mark.device_lists_upto is not None:
+        txn.execute(
+            """
+            UPDATE destinations SET device_lists_position = GREATEST(device_lists_position, %s)
+            WHERE destination = %s
+            """,
+            (mark.device_lists_upto, mark.destination),
+        )
+
+
 class FederationSenderStore:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -186,38 +232,19 @@ class FederationSenderStore:
         """A transaction was accepted: advance the position, clear the backoff, drop delivered
         to-device messages, advance the device-list position; one transaction, and none at all
         when there is nothing to write."""
-        if advance_to is None and not reset_retry and to_device_upto is None and device_lists_upto is None:
+        await self.mark_sent_many([SentMark(destination, advance_to, reset_retry, to_device_upto, device_lists_upto)])
+
+    async def mark_sent_many(self, marks: Sequence[SentMark]) -> None:
+        """``mark_sent`` for the accepted transactions of several destinations (at most one
+        mark a destination) in one database transaction: the sender writes the positions of
+        the transactions answered while the previous write was under way together."""
+        marks = sorted((m for m in marks if not m.is_empty()), key=lambda m: m.destination)
+        if not marks:
             return
 
         def write(txn: Transaction) -> None:
-            if advance_to is not None or reset_retry:
-                txn.execute(
-                    """
-                    INSERT INTO destinations (destination, last_successful_stream_ordering,
-                                              retry_last_ts, retry_interval, failure_ts)
-                    VALUES (%s, %s, 0, 0, NULL)
-                    ON CONFLICT (destination) DO UPDATE SET
-                        last_successful_stream_ordering = GREATEST(
-                            destinations.last_successful_stream_ordering, EXCLUDED.last_successful_stream_ordering),
-                        retry_last_ts = CASE WHEN %s THEN 0 ELSE destinations.retry_last_ts END,
-                        retry_interval = CASE WHEN %s THEN 0 ELSE destinations.retry_interval END,
-                        failure_ts = CASE WHEN %s THEN NULL ELSE destinations.failure_ts END
-                    """,
-                    (destination, advance_to, reset_retry, reset_retry, reset_retry),
-                )
-            if to_device_upto is not None:
-                txn.execute(
-                    "DELETE FROM device_federation_outbox WHERE destination = %s AND stream_id <= %s",
-                    (destination, to_device_upto),
-                )
-            if device_lists_upto is not None:
-                txn.execute(
-                    """
-                    UPDATE destinations SET device_lists_position = GREATEST(device_lists_position, %s)
-                    WHERE destination = %s
-                    """,
-                    (device_lists_upto, destination),
-                )
+            for mark in marks:
+                _mark_sent_txn(txn, mark)
 
         await self._db.run_interaction("mark_transaction_sent", write)
 

@@ -103,6 +103,15 @@ def push_actions_sql(room_id: str, event_id: str, stream_ordering: int,
     )
 
 
+def any_http_pusher_txn(txn: Transaction, user_ids: Collection[str]) -> bool:
+    """Whether any of ``user_ids`` has an ``http`` pusher (a new event's persist transaction asks,
+    for the users it notifies: ``storage/kernel/written_events.py``)."""
+    txn.execute("SELECT EXISTS (SELECT 1 FROM pushers WHERE kind = 'http' AND user_id = ANY(%s))",
+                (sorted(user_ids),))
+    row = txn.fetchone()
+    return bool(row and row[0])
+
+
 def get_push_context_txn(txn: Transaction, room_id: str, server_name: str,
                          extra_users: Collection[str]) -> PushContextRow:
     """The room as push rules see it (run by the event's persist transaction before the event is

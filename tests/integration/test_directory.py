@@ -193,3 +193,40 @@ async def test_public_rooms_and_spaces_over_federation(database_dsn: str, second
         assert list(by_id)[0] == space and set(by_id) == {space, here, there}
         assert by_id[there]["name"] == "There" and by_id[there]["topic"] == "on B"
         assert by_id[there]["num_joined_members"] == 1
+
+
+async def test_messages_persisted_here_cost_the_readers_of_the_stream_no_query(database_dsn: str,
+                                                                               tmp_path: Path) -> None:
+    """Ten messages in a room with no other server, whose members have no pusher: the process
+    that persisted them knows what each stream position holds, so neither the federation
+    sender's fan-out, the user directory's updater nor the pushers' scan queries the database
+    for them (before, each send cost one fan-out read, three directory transactions and a
+    pushers' scan). A join after them is still found: the updater queries for the one range
+    that holds a state event, once."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (hs, client):
+        def txns(name: str) -> float:
+            value = hs.registry.get_sample_value("tributary_storage_txn_duration_seconds_count", {"txn": name})
+            return value or 0.0
+
+        tokens = {u: (await client.register_ok(u))["access_token"] for u in ("alice", "bob", "carol")}
+        room = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=tokens["alice"]))["room_id"]
+        await _ok(client, "POST", f"join/{quote(room)}", {}, token=tokens["bob"])
+        await _search_until(client, "bob", tokens["alice"], lambda r: r["results"] != [])
+        before = {name: txns(name) for name in ("persist_event", "get_fanout_events", "user_directory_changed_rooms",
+                                                "get_pushers_with_pending")}
+
+        for i in range(10):
+            await _ok(client, "PUT", f"rooms/{quote(room)}/send/m.room.message/m{i}", {"msgtype": "m.text",
+                                                                                      "body": f"m{i}"},
+                      token=tokens["alice"])
+        await _ok(client, "POST", f"join/{quote(room)}", {}, token=tokens["carol"])
+        await _search_until(client, "carol", tokens["alice"], lambda r: r["results"] != [])
+        sender = hs.registry.get_sample_value("tributary_federation_sender_fanout_position")
+        assert sender == hs.registry.get_sample_value("tributary_stream_position",
+                                                      {"stream": "events", "writer": "master"})
+
+        assert txns("persist_event") - before["persist_event"] == 11
+        assert txns("get_fanout_events") == before["get_fanout_events"]
+        # Bob is notified of each message, but has no pusher: the pushers' scan does not run.
+        assert txns("get_pushers_with_pending") == before["get_pushers_with_pending"]
+        assert txns("user_directory_changed_rooms") - before["user_directory_changed_rooms"] == 1

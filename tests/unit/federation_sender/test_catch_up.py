@@ -10,7 +10,7 @@ from federation_sender.queue import PendingPdu
 
 
 def pdu(room: str, n: int) -> PendingPdu:
-    return PendingPdu(f"${room}-{n}", room, n, {}, 0.0)
+    return PendingPdu(f"${room}-{n}", room, n, b"{}", 0.0)
 
 
 def room(name: str, position: int, missed: list[int], latest: list[int]) -> CatchUpRoom:

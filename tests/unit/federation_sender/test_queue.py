@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from federation_sender.backoff import policy_from_config
-from federation_sender.queue import Added, Edu, PendingPdu, PerDestinationQueue, PlannedTransaction
+from federation_sender.queue import Added, Edu, PendingPdu, PerDestinationQueue, PlannedTransaction, encode_pdu
 from federation_sender.config import BackoffConfig
 
 POLICY = policy_from_config(BackoffConfig())
@@ -11,7 +11,7 @@ HOUR = 3_600_000
 
 
 def pdu(n: int, room: str = "!r:a") -> PendingPdu:
-    return PendingPdu(f"$e{n}", room, n, {"event_id": f"$e{n}"}, float(n))
+    return PendingPdu(f"$e{n}", room, n, encode_pdu({"event_id": f"$e{n}"}), float(n))
 
 
 def txn(q: PerDestinationQueue, **kwargs: object) -> PlannedTransaction:
@@ -87,7 +87,7 @@ def test_while_catching_up_new_pdus_are_skipped_and_remembered() -> None:
     assert q.add_pdu(pdu(7)) is Added.SKIPPED
     assert q.add_pdu(pdu(5)) is Added.SKIPPED
     assert q.skipped_upto == 7 and not q.pdus
-    forwarded = PendingPdu("$f", "!r:a", None, {}, 0.0)
+    forwarded = PendingPdu("$f", "!r:a", None, b"{}", 0.0)
     assert q.add_pdu(forwarded) is Added.QUEUED, "a forwarded PDU is not in destination_rooms: it is queued"
 
 

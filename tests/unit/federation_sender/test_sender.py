@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 import pytest
+from canonicaljson import encode_canonical_json
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -22,6 +23,7 @@ from federation_sender.config import BackoffConfig, FederationSenderConfig
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender
 from federation_sender.transport import TransactionFailed
+from storage.kernel.written_events import WrittenEvent, WrittenEvents
 from storage.stores.federation_sender import (
     CatchUpData,
     CatchUpEvent,
@@ -29,6 +31,7 @@ from storage.stores.federation_sender import (
     DeviceListRow,
     FanoutEvent,
     OutboxRow,
+    SentMark,
 )
 
 CONFIG = FederationSenderConfig(
@@ -57,6 +60,11 @@ class MemoryStore:
         # The device_lists stream's rows (local users only), and who shares a room with each user.
         self.device_changes: list[DeviceListRow] = []
         self.sharing: dict[str, set[str]] = {}
+        # The destinations of each mark_sent_many write; a write waits for hold_marks when set.
+        self.mark_batches: list[list[str]] = []
+        self.fanout_reads = 0
+        self.hold_scan: Deferred[None] | None = None
+        self.hold_marks: Deferred[None] | None = None
 
     def device_change(self, user_id: str, device_id: str, *destinations: str) -> int:
         """A local user's device changed, meant for ``destinations`` (the call site's note)."""
@@ -96,6 +104,7 @@ class MemoryStore:
         return newest
 
     async def get_fanout_events(self, after: int, upto: int, limit: int) -> list[FanoutEvent]:
+        self.fanout_reads += 1
         return [e for e in self.events if after < e.stream_ordering <= upto][:limit]
 
     async def get_backing_off(self) -> list[DestinationRow]:
@@ -103,20 +112,21 @@ class MemoryStore:
 
     async def get_needing_catch_up(self, upto: int) -> list[DestinationRow]:
         names = {d for e in self.events for d in e.destinations}
-        return [
+        rows = [
             self._destination_row(name) for name in sorted(names)
-            if any(self.row(name).last_successful or 0 < pos <= upto for pos in self._rooms(name).values())
+            if any((self.row(name).last_successful or 0) < pos <= upto for pos in self._rooms(name).values())
         ]
+        if self.hold_scan is not None:  # the rows as they were when the query ran, answered later
+            await self.hold_scan
+        return rows
 
     async def set_retry(self, destination: str, retry_last_ts: int, retry_interval: int, failure_ts: int | None) -> None:
         self._check("set_retry")
         self.row(destination).retry = (retry_last_ts, retry_interval, failure_ts)
 
-    async def mark_sent(
-        self, destination: str, advance_to: int | None, *, reset_retry: bool, to_device_upto: int | None,
-        device_lists_upto: int | None = None,
-    ) -> None:
-        self._check("mark_sent")
+    def _mark_sent(self, mark: SentMark) -> None:
+        destination, advance_to, reset_retry = mark.destination, mark.advance_to, mark.reset_retry
+        to_device_upto, device_lists_upto = mark.to_device_upto, mark.device_lists_upto
         if device_lists_upto is not None:
             row = self.row(destination)
             row.device_lists_position = max(row.device_lists_position or 0, device_lists_upto)
@@ -127,6 +137,14 @@ class MemoryStore:
             row.retry = (0, 0, None)
         if to_device_upto is not None:
             self.outbox[destination] = [r for r in self.outbox.get(destination, []) if r.stream_id > to_device_upto]
+
+    async def mark_sent_many(self, marks: Sequence[SentMark]) -> None:
+        self._check("mark_sent")
+        self.mark_batches.append(sorted(m.destination for m in marks))
+        if self.hold_marks is not None:
+            await self.hold_marks
+        for mark in marks:
+            self._mark_sent(mark)
 
     async def record_pdu_errors(self, destination: str, errors: Mapping[str, str], now_ms: int) -> None:
         self.pdu_errors.update({(destination, e): error for e, error in errors.items()})
@@ -197,7 +215,8 @@ class Call:
 
 
 class Harness:
-    def __init__(self, config: FederationSenderConfig = CONFIG, store: MemoryStore | None = None) -> None:
+    def __init__(self, config: FederationSenderConfig = CONFIG, store: MemoryStore | None = None,
+                 written: WrittenEvents | None = None) -> None:
         self.clock = Clock()
         self.clock.advance(1_000)
         self.store = store or MemoryStore()
@@ -215,10 +234,14 @@ class Harness:
             device_lists_position=lambda: self.device_position,
             metrics=FederationSenderMetrics.create(self.registry),
             jitter=lambda low, high: 1.0,
+            written=written,
         )
 
-    def transport(self, destination: str, txn_id: str, body: dict[str, Any], timeout: float) -> Deferred[Any]:
-        call = Call(destination, txn_id, body, Deferred())
+    def transport(self, destination: str, txn_id: str, body: bytes, timeout: float) -> Deferred[Any]:
+        # The body is canonical JSON, byte for byte what encoding it as a whole would give.
+        parsed = json.loads(body)
+        assert encode_canonical_json(parsed) == body
+        call = Call(destination, txn_id, parsed, Deferred())
         self.calls.append(call)
         return call.answer
 
@@ -357,6 +380,81 @@ def test_a_store_failure_is_counted_and_retried_after_a_pause() -> None:
     assert h.store.row("b.example").last_successful is None
     h.clock.advance(1.002)
     assert h.store.row("b.example").last_successful == 1
+
+
+def test_positions_answered_during_a_write_are_written_together_by_the_next() -> None:
+    """Three destinations get an event. b's answer starts a position write, which takes a
+    while; c and d answer meanwhile. Their positions wait, and go in one write once b's ends:
+    two database transactions for three answers, and every position lands."""
+    h = Harness(attrs.evolve(CONFIG, max_concurrent_transactions=10))
+    h.start()
+    h.event("!r", "b.example", "c.example", "d.example")
+    h.store.hold_marks = Deferred()
+    answers = {c.destination: c.answer for c in h.calls}
+    answers["b.example"].callback({})
+    answers["c.example"].callback({})
+    answers["d.example"].callback({})
+    assert h.store.mark_batches == [["b.example"]]
+    assert all(h.store.row(d).last_successful is None for d in ("b.example", "c.example", "d.example"))
+    held, h.store.hold_marks = h.store.hold_marks, None
+    held.callback(None)
+    assert h.store.mark_batches == [["b.example"], ["c.example", "d.example"]]
+    assert [h.store.row(d).last_successful for d in ("b.example", "c.example", "d.example")] == [1, 1, 1]
+
+
+def test_events_this_process_wrote_for_no_other_server_are_not_read_again() -> None:
+    """The persister noted events 1 and 2 as local-only: the fan-out moves past them without a
+    query. Event 3 is for b (noted so): read and sent. Event 4 was written elsewhere (no note):
+    read, to be sure."""
+    written = WrittenEvents()
+    h = Harness(written=written)
+    h.start()
+    for room in ("!a", "!b"):
+        written.note(h.store.add_event(room, ()), WrittenEvent(state=False, fanout=False))
+    h.position = 2
+    h.sender.notify_new_events(2)
+    assert h.store.fanout_reads == 0 and h.metric("tributary_federation_sender_fanout_position") == 2
+    ordering = h.store.add_event("!c", ("b.example",))
+    written.note(ordering, WrittenEvent(state=False, fanout=True))
+    h.position = ordering
+    h.sender.notify_new_events(ordering)
+    assert h.store.fanout_reads == 1 and [event_ids(c) for c in h.calls] == [["$e3"]]
+    h.event("!d")
+    assert h.store.fanout_reads == 2 and h.metric("tributary_federation_sender_fanout_position") == 4
+
+
+def test_a_scan_that_read_a_position_since_written_does_not_start_a_catch_up() -> None:
+    """The periodic scan reads b's rows while b's transaction is in flight: the event looks
+    missed. b's answer comes and its position is written before the scan's answer arrives, by
+    which time b is idle. The scan must not send b into catch-up: that would send it the event
+    a second time."""
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example")
+    h.store.hold_scan = Deferred()
+    h.clock.advance(CONFIG.catch_up.scan_interval.total_seconds())
+    h.calls[0].answer.callback({})
+    assert h.store.row("b.example").last_successful == 1
+    held, h.store.hold_scan = h.store.hold_scan, None
+    held.callback(None)
+    h.clock.advance(1)
+    assert len(h.calls) == 1
+    assert h.metric("tributary_federation_sender_catch_up_entered_total", reason="missed") == 0
+
+
+def test_stopping_during_a_position_write_leaves_no_error_behind() -> None:
+    """The sender stops while a position write is under way: the stop does not wait for it,
+    and the write's end afterwards raises nothing and counts no crashed loop."""
+    h = Harness()
+    h.start()
+    h.event("!r", "b.example")
+    h.store.hold_marks = Deferred()
+    h.calls[0].answer.callback({})
+    d = Deferred.fromCoroutine(h.sender.stop())
+    assert d.called
+    held, h.store.hold_marks = h.store.hold_marks, None
+    held.callback(None)
+    assert h.metric("tributary_federation_sender_loop_restarts_total") == 0
 
 
 def test_stop_cancels_what_is_in_flight() -> None:

@@ -17,9 +17,9 @@ from homeserver.federation.sender_transport import client_transport
 class FakeClient:
     def __init__(self, outcome: Any) -> None:
         self.outcome = outcome
-        self.calls: list[tuple[str, str, Any, float | None]] = []
+        self.calls: list[tuple[str, str, bytes, float | None]] = []
 
-    async def put_json(self, destination: str, path: str, content: Any, *, timeout: float | None = None) -> Any:
+    async def put_encoded(self, destination: str, path: str, content: bytes, *, timeout: float | None = None) -> Any:
         self.calls.append((destination, path, content, timeout))
         if isinstance(self.outcome, Exception):
             raise self.outcome
@@ -30,7 +30,7 @@ def run(client: FakeClient) -> Any:
     send = client_transport(client)
 
     async def call() -> Any:
-        return await send("b.example", "17.3/x", {"pdus": []}, 5.0)
+        return await send("b.example", "17.3/x", b'{"pdus":[]}', 5.0)
 
     d = Deferred.fromCoroutine(call())
     results: list[Any] = []
@@ -41,7 +41,7 @@ def run(client: FakeClient) -> Any:
 def test_puts_the_body_at_the_quoted_transaction_path() -> None:
     client = FakeClient({"pdus": {}})
     assert run(client) == {"pdus": {}}
-    assert client.calls == [("b.example", "/_matrix/federation/v1/send/17.3%2Fx", {"pdus": []}, 5.0)]
+    assert client.calls == [("b.example", "/_matrix/federation/v1/send/17.3%2Fx", b'{"pdus":[]}', 5.0)]
 
 
 @pytest.mark.parametrize(

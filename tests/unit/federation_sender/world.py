@@ -38,7 +38,7 @@ from federation_sender.core import (
     TransactionIds,
     WaitForPosition,
 )
-from federation_sender.queue import PendingPdu, PlannedTransaction
+from federation_sender.queue import PendingPdu, PlannedTransaction, encode_pdu
 
 N = TypeVar("N")
 NAME = "b.example"
@@ -55,7 +55,7 @@ REQUESTS = (
 
 
 def pdu(ordering: int, room: str) -> PendingPdu:
-    return PendingPdu(f"$e{ordering}", room, ordering, {"event_id": f"$e{ordering}", "room_id": room}, 0.0)
+    return PendingPdu(f"$e{ordering}", room, ordering, encode_pdu({"event_id": f"$e{ordering}", "room_id": room}), 0.0)
 
 
 @attrs.define

@@ -26,6 +26,7 @@ from homeserver.handlers.pusher import (
     _FilteredEndpoints,
     tweaks_of,
 )
+from storage.kernel.written_events import WrittenEvent, WrittenEvents
 from storage.stores.push import Notification, PusherRow
 
 
@@ -77,8 +78,10 @@ class MemoryStore:
     def __init__(self, pushers: list[PusherRow], notes: list[Notification]) -> None:
         self.pushers = {p.id: p for p in pushers}
         self.notes = notes
+        self.scans = 0
 
     async def get_pushers_with_pending(self, upto: int) -> list[PusherRow]:
+        self.scans += 1
         return [p for p in self.pushers.values()
                 if any(p.last_stream_ordering < n.stream_ordering <= upto and n.user_id == p.user_id
                        for n in self.notes)]
@@ -122,13 +125,39 @@ def note(user: str, position: int) -> Notification:
     return Notification(user, "!r:x", f"${position}", position, False, '["notify"]', 0)
 
 
-def pool(store: MemoryStore, gateway: Gateway, clock: Clock, position: list[int]) -> PusherPool:
+def pool(store: MemoryStore, gateway: Gateway, clock: Clock, position: list[int],
+         written: WrittenEvents | None = None) -> PusherPool:
     async def load(ids: list[str]) -> Mapping[str, Mapping[str, Any]]:
         return {}
 
     return PusherPool(store=store, load_events=load, transport=gateway, clock=clock,  # type: ignore[arg-type]
                       metrics=PusherMetrics.create(CollectorRegistry()), events_position=lambda: position[0],
-                      receipts_position=lambda: 0)
+                      receipts_position=lambda: 0, written=written)
+
+
+def test_events_persisted_here_that_notify_no_pusher_need_no_scan() -> None:
+    """Positions 2 and 3 were persisted by this process and notified no one with a pusher: the
+    stream moving over them starts no scan. Position 4 notified a user with a pusher: scanned,
+    and pushed. Position 5 was written by another process (no note): scanned."""
+    store = MemoryStore([user_pusher(1, "@a:x")], [])
+    gateway, clock, position = Gateway(), Clock(), [1]
+    written = WrittenEvents()
+    p = pool(store, gateway, clock, position, written)
+    p.start()
+    assert store.scans == 1
+    for n in (2, 3):
+        written.note(n, WrittenEvent(state=False, fanout=False, pushes=False))
+        position[0] = n
+        p.on_events_moved()
+    assert store.scans == 1
+    written.note(4, WrittenEvent(state=False, fanout=False, pushes=True))
+    store.notes.append(note("@a:x", 4))
+    position[0] = 4
+    p.on_events_moved()
+    assert store.scans == 2 and gateway.answer(0) == "$4"
+    position[0] = 5
+    p.on_events_moved()
+    assert store.scans == 4  # the delivery's end scanned once more, then position 5
 
 
 def user_pusher(pusher_id: int, user: str) -> PusherRow:

@@ -8,7 +8,8 @@ from collections.abc import Collection
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from homeserver.handlers.user_directory import UserDirectoryUpdater, batches
+from homeserver.handlers.user_directory import POSITION_WRITE_LAG, UserDirectoryUpdater, batches
+from storage.kernel.written_events import WrittenEvent, WrittenEvents
 from storage.stores.user_directory import UserDirectoryStore
 
 
@@ -17,11 +18,13 @@ class FakeStore(UserDirectoryStore):
         self.changes = changes  # stream ordering -> room with a state event there
         self.position = 0
         self.rebuilt: list[tuple[list[str], int | None]] = []
+        self.queries = 0
 
     async def get_position(self) -> int:
         return self.position
 
     async def changed_rooms(self, after: int, upto: int) -> list[str]:
+        self.queries += 1
         rooms: list[str] = []
         for ordering in sorted(self.changes):
             if after < ordering <= upto and self.changes[ordering] not in rooms:
@@ -55,9 +58,25 @@ def test_rewrites_changed_rooms_once_and_stores_the_position_with_the_last_batch
     assert store.rebuilt == [(["!a", "!b"], 3)] and store.position == 3
     # Nothing new: nothing rewritten, the position stays.
     assert run(updater) == 0 and store.rebuilt == [(["!a", "!b"], 3)]
-    # The stream moved past events that changed no state: only the position moves.
+    # The stream moved past events that changed no state: nothing is written, the position
+    # moves in memory only (no query for it either) ...
     position[0] = 7
-    assert run(updater) == 0 and store.rebuilt[-1] == ([], 7) and store.position == 7
+    store.position = -1  # a stored position read again would show
+    assert run(updater) == 0 and store.rebuilt == [(["!a", "!b"], 3)] and store.position == -1
+    # ... and a later change is looked for after it, not after the stored one.
+    store.changes[5] = "!c"
+    store.changes[9] = "!d"
+    position[0] = 9
+    assert run(updater) == 1 and store.rebuilt[-1] == (["!d"], 9) and store.position == 9
+
+
+def test_the_stored_position_catches_up_once_it_lags_far_enough() -> None:
+    store = FakeStore({})
+    position = [POSITION_WRITE_LAG - 1]
+    updater = UserDirectoryUpdater(store, Clock(), lambda: position[0])
+    assert run(updater) == 0 and store.rebuilt == [] and store.position == 0
+    position[0] = POSITION_WRITE_LAG
+    assert run(updater) == 0 and store.rebuilt == [([], POSITION_WRITE_LAG)] and store.position == POSITION_WRITE_LAG
 
 
 def test_many_rooms_go_in_batches_with_the_position_last() -> None:
@@ -66,3 +85,18 @@ def test_many_rooms_go_in_batches_with_the_position_last() -> None:
     assert run(updater) == 250
     assert [position for _, position in store.rebuilt] == [None, None, 250]
     assert sum(len(rooms) for rooms, _ in store.rebuilt) == 250
+
+
+def test_messages_this_process_wrote_need_no_query() -> None:
+    """Positions 1 and 2 are messages persisted here: nothing to look for. Position 3 is a
+    member event persisted here: its room is looked for and rewritten."""
+    store = FakeStore({3: "!a"})
+    written = WrittenEvents()
+    written.note(1, WrittenEvent(state=False, fanout=True))
+    written.note(2, WrittenEvent(state=False, fanout=False))
+    position = [2]
+    updater = UserDirectoryUpdater(store, Clock(), lambda: position[0], written=written)
+    assert run(updater) == 0 and store.queries == 0
+    written.note(3, WrittenEvent(state=True, fanout=False))
+    position[0] = 3
+    assert run(updater) == 1 and store.queries == 1 and store.rebuilt == [(["!a"], 3)]

@@ -1,0 +1,82 @@
+"""What this process wrote at recent positions of the events stream, for its own readers.
+
+Each time the events stream moves, readers in the same process (the federation sender's
+fan-out, the user directory's updater) look at what the new positions hold, and each look is
+a database round trip: for a message in a room with no other server, two round trips that
+find nothing. The persister notes, for each event it commits, the two facts those readers
+need (is it a state event; does it go to other servers; did it notify anyone with a pusher),
+before its position completes, and a
+reader (also the pushers' scan) skips its query over a range every position of which this
+process noted and none of which is of interest to it.
+
+It knows only positions this process wrote: another writer's events, a position whose
+transaction rolled back, or one older than the last ``capacity`` notes are unknown, and a
+range with any unknown position is read from the database as before. So a skip is never
+wrong, only sometimes missed (on a worker that persists nothing, always). Pure: no I/O, no
+clock; noted and read on the reactor thread.
+"""
+
+# tests: tests/unit/storage/test_written_events.py
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final
+
+import attrs
+
+DEFAULT_CAPACITY: Final = 10_000
+
+
+@attrs.frozen(slots=True)
+class WrittenEvent:
+    """What one committed event is, as far as the stream's readers care."""
+
+    # It has a state key (the user directory rewrites its room's rows).
+    state: bool
+    # It is a local event for other servers (``events.destinations`` is set: the fan-out reads it).
+    fanout: bool
+    # It notified a user with an ``http`` pusher, or that is not known (the pushers' scan reads it).
+    pushes: bool = True
+
+
+class WrittenEvents:
+    """The notes of the last ``capacity`` positions this process wrote."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self._capacity = capacity
+        self._notes: OrderedDict[int, WrittenEvent] = OrderedDict()
+
+    def note(self, position: int, written: WrittenEvent) -> None:
+        """The event at ``position`` committed; call before the position completes."""
+        self._notes[position] = written
+        while len(self._notes) > self._capacity:
+            self._notes.popitem(last=False)
+
+    def nothing_for(self, after: int, upto: int, wanted: Callable[[WrittenEvent], bool]) -> bool:
+        """True when every position in (after, upto] was noted here and none is ``wanted``:
+        a reader looking for ``wanted`` events in that range would find none."""
+        if upto <= after:
+            return True
+        if upto - after > len(self._notes):
+            return False
+        for position in range(after + 1, upto + 1):
+            written = self._notes.get(position)
+            if written is None or wanted(written):
+                return False
+        return True
+
+
+def is_state(written: WrittenEvent) -> bool:
+    return written.state
+
+
+def is_fanout(written: WrittenEvent) -> bool:
+    return written.fanout
+
+
+def is_push(written: WrittenEvent) -> bool:
+    return written.pushes
