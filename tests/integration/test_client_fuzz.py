@@ -87,6 +87,7 @@ ENDPOINTS: Final = [
     ("POST", "pushers/set"),
     ("GET", "notifications"),
     ("GET", "/.well-known/matrix/client"),
+    ("POST", "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"),
     ("POST", "/_matrix/client/v1/appservice/{type}/ping"),
     ("GET", "thirdparty/protocols"),
     *(("GET", f"thirdparty/{kind}") for kind in ("protocol/{type}", "location/{type}", "user/{type}", "location",
@@ -104,6 +105,8 @@ FIELDS: Final = [
     "account_data", "room", "session", "client_secret", "sid", "send_attempt", "email", "country",
     "phone_number", "id_server", "id_access_token", "next_link", "actions", "conditions", "pattern", "enabled",
     "kind", "app_id", "pushkey", "data", "append", "lang", "app_display_name", "device_display_name",
+    "lists", "ranges", "room_subscriptions", "required_state", "timeline_limit", "filters", "extensions",
+    "conn_id", "unsubscribe_rooms",
 ]  # fmt: skip
 
 ODD_STRINGS: Final = ["", " ", "x" * 70_000, "\x00", "\ud800", "é✓😀", "@:", "!", "m.login.dummy",
