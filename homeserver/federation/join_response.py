@@ -26,6 +26,7 @@ from homeserver.events import FrozenEvent, StateKey
 from homeserver.events import constants as C
 from homeserver.events.canonical import encode_compact
 from homeserver.events.identifiers import server_name_of
+from homeserver.http.server import EncodedJson
 from storage.stores.events import EventsStore
 from storage.stores.room_state import RoomStateStore
 
@@ -69,7 +70,7 @@ def _json_list(ids: Collection[str], raw: Mapping[str, str]) -> bytes:
 async def encode_send_join_response(
     store: EventsStore, room_state: RoomStateStore, *, server_name: str, join: FrozenEvent,
     state_before: Mapping[StateKey, str], omit_members: bool,
-) -> bytes:
+) -> EncodedJson:
     """The body of our answer to a send_join of ``join`` (as we cosigned it), whose state
     before it is ``state_before``; see the module docstring."""
     head: dict[str, object] = {"origin": server_name, "members_omitted": omit_members}
@@ -86,7 +87,7 @@ async def encode_send_join_response(
     raw = await room_state.get_event_json(state_ids | chain_ids)
     event = encode_compact(join.pdu).encode("utf-8")
     opening = json.dumps(head, ensure_ascii=False, separators=(",", ":")).encode("utf-8")[:-1]
-    return b"".join((
+    return EncodedJson(b"".join((
         opening, b',"event":', event, b',"state":', _json_list(state_ids, raw),
         b',"auth_chain":', _json_list(chain_ids, raw), b"}",
-    ))
+    )))

@@ -65,6 +65,7 @@ from homeserver.federation.join_state import (
     verify_batch,
 )
 from homeserver.federation.join_response import encode_send_join_response
+from homeserver.http.server import EncodedJson
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_loader import EventLoader
@@ -232,7 +233,7 @@ class MembershipHandler:
         return {"event": pdu, "room_version": room_version.identifier}
 
     async def send_join(self, origin: str, room_id: str, event_id: str, body: object, *,
-                        omit_members: bool = False) -> bytes:
+                        omit_members: bool = False) -> EncodedJson:
         """``PUT /send_join`` (v2): the join, cosigned, with the room's state before it and that
         state's auth chain, encoded once from the stored JSON (join_response.py). With
         ``omit_members`` (MSC3706), the state leaves out member events but the heroes'."""

@@ -141,6 +141,12 @@ def check_path_params(params: Mapping[str, str]) -> None:
             raise invalid_param(f"{name}: path parameters may not contain NUL")
 
 
+class EncodedJson(bytes):
+    """A handler's body already encoded as JSON (a big answer assembled from stored JSON):
+    sent as it is, as ``application/json``. Other ``bytes`` bodies (media) carry the
+    Content-Type their handler set."""
+
+
 def encode_json(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
@@ -261,7 +267,7 @@ class JsonRouter(Resource):
             return
         payload = body if isinstance(body, bytes) else encode_json(body)
         request.setResponseCode(status)
-        if not isinstance(body, bytes):
+        if not isinstance(body, bytes) or isinstance(body, EncodedJson):
             request.setHeader(b"Content-Type", b"application/json")
         for name, value in CORS_HEADERS:
             request.setHeader(name, value)

@@ -16,7 +16,7 @@ from twisted.web.server import Request
 
 from storage.kernel.errors import MatrixError
 from homeserver.http.metrics import HttpMetrics
-from homeserver.http.server import JsonRouter, make_site, parse_json_object
+from homeserver.http.server import EncodedJson, JsonRouter, make_site, parse_json_object
 from tests.twisted_plugin import reactor, run_sync
 
 
@@ -69,7 +69,16 @@ def server() -> Any:
     s.router.register(["GET"], r"/forbidden", forbidden, "forbidden")
     s.router.register(["GET"], r"/ids/(?P<room_id>[^/]+)/(?P<user_id>[^/]+)/(?P<event_id>[^/]+)/(?P<server>[^/]+)",
                       hello_ids, "ids")
+    async def encoded(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, EncodedJson(b'{"big":"answer"}')
+
+    async def media(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        request.setHeader(b"Content-Type", b"image/png")
+        return 200, b"\x89PNG"
+
     s.router.register(["GET"], r"/broken", broken, "broken")
+    s.router.register(["GET"], r"/encoded", encoded, "encoded")
+    s.router.register(["GET"], r"/media", media, "media")
     yield s
     run_sync(s.port.stopListening())
 
@@ -179,3 +188,13 @@ async def test_wait_drained_fires_when_requests_finish(server: Server) -> None:
     status, _, _ = await pending
     assert status == 200
     assert drained.called
+
+
+async def test_a_pre_encoded_answer_is_json_and_other_bytes_keep_their_type(server: Server) -> None:
+    """A body assembled from stored JSON (send_join's) is served as application/json, which
+    other servers insist on; raw bytes (media) keep the type their handler set."""
+    status, body, headers = await server.request("GET", "/encoded")
+    assert (status, body) == (200, {"big": "answer"})
+    assert headers.getRawHeaders(b"Content-Type") == [b"application/json"]
+    status, body, headers = await server.request("GET", "/media")
+    assert headers.getRawHeaders(b"Content-Type") == [b"image/png"]
