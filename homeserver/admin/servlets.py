@@ -41,7 +41,13 @@ from homeserver.handlers.deactivate import DeactivationHandler
 from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.validation import MAX_PASSWORD_LENGTH, check_localpart
-from homeserver.http.client_api._base import optional_bool, parse_optional_json_object, query_int, query_string
+from homeserver.http.client_api._base import (
+    optional_bool,
+    parse_optional_json_object,
+    query_bool,
+    query_int,
+    query_string,
+)
 from homeserver.http.server import Handler, Routes, parse_json_object
 from storage.database import Database
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param, not_found
@@ -111,15 +117,6 @@ def _order(request: Request, allowed: Mapping[str, str], default: str) -> str:
     if value not in allowed:
         raise invalid_param(f"Unknown value for order_by: {value[:50]!r} (one of {', '.join(sorted(allowed))})")
     return value
-
-
-def _query_bool(request: Request, name: str, default: bool | None) -> bool | None:
-    value = query_string(request, name)
-    if value is None:
-        return default
-    if value not in ("true", "false"):
-        raise invalid_param(f"Query parameter '{name}' must be 'true' or 'false'")
-    return value == "true"
 
 
 def _next_token(offset: int, count: int, total: int) -> dict[str, Any]:
@@ -341,9 +338,9 @@ class AdminApi:
             rows, total = await store.list_users(
                 offset=offset, limit=limit, name=query_string(request, "name"),
                 user_id=query_string(request, "user_id"),
-                guests=bool(_query_bool(request, "guests", True)),
-                deactivated=bool(_query_bool(request, "deactivated", False)),
-                admins=_query_bool(request, "admins", None),
+                guests=query_bool(request, "guests", True),
+                deactivated=query_bool(request, "deactivated", False),
+                admins=query_bool(request, "admins", None),
                 order_by=_order(request, USER_ORDERS, "name"), descending=_direction(request),
             )
             return 200, {"users": [user_json(row) for row in rows], "total": total,
@@ -792,7 +789,7 @@ class AdminApi:
             return value
 
         async def list_tokens(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
-            valid = _query_bool(request, "valid", None)
+            valid = query_bool(request, "valid", None)
             rows = await store.list_registration_tokens(valid, int(self.clock() * 1000))
             return 200, {"registration_tokens": [token_json(r) for r in rows]}
 

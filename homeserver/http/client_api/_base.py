@@ -10,7 +10,7 @@ value or query parameter), so no malformed input reaches a handler.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, overload
 
 from twisted.web.server import Request
 
@@ -77,6 +77,25 @@ def query_string(request: Request, name: str) -> str | None:
         return values[0].decode("utf-8")
     except UnicodeDecodeError:
         raise invalid_param(f"Query parameter '{name}' is not valid UTF-8") from None
+
+
+@overload
+def query_bool(request: Request, name: str, default: bool) -> bool: ...
+
+
+@overload
+def query_bool(request: Request, name: str, default: None) -> bool | None: ...
+
+
+def query_bool(request: Request, name: str, default: bool | None) -> bool | None:
+    """Query parameter ``name`` as ``true`` or ``false`` (``default`` when absent); anything
+    else is ``400 M_INVALID_PARAM``."""
+    value = query_string(request, name)
+    if value is None:
+        return default
+    if value not in ("true", "false"):
+        raise invalid_param(f"Query parameter '{name}' must be 'true' or 'false', got {value[:20]!r}")
+    return value == "true"
 
 
 def query_int(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int = 10**9) -> int:

@@ -28,6 +28,7 @@ from homeserver.http.client_api._base import (
     client_path,
     empty,
     parse_optional_json_object,
+    query_bool,
     query_int,
     query_string,
     required_string,
@@ -62,15 +63,6 @@ def _since(value: object) -> str | None:
     return value
 
 
-def _query_bool(request: Request, name: str) -> bool:
-    value = query_string(request, name)
-    if value is None or value == "false":
-        return False
-    if value == "true":
-        return True
-    raise invalid_param(f"Query parameter '{name}' must be 'true' or 'false', got {value[:20]!r}")
-
-
 def register_directory_servlets(router: Routes, *, auth: Auth, directory: DirectoryHandler,
                                 hierarchy: HierarchyHandler) -> None:
     async def get_hierarchy(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
@@ -82,7 +74,7 @@ def register_directory_servlets(router: Routes, *, auth: Auth, directory: Direct
         depth_given = query_string(request, "max_depth") is not None
         return 200, await hierarchy.client_hierarchy(
             requester.user_id, check_room_id(params["room_id"]),
-            suggested_only=_query_bool(request, "suggested_only"),
+            suggested_only=query_bool(request, "suggested_only", False),
             max_depth=query_int(request, "max_depth", 0, maximum=1000) if depth_given else None,
             limit=query_int(request, "limit", 0, maximum=10**6) if limit_given else None,
             from_token=from_token,

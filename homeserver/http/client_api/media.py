@@ -18,7 +18,7 @@ from typing import Any
 from twisted.web.server import Request
 
 from homeserver.handlers.auth import Auth, Requester
-from homeserver.http.client_api._base import query_string
+from homeserver.http.client_api._base import query_bool, query_string
 from homeserver.http.server import Handler, Routes
 from homeserver.media.preview import UrlPreviewer
 from homeserver.media.repository import MediaFile, MediaRepository
@@ -70,13 +70,6 @@ def timeout_ms(request: Request) -> int | None:
     return int(text)
 
 
-def _allow_remote(request: Request) -> bool:
-    text = query_string(request, "allow_remote")
-    if text not in (None, "true", "false"):
-        raise invalid_param("allow_remote must be true or false")
-    return text != "false"
-
-
 def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only: Callable[..., Handler],
                             auth: Auth, repo: MediaRepository, previewer: UrlPreviewer) -> None:
     """The media endpoints on ``router``; quarantine and delete on ``admin_router``, which
@@ -107,7 +100,7 @@ def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only:
 
     async def serve_download(request: Request, params: Mapping[str, str], *,
                              unauthenticated: bool = True) -> tuple[int, Any]:
-        media = await repo.download(params["server"], params["media_id"], allow_remote=_allow_remote(request),
+        media = await repo.download(params["server"], params["media_id"], allow_remote=query_bool(request, "allow_remote", True),
                                     timeout_ms=timeout_ms(request), unauthenticated=unauthenticated)
         media_headers(request, media, safe_upload_name(params.get("file_name")))
         return 200, media.data
@@ -125,7 +118,7 @@ def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only:
         except ValueError as e:
             raise invalid_param(str(e)) from None
         media = await repo.thumbnail(params["server"], params["media_id"], width, height, method, animated=animated,
-                                     allow_remote=_allow_remote(request), timeout_ms=timeout_ms(request),
+                                     allow_remote=query_bool(request, "allow_remote", True), timeout_ms=timeout_ms(request),
                                      unauthenticated=unauthenticated)
         media_headers(request, media)
         return 200, media.data

@@ -18,7 +18,7 @@ from homeserver.events.identifiers import is_valid_event_id
 from homeserver.handlers.auth import Auth
 from homeserver.handlers.relations import RelationsHandler
 from homeserver.handlers.validation import check_room_id, check_text
-from homeserver.http.client_api._base import query_int, query_string
+from homeserver.http.client_api._base import query_bool, query_int, query_string
 from homeserver.http.server import Routes
 from storage.kernel.errors import invalid_param
 
@@ -31,15 +31,6 @@ def _direction(request: Request) -> str:
     if direction not in ("b", "f"):
         raise invalid_param(f"Query parameter 'dir' must be 'b' or 'f', got {direction[:20]!r}")
     return direction
-
-
-def _bool(request: Request, name: str) -> bool:
-    value = query_string(request, name)
-    if value is None or value == "false":
-        return False
-    if value == "true":
-        return True
-    raise invalid_param(f"Query parameter '{name}' must be 'true' or 'false', got {value[:20]!r}")
 
 
 def _token(request: Request, name: str) -> str | None:
@@ -68,7 +59,7 @@ def register_relations_servlets(router: Routes, *, auth: Auth, relations: Relati
             to_token=_token(request, "to"),
             limit=query_int(request, "limit", 0, maximum=10**6) if limit_given else None,
             direction=_direction(request),
-            recurse=_bool(request, "recurse") or _bool(request, "org.matrix.msc3981.recurse"),
+            recurse=query_bool(request, "recurse", False) or query_bool(request, "org.matrix.msc3981.recurse", False),
         )
 
     async def get_threads(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
