@@ -16,12 +16,10 @@ from typing import Any
 from twisted.web.server import Request
 
 from homeserver.federation.servlets import FED_V1, FederationServices, register_authed
-from homeserver.http.client_api._base import query_string
-from homeserver.http.client_api.media import timeout_ms
+from homeserver.http.client_api.media import thumbnail_query, timeout_ms
 from homeserver.http.server import Routes
 from homeserver.media.repository import MediaFile, MediaRepository
-from homeserver.media.rules import build_multipart, content_disposition, new_boundary, parse_thumbnail_query
-from storage.kernel.errors import invalid_param
+from homeserver.media.rules import build_multipart, content_disposition, new_boundary
 
 
 def _multipart(request: Request, media: MediaFile) -> bytes:
@@ -39,12 +37,7 @@ def register_federation_media_servlets(router: Routes, fed: FederationServices, 
         return 200, _multipart(request, media)
 
     async def thumbnail(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        try:
-            width, height, method, animated = parse_thumbnail_query(
-                query_string(request, "width"), query_string(request, "height"), query_string(request, "method"),
-                query_string(request, "animated"))
-        except ValueError as e:
-            raise invalid_param(str(e)) from None
+        width, height, method, animated = thumbnail_query(request)
         media = await repo.thumbnail(repo.server_name, p["media_id"], width, height, method, animated=animated,
                                      allow_remote=False, timeout_ms=timeout_ms(request))
         return 200, _multipart(request, media)

@@ -60,6 +60,16 @@ def _upload_type(request: Request) -> str:
     return normalise_content_type(values[0].decode("latin-1") if values else None)
 
 
+def thumbnail_query(request: Request) -> tuple[int, int, str, bool]:
+    """A thumbnail request's ``width``, ``height``, ``method`` and ``animated`` (client and
+    federation endpoints alike); a bad one is ``400 M_INVALID_PARAM``."""
+    try:
+        return parse_thumbnail_query(query_string(request, "width"), query_string(request, "height"),
+                                     query_string(request, "method"), query_string(request, "animated"))
+    except ValueError as e:
+        raise invalid_param(str(e)) from None
+
+
 def timeout_ms(request: Request) -> int | None:
     """The ``timeout_ms`` query parameter of a download (client and federation endpoints)."""
     text = query_string(request, "timeout_ms")
@@ -111,12 +121,7 @@ def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only:
 
     async def serve_thumbnail(request: Request, params: Mapping[str, str], *,
                               unauthenticated: bool = True) -> tuple[int, Any]:
-        try:
-            width, height, method, animated = parse_thumbnail_query(
-                query_string(request, "width"), query_string(request, "height"), query_string(request, "method"),
-                query_string(request, "animated"))
-        except ValueError as e:
-            raise invalid_param(str(e)) from None
+        width, height, method, animated = thumbnail_query(request)
         media = await repo.thumbnail(params["server"], params["media_id"], width, height, method, animated=animated,
                                      allow_remote=query_bool(request, "allow_remote", True), timeout_ms=timeout_ms(request),
                                      unauthenticated=unauthenticated)
