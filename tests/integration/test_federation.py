@@ -9,7 +9,7 @@ listeners: self-signed certificates, server names ``localhost:PORT``,
 from __future__ import annotations
 
 from urllib.parse import quote as _quote
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -62,13 +62,16 @@ def _config(dsn: str, tmp_path: Path, port: int) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def two_servers(dsn_a: str, dsn_b: str, tmp_path: Path) -> AsyncIterator[tuple[HomeServer, HomeServer]]:
+async def two_servers(dsn_a: str, dsn_b: str, tmp_path: Path, *,
+                      extra: Mapping[str, Any] | None = None) -> AsyncIterator[tuple[HomeServer, HomeServer]]:
+    """Two federating servers in this process; ``extra`` is added to both configs."""
     servers = []
     try:
         for name, dsn in (("a", dsn_a), ("b", dsn_b)):
             path = tmp_path / name
             path.mkdir()
-            config = parse_config(_config(dsn, path, free_port()), config_path=path / "homeserver.yaml")
+            raw = {**_config(dsn, path, free_port()), **(extra or {})}
+            config = parse_config(raw, config_path=path / "homeserver.yaml")
             hs = HomeServer(config, reactor, registry=CollectorRegistry())
             await hs.start()
             servers.append(hs)

@@ -8,21 +8,17 @@ all three send, Alice redacts Bob's message and Bob his own, and both servers' h
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote as _quote
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from homeserver.app import HomeServer
-from homeserver.config import parse_config
-from tests.harness import free_port
 from tests.integration.test_client_support import GENEROUS, Client
-from tests.integration.test_federation import _config, eventually, name, stored
-from tests.twisted_plugin import reactor
+from tests.integration.test_federation import eventually, name, stored
+from tests.integration.test_federation import two_servers as federating_pair
 
 VERSIONS = [str(n) for n in range(1, 13)]
 
@@ -37,22 +33,9 @@ async def _ok(client: Client, method: str, path: str, body: Any = None, *, token
     return response.body
 
 
-@asynccontextmanager
-async def two_servers(dsn_a: str, dsn_b: str, tmp_path: Path) -> AsyncIterator[tuple[HomeServer, HomeServer]]:
+def two_servers(dsn_a: str, dsn_b: str, tmp_path: Path) -> AbstractAsyncContextManager[tuple[HomeServer, HomeServer]]:
     """test_federation's two servers, with join limits generous enough for 36 joins in a row."""
-    servers = []
-    try:
-        for label, dsn in (("a", dsn_a), ("b", dsn_b)):
-            path = tmp_path / label
-            path.mkdir()
-            raw = {**_config(dsn, path, free_port()), "rc_joins": {"local": GENEROUS, "remote": GENEROUS}}
-            hs = HomeServer(parse_config(raw, config_path=path / "homeserver.yaml"), reactor, registry=CollectorRegistry())
-            await hs.start()
-            servers.append(hs)
-        yield servers[0], servers[1]
-    finally:
-        for hs in reversed(servers):
-            await hs.stop()
+    return federating_pair(dsn_a, dsn_b, tmp_path, extra={"rc_joins": {"local": GENEROUS, "remote": GENEROUS}})
 
 
 @pytest.mark.timeout(180)
