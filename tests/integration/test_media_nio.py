@@ -3,28 +3,19 @@ her avatar; Bob reads her profile, downloads the avatar and a thumbnail of it; t
 
 from __future__ import annotations
 
-import asyncio
 import io
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import nio
 import pytest
 from nio import responses
-from twisted.internet.defer import Deferred
 
 from tests.harness import TributaryProcess
 from tests.integration.media_support import image_size, png
+from tests.integration.test_client_nio import run
 
 pytestmark = pytest.mark.e2e
-
-T = TypeVar("T")
-
-
-async def run(coro: Coroutine[Any, Any, T]) -> T:
-    result: T = await Deferred.fromFuture(asyncio.ensure_future(coro))
-    return result
 
 
 @pytest.fixture

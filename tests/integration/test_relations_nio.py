@@ -4,25 +4,16 @@ bundled on the root in his ``/sync``."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import nio
 from nio import responses
 from nio.api import RelationshipType
-from twisted.internet.defer import Deferred
 
+from tests.integration.test_client_nio import run
 from tests.integration.test_client_rooms import ROOM_LIMITS
 from tests.integration.test_client_support import running_server
-
-T = TypeVar("T")
-
-
-async def run(coro: Coroutine[Any, Any, T]) -> T:
-    result: T = await Deferred.fromFuture(asyncio.ensure_future(coro))
-    return result
 
 
 async def collect(iterator: Any) -> list[Any]:
