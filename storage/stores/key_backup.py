@@ -60,6 +60,18 @@ def _current_txn(txn: Transaction, user_id: str) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
+def _written_txn(txn: Transaction, user_id: str, version: int, changed: bool) -> KeysWritten:
+    """After a write to a backup's keys: its etag moves on when a key ``changed``; the count
+    and etag as they now are."""
+    if changed:
+        txn.execute(
+            "UPDATE e2e_room_keys_versions SET etag = etag + 1 WHERE user_id = %s AND version = %s",
+            (user_id, version),
+        )
+    count, etag = _count_txn(txn, user_id, version)
+    return KeysWritten(count, etag)
+
+
 def _count_txn(txn: Transaction, user_id: str, version: int) -> tuple[int, int]:
     txn.execute("SELECT COUNT(*) FROM e2e_room_keys WHERE user_id = %s AND version = %s", (user_id, version))
     count_row = txn.fetchone()
@@ -190,13 +202,7 @@ class KeyBackupStore:
                      key.is_verified, key.session_data),
                 )
                 changed = True
-            if changed:
-                txn.execute(
-                    "UPDATE e2e_room_keys_versions SET etag = etag + 1 WHERE user_id = %s AND version = %s",
-                    (user_id, version),
-                )
-            count, etag = _count_txn(txn, user_id, version)
-            return KeysWritten(count, etag)
+            return _written_txn(txn, user_id, version, changed)
 
         return await self._db.run_interaction("put_room_keys", txn_fn)
 
@@ -214,12 +220,6 @@ class KeyBackupStore:
                 return None
             txn.execute(f"DELETE FROM e2e_room_keys WHERE user_id = %s AND version = %s{where}",
                         (user_id, version, *params))
-            if txn.rowcount > 0:
-                txn.execute(
-                    "UPDATE e2e_room_keys_versions SET etag = etag + 1 WHERE user_id = %s AND version = %s",
-                    (user_id, version),
-                )
-            count, etag = _count_txn(txn, user_id, version)
-            return KeysWritten(count, etag)
+            return _written_txn(txn, user_id, version, txn.rowcount > 0)
 
         return await self._db.run_interaction("delete_room_keys", txn_fn)

@@ -67,24 +67,16 @@ def _relations_txn(
     if event_type is not None:
         conditions.append("e.type = %s")
         params.append(event_type)
-    if backwards:
-        if start is not None:
-            sql, p = start.sql_upto("e.")
-            conditions.append(sql)
-            params += p
-        if end is not None:
-            sql, p = end.sql_after("e.")
-            conditions.append(sql)
-            params += p
-    else:
-        if start is not None:
-            sql, p = start.sql_after("e.")
-            conditions.append(sql)
-            params += p
-        if end is not None:
-            sql, p = end.sql_upto("e.")
-            conditions.append(sql)
-            params += p
+    # A backwards page runs from ``start`` down to ``end``, a forwards one from ``start`` up to it.
+    after, upto = (end, start) if backwards else (start, end)
+    bounds = []
+    if after is not None:
+        bounds.append(after.sql_after("e."))
+    if upto is not None:
+        bounds.append(upto.sql_upto("e."))
+    for sql, bound_params in bounds:
+        conditions.append(sql)
+        params += bound_params
     depth = MAX_RECURSION_DEPTH if recurse else 1
     order = "DESC" if backwards else "ASC"
     txn.execute(
