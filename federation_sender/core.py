@@ -238,6 +238,16 @@ class BackingOff:
 
 
 @attrs.frozen
+class ResendingAfterContact:
+    """Notice: a transaction failed, but the destination contacted us while it was out, so it
+    is resent at once instead of backing off."""
+
+    txn_id: str
+    status: int | None
+    error: str
+
+
+@attrs.frozen
 class TransactionRejected:
     """Notice: the destination refused a transaction as a whole (a 4xx about the request)."""
 
@@ -262,7 +272,9 @@ class Accepted:
     txn: PlannedTransaction
 
 
-Notice: TypeAlias = EnteredCatchUp | CaughtUp | BackingOff | TransactionRejected | BackoffCleared | Accepted
+Notice: TypeAlias = (
+    EnteredCatchUp | CaughtUp | BackingOff | ResendingAfterContact | TransactionRejected | BackoffCleared | Accepted
+)
 Action: TypeAlias = Request | ScheduleWake | WaitForPosition | QueueWake | Notice
 
 
@@ -293,6 +305,9 @@ class Destination(RequestLink[Request]):
         self._has_queue = retry.healthy
         self._in_flight: PlannedTransaction | None = None
         self._retry_dirty = False
+        # The destination, backing off, contacted us while the transaction in flight was out: a
+        # failure of that transaction may be older news than the contact, so it is resent at once.
+        self._contacted_while_sending = False
         # To-device messages read for the next transaction.
         self._outbox: tuple[OutboxMessage, ...] | None = None
         # Device-list updates read for the next transaction, and the stream position they cover.
@@ -442,6 +457,9 @@ class Destination(RequestLink[Request]):
         """The destination sent us a request: it is up. Its backoff goes and what waits goes out."""
         actions: list[Action] = []
         if self._queue.on_remote_up():
+            # Only a contact that ends a backoff counts: a healthy server that talks to us all
+            # the time and fails every transaction must not be resent to in a loop.
+            self._contacted_while_sending = isinstance(self.outstanding, SendTransaction)
             self._retry_dirty = True
             actions.append(BackoffCleared("contacted us"))
             if not self._has_queue:
@@ -539,6 +557,7 @@ class Destination(RequestLink[Request]):
         step = self._answer(SendTransaction)
         txn = step.txn
         self._in_flight = None
+        self._contacted_while_sending = False
         cleared = self._queue.on_success() is not None
         actions: list[Action] = [Accepted(txn)]
         if cleared:
@@ -552,6 +571,7 @@ class Destination(RequestLink[Request]):
         step = self._answer(SendTransaction)
         txn = step.txn
         self._in_flight = None
+        contacted, self._contacted_while_sending = self._contacted_while_sending, False
         if not is_unhealthy(status):
             # A refusal of the request itself: resending it would be refused again. The
             # destination did answer about these events, so they count as refused, not lost.
@@ -559,6 +579,13 @@ class Destination(RequestLink[Request]):
             refusals = tuple(Refusal(p.event_id, error, "transaction_rejected") for p in txn.pdus)
             rejected = TransactionRejected(txn.txn_id, status, error, len(txn.pdus), len(txn.edus))
             return [rejected, *self._after_answer(txn, refusals, clear_retry=False, now_ms=now_ms)]
+        if contacted:
+            # It said it is up after this request left (its answer may have been on the way, or
+            # the request failed before it came back): a backoff now would keep a server that is
+            # up waiting for the whole first interval. Resend the same transaction at once; a
+            # second failure backs off as usual.
+            self._queue.retained = txn
+            return [ResendingAfterContact(txn.txn_id, status, error), *self._next(now_ms)]
         was_catching_up = self._queue.catching_up
         outcome = self._queue.on_failure(
             txn, now_ms=now_ms, unhealthy=True, policy=self._policy, jitter=self._jitter,

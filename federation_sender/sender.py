@@ -55,6 +55,7 @@ from federation_sender.core import (
     ReadDeviceLists,
     ReadOutbox,
     Request,
+    ResendingAfterContact,
     ScheduleWake,
     SendTransaction,
     TransactionIds,
@@ -443,6 +444,10 @@ class FederationSender:
                     self._metrics.transactions.labels(outcome="failed").inc()
                     logger.warning("TX [%s] %s failed (%s); backing off for %.0fs", dest.name, txn_id, error,
                                    retry.retry_interval / 1000)
+                case ResendingAfterContact(txn_id=txn_id, error=error):
+                    self._metrics.transactions.labels(outcome="failed").inc()
+                    logger.info("TX [%s] %s failed (%s), but it contacted us meanwhile: resending at once",
+                                dest.name, txn_id, error)
                 case TransactionRejected(txn_id=txn_id, error=error, pdus=pdus, edus=edus):
                     self._metrics.transactions.labels(outcome="rejected").inc()
                     logger.warning("TX [%s] %s refused (%s): dropped %d PDUs and %d EDUs", dest.name, txn_id,

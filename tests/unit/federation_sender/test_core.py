@@ -22,6 +22,7 @@ from federation_sender.core import (
     ReadDeviceLists,
     ReadOutbox,
     Refusal,
+    ResendingAfterContact,
     SendTransaction,
     TransactionRejected,
     pdu_errors,
@@ -331,6 +332,41 @@ def test_a_server_that_contacts_us_clears_its_backoff_and_gets_what_waits() -> N
     assert w.request == PersistRetry(HEALTHY)
     assert ids(w.settle()) == ["$e1"]
     assert w.row.retry == HEALTHY
+
+
+def test_a_contact_while_a_retry_is_out_resends_at_once_when_that_retry_fails() -> None:
+    """The retry left before the server came back, and its 500 arrives after the server said it
+    is up: waiting out a fresh backoff would leave a server that is up waiting ten minutes."""
+    w = World()
+    w.new_event()
+    w.settle()
+    w.answer(500)
+    w.settle()
+    w.advance_time(w.dest.retry.retry_at)
+    retry = w.settle()
+    assert ids(retry) == ["$e1"] and isinstance(w.request, SendTransaction)
+    w.feed(w.dest.on_remote_up(w.now_ms))
+    assert w.notices_of(BackoffCleared)
+    w.answer(500)
+    assert w.notices_of(ResendingAfterContact)
+    w.settle()
+    assert w.dest.retry == HEALTHY and w.wakes[-1:] != [w.now_ms + 10 * MINUTE]
+    resent = w.settle()
+    assert resent is not None and resent.txn_id == retry.txn_id, "the same transaction, at once"
+    w.answer(500)
+    w.settle()
+    assert not w.dest.retry.healthy, "a second failure backs off as usual"
+    assert len(w.notices_of(ResendingAfterContact)) == 1
+
+
+def test_a_healthy_server_that_contacts_us_is_not_resent_to_in_a_loop() -> None:
+    w = World()
+    w.new_event()
+    w.settle()
+    w.feed(w.dest.on_remote_up(w.now_ms))
+    w.answer(500)
+    w.settle()
+    assert not w.notices_of(ResendingAfterContact) and not w.dest.retry.healthy
 
 
 def test_a_restored_backoff_means_no_queue_until_it_ends() -> None:
