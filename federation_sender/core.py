@@ -42,6 +42,7 @@ from federation_sender.link import ScheduleWake as ScheduleWake
 from federation_sender.queue import (
     DATABASE_EDU_TYPES,
     DEVICE_LIST_EDU_TYPE,
+    SIGNING_KEY_EDU_TYPE,
     TO_DEVICE_EDU_TYPE,
     Added,
     Edu,
@@ -496,15 +497,18 @@ class Destination(RequestLink[Request]):
         return self._next(now_ms)
 
     def on_device_lists_read(
-        self, updates: Sequence[Mapping[str, Any]], upto: int | None, more: bool, now_ms: int
+        self, updates: Sequence[Mapping[str, Any]], upto: int | None, more: bool, now_ms: int,
+        signing: Sequence[Mapping[str, Any]] = (),
     ) -> list[Action]:
-        """``updates``: ``m.device_list_update`` contents, in stream order; ``upto``: the position
-        they cover (None: nothing to move it to); ``more``: the read stopped at its limit."""
+        """``updates``: ``m.device_list_update`` contents, in stream order; ``signing``:
+        ``m.signing_key_update`` contents; ``upto``: the position they cover (None: nothing to
+        move it to); ``more``: the read stopped at its limit."""
         self._answer(ReadDeviceLists)
         if more:
             self._queue.device_lists_pending = True
-        if updates:
-            self._device_lists = tuple(Edu(DEVICE_LIST_EDU_TYPE, content) for content in updates)
+        if updates or signing:
+            self._device_lists = (tuple(Edu(DEVICE_LIST_EDU_TYPE, content) for content in updates)
+                                  + tuple(Edu(SIGNING_KEY_EDU_TYPE, content) for content in signing))
             self._device_lists_upto = upto
         return self._next(now_ms)
 

@@ -14,6 +14,12 @@ naming several devices shares one stream ID, which the updates of a receiver's
 cache cannot tell apart (it takes the first and ignores the rest as seen), so
 it is sent as one update whose ``prev_id`` is its own stream ID, which no
 destination has seen before having the change: the same fetch.
+
+A change of a user's master or self-signing key is on the same stream (its row names the
+key's public key), so it outlives backoff and restarts the same way: the store reads, per
+user with such a change, the user's current master and self-signing keys, and each becomes
+one ``m.signing_key_update`` with the keys as they are now. The two kinds share the
+``limit`` and the position: whichever changes come first in the stream go first.
 """
 
 # tests: tests/unit/federation_sender/test_device_lists.py
@@ -26,7 +32,9 @@ from typing import Any
 
 import attrs
 
-from storage.stores.federation_sender import DeviceListRow
+from storage.stores.federation_sender import DeviceListRow, SigningKeysRow
+
+SIGNING_KEY_FIELDS = {"master": "master_key", "self_signing": "self_signing_key"}
 
 
 @attrs.frozen
@@ -36,6 +44,30 @@ class DeviceListBatch:
     upto: int
     # Users with changes past ``upto`` were left for the next read.
     more: bool
+    # ``m.signing_key_update`` contents.
+    signing: tuple[dict[str, Any], ...] = ()
+
+
+def _json_object(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _add_signatures(keys: dict[str, Any], user_id: str, signatures: Sequence[tuple[str, str]]) -> None:
+    """The owner's signatures (signing key ID, signature) from /keys/signatures/upload, merged
+    into ``keys``' own, as /keys/query gives them."""
+    if not signatures:
+        return
+    existing = keys.setdefault("signatures", {})
+    if isinstance(existing, dict):
+        mine = existing.setdefault(user_id, {})
+        if isinstance(mine, dict):
+            mine.update(dict(signatures))
 
 
 def _content(row: DeviceListRow, prev_ids: list[int]) -> dict[str, Any]:
@@ -44,28 +76,38 @@ def _content(row: DeviceListRow, prev_ids: list[int]) -> dict[str, Any]:
         "prev_id": prev_ids, "deleted": row.deleted,
     }
     if not row.deleted:
-        if row.key_json is not None:
-            try:
-                keys = json.loads(row.key_json)
-            except ValueError:
-                keys = None
-            if isinstance(keys, dict):
-                keys.pop("unsigned", None)
-                if row.signatures:  # the owner's cross-signing signatures, as /keys/query gives them
-                    signatures = keys.setdefault("signatures", {})
-                    if isinstance(signatures, dict):
-                        mine = signatures.setdefault(row.user_id, {})
-                        if isinstance(mine, dict):
-                            mine.update(dict(row.signatures))
-                content["keys"] = keys
+        keys = _json_object(row.key_json)
+        if keys is not None:
+            keys.pop("unsigned", None)
+            _add_signatures(keys, row.user_id, row.signatures)
+            content["keys"] = keys
         if row.display_name is not None:
             content["device_display_name"] = row.display_name
     return content
 
 
-def plan_updates(rows: Sequence[DeviceListRow], *, upto: int, limit: int) -> DeviceListBatch:
+def signing_key_update(row: SigningKeysRow) -> dict[str, Any] | None:
+    """The ``m.signing_key_update`` for a user's current master and self-signing keys (None:
+    neither is readable)."""
+    content: dict[str, Any] = {"user_id": row.user_id}
+    for key_type, key_json in row.keys:
+        field = SIGNING_KEY_FIELDS.get(key_type)
+        key = _json_object(key_json)
+        if field is None or key is None:
+            continue
+        publics = [v for k, v in key.get("keys", {}).items() if isinstance(k, str) and k.startswith("ed25519:")] \
+            if isinstance(key.get("keys"), dict) else []
+        _add_signatures(key, row.user_id, [(signing_key_id, signature) for target, signing_key_id, signature
+                                           in row.signatures if target in publics])
+        content[field] = key
+    return content if len(content) > 1 else None
+
+
+def plan_updates(rows: Sequence[DeviceListRow], *, upto: int, limit: int,
+                 signing: Sequence[SigningKeysRow] = ()) -> DeviceListBatch:
     """``rows``: per user (in ascending stream ID, a user's rows together) the devices of its newest
-    change, read up to position ``upto``; at most ``limit`` EDUs, one per user."""
+    change, read up to position ``upto``; ``signing``: per user (ascending stream ID) its newest
+    cross-signing key change up to ``upto``. At most ``limit`` EDUs, one per user and kind."""
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     changes: list[list[DeviceListRow]] = []
@@ -74,10 +116,14 @@ def plan_updates(rows: Sequence[DeviceListRow], *, upto: int, limit: int) -> Dev
             changes[-1].append(row)
         else:
             changes.append([row])
-    if len(changes) > limit:
-        return DeviceListBatch(tuple(_update(change) for change in changes[:limit]), changes[limit - 1][0].stream_id,
-                               more=True)
-    return DeviceListBatch(tuple(_update(change) for change in changes), upto, more=False)
+    # Both kinds in stream order (a device change before a key change at the same position).
+    merged = sorted([(c[0].stream_id, 0, i) for i, c in enumerate(changes)]
+                    + [(r.stream_id, 1, i) for i, r in enumerate(signing)])
+    more = len(merged) > limit
+    taken = merged[:limit]
+    devices = tuple(_update(changes[i]) for _, kind, i in taken if kind == 0)
+    keys = tuple(c for _, kind, i in taken if kind == 1 and (c := signing_key_update(signing[i])) is not None)
+    return DeviceListBatch(devices, taken[-1][0] if more else upto, more=more, signing=keys)
 
 
 def _update(change: list[DeviceListRow]) -> dict[str, Any]:

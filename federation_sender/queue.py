@@ -40,8 +40,10 @@ LOSSY_EDU_TYPES = frozenset({"m.typing", "m.receipt", "m.presence"})
 TO_DEVICE_EDU_TYPE = "m.direct_to_device"
 # Read from the device_lists stream for each transaction, never held here.
 DEVICE_LIST_EDU_TYPE = "m.device_list_update"
+# Read from the device_lists stream with the device-list updates (federation_sender/device_lists.py).
+SIGNING_KEY_EDU_TYPE = "m.signing_key_update"
 # EDUs a transaction carries from the database: dropped with it, read again.
-DATABASE_EDU_TYPES = frozenset({TO_DEVICE_EDU_TYPE, DEVICE_LIST_EDU_TYPE})
+DATABASE_EDU_TYPES = frozenset({TO_DEVICE_EDU_TYPE, DEVICE_LIST_EDU_TYPE, SIGNING_KEY_EDU_TYPE})
 
 
 @attrs.frozen

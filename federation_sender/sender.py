@@ -65,7 +65,7 @@ from federation_sender.core import (
 )
 from federation_sender.device_lists import plan_updates
 from federation_sender.metrics import FederationSenderMetrics
-from federation_sender.queue import DEVICE_LIST_EDU_TYPE, Edu, PendingPdu, encode_pdu
+from federation_sender.queue import DEVICE_LIST_EDU_TYPE, SIGNING_KEY_EDU_TYPE, Edu, PendingPdu, encode_pdu
 from federation_sender.store import SenderStore
 from federation_sender.transport import TransactionFailed, Transport
 from storage.kernel.background import run_in_background
@@ -320,7 +320,7 @@ class FederationSender:
         """Queue an EDU for each destination. EDUs with the same ``key`` replace each other
         while waiting. A destination backing off with no queue drops it. A device-list update
         is only a wake-up: what is sent is read from the device_lists stream."""
-        if edu_type == DEVICE_LIST_EDU_TYPE:
+        if edu_type in (DEVICE_LIST_EDU_TYPE, SIGNING_KEY_EDU_TYPE):
             self.send_device_list_update(destinations, content)
             return
         edu = Edu(edu_type, content, key)
@@ -508,11 +508,12 @@ class FederationSender:
                 return dest.on_outbox_read(messages, self._now_ms())
             case ReadDeviceLists(limit=limit):
                 upto = self._device_lists_position()
-                changes, ahead = await self._store.get_device_list_updates(name, self._server_name, upto, limit)
-                if ahead:
+                read = await self._store.get_device_list_updates(name, self._server_name, upto, limit)
+                if read.ahead:
                     self._device_list_waiters.add(name)
-                batch = plan_updates(changes, upto=upto, limit=limit)
-                return dest.on_device_lists_read(batch.contents, batch.upto, batch.more, self._now_ms())
+                batch = plan_updates(read.devices, upto=upto, limit=limit, signing=read.signing)
+                return dest.on_device_lists_read(batch.contents, batch.upto, batch.more, self._now_ms(),
+                                                 signing=batch.signing)
             case BeginCatchUp():
                 start, last = await self._store.begin_catch_up(name)
                 logger.info("TX [%s] catching up from %d", name, start)

@@ -15,6 +15,7 @@ from typing import Protocol
 from storage.stores.federation_sender import (
     CatchUpData,
     DestinationRow,
+    DeviceListRead,
     DeviceListRow,
     FanoutEvent,
     OutboxRow,
@@ -55,6 +56,6 @@ class SenderStore(Protocol):
 
     async def get_device_list_updates(
         self, destination: str, local_server: str, upto: int, limit: int
-    ) -> tuple[list[DeviceListRow], bool]: ...
+    ) -> DeviceListRead: ...
 
     async def get_device_lists_destinations(self, local_server: str) -> list[str]: ...

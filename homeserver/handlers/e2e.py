@@ -229,8 +229,9 @@ class E2eHandler:
             async with stream.get_next() as stream_id:
                 await self._store.record_device_change(
                     stream_id, stream.instance_name or "master", user_id, public_keys)
-        if update is not None and self._federation is not None:
-            await self._federation.signing_key_update(update)
+            if update is not None and self._federation is not None:
+                # The fact on the stream is what is sent (durably); this wakes the senders.
+                await self._federation.signing_key_update(update, stream_id)
 
     async def apply_remote_signing_key_update(self, user_id: str, master_key: Mapping[str, Any] | None,
                                               self_signing_key: Mapping[str, Any] | None) -> None:

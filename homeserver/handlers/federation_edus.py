@@ -109,32 +109,34 @@ class OutboundEdus:
             self._sink.send_presence(servers, state)
 
     async def device_list_update(self, content: Mapping[str, Any]) -> None:
+        """A local user's devices changed (``content``, with the change's ``stream_id``)."""
+        await self._device_list_fact("device list update", content, int(content["stream_id"]),
+                                     self._sink.send_device_list_update)
+
+    async def signing_key_update(self, content: Mapping[str, Any], stream_id: int) -> None:
+        """A local user's master / self-signing keys changed (``content``, the
+        ``m.signing_key_update``), a fact at ``stream_id`` of the device_lists stream."""
+        await self._device_list_fact("signing key update", content, stream_id,
+                                     lambda servers, c: self._sink.send_edu(servers, "m.signing_key_update", c))
+
+    async def _device_list_fact(self, what: str, content: Mapping[str, Any], stream_id: int,
+                                send: Callable[[set[str], Mapping[str, Any]], None]) -> None:
+        """The servers sharing a room with the user get their device-list position noted below the
+        fact (so their senders read it from the stream, durably), then a wake-up."""
         user_id = str(content["user_id"])
         try:
             servers = await self._sharing_servers(user_id)
         except Exception:
-            logger.exception("device list update of %s not sent to other servers", user_id)
+            logger.exception("%s of %s not sent to other servers", what, user_id)
             return
         if not servers:
             return
         if self._note_device_list_change is not None:
             try:
-                await self._note_device_list_change(servers, int(content["stream_id"]))
+                await self._note_device_list_change(servers, stream_id)
             except Exception:
-                logger.exception("device list update of %s: positions of %d servers not noted", user_id,
-                                 len(servers))
-        self._sink.send_device_list_update(servers, content)
-
-    async def signing_key_update(self, content: Mapping[str, Any]) -> None:
-        """``m.signing_key_update`` (a local user's master / self-signing keys) to the servers sharing a room."""
-        user_id = str(content["user_id"])
-        try:
-            servers = await self._sharing_servers(user_id)
-        except Exception:
-            logger.exception("signing key update of %s not sent to other servers", user_id)
-            return
-        if servers:
-            self._sink.send_edu(servers, "m.signing_key_update", content)
+                logger.exception("%s of %s: positions of %d servers not noted", what, user_id, len(servers))
+        send(servers, content)
 
     async def to_device(self, stream_id: int, instance_name: str, sender: str, event_type: str,
                         messages: Mapping[str, Mapping[str, Any]]) -> None:

@@ -75,6 +75,28 @@ class DeviceListRow:
 
 
 @attrs.frozen
+class SigningKeysRow:
+    """A user whose master or self-signing key changed above the destination's position: its
+    newest such change, and the keys as they are now."""
+
+    user_id: str
+    stream_id: int
+    keys: tuple[tuple[str, str], ...]  # (key type: master / self_signing, key JSON)
+    # The owner's signatures of its keys: (target public key, signing key ID, signature).
+    signatures: tuple[tuple[str, str, str], ...] = ()
+
+
+@attrs.frozen
+class DeviceListRead:
+    """What a destination's device-list read found (``get_device_list_updates``)."""
+
+    devices: list[DeviceListRow]
+    signing: list[SigningKeysRow]
+    # A change lies above ``upto`` (written, but the stream has not passed it).
+    ahead: bool
+
+
+@attrs.frozen
 class OutboxRow:
     stream_id: int
     message_id: str
@@ -437,12 +459,13 @@ class FederationSenderStore:
 
     async def get_device_list_updates(
         self, destination: str, local_server: str, upto: int, limit: int
-    ) -> tuple[list[DeviceListRow], bool]:
+    ) -> DeviceListRead:
         """Per local user sharing a room with ``destination`` (oldest first, at most ``limit + 1``
-        users), the devices its newest change in (``device_lists_position``, ``upto``] names; and
-        whether such a change lies above ``upto`` (written, but the stream has not passed it)."""
+        users), the devices its newest change in (``device_lists_position``, ``upto``] names; the
+        same for changes of master and self-signing keys (rows naming a current such key's
+        public key); and whether either lies above ``upto``."""
 
-        def query(txn: Transaction) -> tuple[list[DeviceListRow], bool]:
+        def query(txn: Transaction) -> DeviceListRead:
             shared = (destination, _like_server_suffix(destination), _like_server_suffix(local_server))
             sharing = """
                 WITH pos AS (
@@ -460,6 +483,14 @@ class FederationSenderStore:
                     FROM device_lists_stream s JOIN sharing ON sharing.user_id = s.user_id, pos
                     WHERE s.stream_id > pos.p AND (s.deleted OR EXISTS (
                         SELECT 1 FROM devices v WHERE v.user_id = s.user_id AND v.device_id = s.device_id))
+                ), signing_rows AS (
+                    -- Rows about a current master or self-signing key (the row names its public key).
+                    SELECT s.user_id, s.stream_id
+                    FROM device_lists_stream s JOIN sharing ON sharing.user_id = s.user_id, pos
+                    WHERE s.stream_id > pos.p AND NOT s.deleted AND EXISTS (
+                        SELECT 1 FROM e2e_cross_signing_keys c
+                        WHERE c.user_id = s.user_id AND c.key_type IN ('master', 'self_signing')
+                          AND (c.key_json::jsonb -> 'keys') ? ('ed25519:' || s.device_id))
                 )
             """
             txn.execute(
@@ -489,8 +520,37 @@ class FederationSenderStore:
                               tuple((str(g[0]), str(g[1])) for g in r[7] or ()))
                 for r in txn.fetchall()
             ]
-            txn.execute(sharing + "SELECT 1 FROM device_rows WHERE stream_id > %s LIMIT 1", (*shared, upto))
-            return rows, txn.fetchone() is not None
+            txn.execute(
+                sharing + """
+                , changed AS (
+                    SELECT user_id, MAX(stream_id) AS stream_id FROM signing_rows
+                    WHERE stream_id <= %s GROUP BY user_id ORDER BY 2 LIMIT %s
+                )
+                SELECT c.user_id, c.stream_id,
+                    (SELECT array_agg(ARRAY[k.key_type, k.key_json] ORDER BY k.key_type)
+                     FROM e2e_cross_signing_keys k
+                     WHERE k.user_id = c.user_id AND k.key_type IN ('master', 'self_signing')),
+                    (SELECT array_agg(ARRAY[g.target_key_id, g.signing_key_id, g.signature]
+                                      ORDER BY g.target_key_id, g.signing_key_id)
+                     FROM e2e_cross_signing_signatures g
+                     WHERE g.signer_user_id = c.user_id AND g.target_user_id = c.user_id)
+                FROM changed c ORDER BY c.stream_id, c.user_id
+                """,
+                (*shared, upto, limit + 1),
+            )
+            signing = [
+                SigningKeysRow(r[0], int(r[1]), tuple((str(k[0]), str(k[1])) for k in r[2] or ()),
+                               tuple((str(g[0]), str(g[1]), str(g[2])) for g in r[3] or ()))
+                for r in txn.fetchall()
+            ]
+            txn.execute(
+                sharing + """
+                SELECT 1 FROM device_rows WHERE stream_id > %s
+                UNION ALL SELECT 1 FROM signing_rows WHERE stream_id > %s LIMIT 1
+                """,
+                (*shared, upto, upto),
+            )
+            return DeviceListRead(rows, signing, txn.fetchone() is not None)
 
         return await self._db.run_interaction("get_device_list_updates", query)
 
@@ -510,7 +570,11 @@ class FederationSenderStore:
                         AND m.membership = 'join' AND m.state_key LIKE '%%:' || d.destination
                     WHERE s.stream_id > d.device_lists_position AND s.user_id LIKE %s
                       AND (s.deleted OR EXISTS (
-                          SELECT 1 FROM devices v WHERE v.user_id = s.user_id AND v.device_id = s.device_id))
+                          SELECT 1 FROM devices v WHERE v.user_id = s.user_id AND v.device_id = s.device_id)
+                        OR EXISTS (
+                          SELECT 1 FROM e2e_cross_signing_keys c
+                          WHERE c.user_id = s.user_id AND c.key_type IN ('master', 'self_signing')
+                            AND (c.key_json::jsonb -> 'keys') ? ('ed25519:' || s.device_id)))
                 )
                 ORDER BY d.destination
                 """,

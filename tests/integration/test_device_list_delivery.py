@@ -4,7 +4,9 @@ Two real Tributary processes: Alice on A shares a room with Bob on B, and B cach
 list. B is stopped and A backs off from it, across a restart of A; Alice logs in a new device and
 uploads its keys. When B comes back, its stored copy of Alice's list gains the new device without Alice changing anything
 else. Then the same with A (its in-process sender) SIGKILLed after the change and started again
-before B returns: the change is read from the device_lists stream above B's position.
+before B returns: the change is read from the device_lists stream above B's position. Last,
+Alice's cross-signing keys, set up while B is down and A is killed, reach B the same way
+(``m.signing_key_update``).
 """
 
 # tests: federation_sender/core.py, federation_sender/sender.py, federation_sender/device_lists.py,
@@ -22,7 +24,7 @@ import pytest
 
 from tests.conftest import scratch_database
 from tests.harness import TributaryProcess
-from tests.integration.test_client_e2e import signed_keys
+from tests.integration.test_client_e2e import cross_signing_keys, signed_keys
 from tests.integration.test_client_support import Client
 from tests.integration.test_federation_sender import Alice, Tributary, configure
 from tests.twisted_plugin import eventually, run_sync
@@ -120,3 +122,30 @@ async def test_a_device_change_outlives_a_sigkill_of_the_sender_before_delivery(
     s.a.process.start()
     s.b.process.start()
     await eventually(lambda: "BEFORE_KILL" in s.b_devices(), timeout=30, what="B learns of the device after A's crash")
+
+
+@pytest.mark.timeout(120)
+async def test_cross_signing_keys_set_up_while_the_destination_is_down_outlive_a_sigkill(servers: Servers) -> None:
+    s = servers
+
+    def b_master_key() -> str | None:
+        rows = s.b.query("SELECT key_json FROM e2e_cross_signing_keys WHERE user_id = %s AND key_type = 'master'",
+                         s.alice_id)
+        return str(rows[0][0]) if rows else None
+
+    assert b_master_key() is None
+    assert s.b.process.stop() == 0, s.b.process.output[-3000:]
+    room = str((await s.alice.call("GET", "joined_rooms"))["joined_rooms"][0])
+    await s.alice.send(room, "B is down again")
+    await eventually(lambda: backoff(s) > 0, timeout=30, what="A backs off from B")
+    keys, _ = cross_signing_keys(s.alice_id)
+    await s.alice.call("POST", "keys/device_signing/upload", {
+        "master_key": keys["master"], "self_signing_key": keys["self_signing"],
+        "user_signing_key": keys["user_signing"]})
+    sigkill(s.a.process)  # the keys are stored, the update never delivered
+    s.a.process.start()
+    s.b.process.start()
+    await eventually(lambda: b_master_key() is not None, timeout=30, what="B learns Alice's master key")
+    assert f'"{next(iter(keys["master"]["keys"]))}"' in str(b_master_key())
+    rows = s.b.query("SELECT key_type FROM e2e_cross_signing_keys WHERE user_id = %s ORDER BY key_type", s.alice_id)
+    assert rows == [("master",), ("self_signing",)], "the user-signing key stays with its owner's server"

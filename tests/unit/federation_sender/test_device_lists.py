@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from federation_sender.device_lists import plan_updates
-from storage.stores.federation_sender import DeviceListRow
+from storage.stores.federation_sender import DeviceListRow, SigningKeysRow
 
 
 def row(user: str, stream_id: int, device: str = "D", *, prev: int | None = None, deleted: bool = False,
@@ -57,3 +57,36 @@ def test_the_owner_s_cross_signing_signatures_ride_with_the_keys() -> None:
                            (("ed25519:SSK", "cross"),))
     keys = plan_updates([signed], upto=2, limit=1).contents[0]["keys"]
     assert keys["signatures"] == {"@a:x": {"ed25519:D": "self", "ed25519:SSK": "cross"}}
+
+
+MASTER = '{"user_id": "@a:x", "usage": ["master"], "keys": {"ed25519:MPUB": "MPUB"}}'
+SELF_SIGNING = ('{"user_id": "@a:x", "usage": ["self_signing"], "keys": {"ed25519:SPUB": "SPUB"}, '
+                '"signatures": {"@a:x": {"ed25519:MPUB": "by-master"}}}')
+
+
+def test_a_cross_signing_key_change_is_an_m_signing_key_update_with_the_current_keys() -> None:
+    keys = SigningKeysRow("@a:x", 4, (("master", MASTER), ("self_signing", SELF_SIGNING)),
+                          (("MPUB", "ed25519:DEV", "by-device"), ("OTHER", "ed25519:DEV", "elsewhere")))
+    batch = plan_updates([row("@b:x", 3)], upto=9, limit=10, signing=[keys])
+    assert [c["user_id"] for c in batch.contents] == ["@b:x"]
+    assert batch.signing == ({
+        "user_id": "@a:x",
+        "master_key": {"user_id": "@a:x", "usage": ["master"], "keys": {"ed25519:MPUB": "MPUB"},
+                       "signatures": {"@a:x": {"ed25519:DEV": "by-device"}}},
+        "self_signing_key": {"user_id": "@a:x", "usage": ["self_signing"], "keys": {"ed25519:SPUB": "SPUB"},
+                             "signatures": {"@a:x": {"ed25519:MPUB": "by-master"}}},
+    },)
+    assert batch.upto == 9 and not batch.more
+
+
+def test_device_and_key_changes_share_the_limit_in_stream_order() -> None:
+    keys = [SigningKeysRow("@k:x", 2, (("master", MASTER),)), SigningKeysRow("@l:x", 7, (("master", MASTER),))]
+    batch = plan_updates([row("@a:x", 3), row("@b:x", 5)], upto=9, limit=2, signing=keys)
+    assert [c["user_id"] for c in batch.signing] == ["@k:x"]
+    assert [c["user_id"] for c in batch.contents] == ["@a:x"]
+    assert batch.upto == 3 and batch.more, "the rest waits for the next read"
+
+
+def test_unreadable_cross_signing_keys_send_nothing() -> None:
+    batch = plan_updates([], upto=5, limit=3, signing=[SigningKeysRow("@k:x", 2, (("master", "{broken"),))])
+    assert batch.signing == () and batch.upto == 5

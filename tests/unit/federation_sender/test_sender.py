@@ -28,6 +28,7 @@ from storage.stores.federation_sender import (
     CatchUpData,
     CatchUpEvent,
     DestinationRow,
+    DeviceListRead,
     DeviceListRow,
     FanoutEvent,
     OutboxRow,
@@ -193,14 +194,15 @@ class MemoryStore:
 
     async def get_device_list_updates(
         self, destination: str, local_server: str, upto: int, limit: int
-    ) -> tuple[list[DeviceListRow], bool]:
+    ) -> DeviceListRead:
         self._check("get_device_list_updates")
         rows = self._device_rows(destination)
         newest: dict[str, DeviceListRow] = {}
         for row in rows:
             if row.stream_id <= upto:
                 newest[row.user_id] = row
-        return sorted(newest.values(), key=lambda r: r.stream_id)[:limit + 1], any(r.stream_id > upto for r in rows)
+        return DeviceListRead(sorted(newest.values(), key=lambda r: r.stream_id)[:limit + 1], [],
+                              any(r.stream_id > upto for r in rows))
 
     async def get_device_lists_destinations(self, local_server: str) -> list[str]:
         return sorted(name for name in self.rows if self._device_rows(name))
