@@ -28,7 +28,7 @@ from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.messages import room_token
 from homeserver.handlers.metrics import SyncMetrics
 from homeserver.handlers.push_rules import effective_rules
-from homeserver.handlers.receipts import ReceiptsHandler
+from homeserver.handlers.receipts import RECEIPT_TYPES, ReceiptsHandler
 from homeserver.handlers.remote_invites import event_of
 from homeserver.handlers.sliding_sync_request import (
     MAX_SUBSCRIPTIONS, ListConfig, RoomConfig, SlidingSyncRequest, in_ranges, range_limit, unknown_pos,
@@ -228,7 +228,8 @@ class SlidingSyncHandler:
             in_view[room_id] = (_InView(entry, room_config, ()) if seen is None
                                 else _InView(entry, seen.config.combine(room_config), seen.lists))
 
-        rooms = await self._rooms(requester, in_view, position, since_pos, upto, now, direct)
+        read_in = await self._read_rooms(user_id, in_view, since, now)
+        rooms = await self._rooms(requester, in_view, position, since_pos, upto, now, direct, read_in)
         changes: list[RoomStatusChange] = []
         for room_id, view in in_view.items():
             old = position.rooms.get(room_id)
@@ -263,11 +264,28 @@ class SlidingSyncHandler:
         selected = set(in_ranges(ids, config.ranges))
         return count, ids, [row for row in rows if row.room_id in selected]
 
+    async def _read_rooms(self, user_id: str, in_view: Mapping[str, _InView], since: StreamToken | None,
+                          now: StreamToken) -> frozenset[str]:
+        """Joined rooms in view where the user's own read receipt moved since ``since``: their
+        ``notification_count`` and ``highlight_count`` changed (read on another device, say), so
+        they are sent again even with no new event, as Synapse does."""
+        if since is None:
+            return frozenset()
+        after, current = _position(since, SyncStreamKey.RECEIPTS), _position(now, SyncStreamKey.RECEIPTS)
+        joined = [r for r, v in in_view.items() if v.entry.membership == C.JOIN]
+        if current <= after or not joined:
+            return frozenset()
+        rows = await self._timeline.get_receipts(joined, after, current)
+        return frozenset(r.room_id for r in rows
+                         if r.user_id == user_id and r.receipt_type in RECEIPT_TYPES)
+
     async def _rooms(
         self, requester: Requester, in_view: Mapping[str, _InView], position: ConnectionPosition,
         since_pos: RoomPosition | None, upto: RoomPosition, now: StreamToken, direct: frozenset[str],
+        read_in: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
-        """The room results: every room in view the connection lacks, or has with changes since."""
+        """The room results: every room in view the connection lacks, or has with changes since
+        (new events or state, or, for ``read_in``, new unread counts)."""
         user_id = requester.user_id
         # Where each room's news starts: None for a room sent whole.
         starts: dict[str, RoomPosition | None] = {}
@@ -330,7 +348,7 @@ class SlidingSyncHandler:
             membership = view.entry.membership
             if start is None or room_id in expanded or room_id in longer:
                 shown.append(room_id)
-            elif membership == C.JOIN and (recent.get(room_id) or state_changes.get(room_id)):
+            elif membership == C.JOIN and (recent.get(room_id) or state_changes.get(room_id) or room_id in read_in):
                 shown.append(room_id)
             elif membership in (C.LEAVE, C.BAN) and recent.get(room_id):
                 shown.append(room_id)

@@ -229,6 +229,34 @@ async def test_long_poll_is_woken_by_a_send(database_dsn: str, tmp_path: Path) -
         assert idle["rooms"] == {} and time.monotonic() - started >= 0.3
 
 
+async def test_a_read_receipt_elsewhere_sends_the_room_again_with_its_new_counts(database_dsn: str,
+                                                                              tmp_path: Path) -> None:
+    """Bob reads a room on another device: a connection waiting with a pos is woken and gets the
+    room again, with no new event but ``notification_count`` 0 (the badge clears everywhere)."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (_, client):
+        alice, bob = await _users(client)
+        room_id = await _room(client, alice, "r")
+        other = await _room(client, alice, "other")
+        for r in (room_id, other):
+            await _ok(client, "POST", f"rooms/{r}/join", {}, token=bob)
+        await _send(client, alice, other, "unread elsewhere")
+        last = [await _send(client, alice, room_id, f"unread {i}") for i in range(2)][-1]
+        body = {"lists": {"l": {"ranges": [[0, 5]], "timeline_limit": 1, "required_state": []}}}
+        first = await _ss(client, bob, body)
+        assert first["rooms"][room_id]["notification_count"] == 2
+        waiting = Deferred.fromCoroutine(_ss(client, bob, body, pos=first["pos"], timeout=20000))
+        await _ok(client, "POST", f"rooms/{room_id}/receipt/m.read.private/{quote(last)}", {}, token=bob)
+        woken = await waiting
+        assert set(woken["rooms"]) == {room_id}, "only the room whose counts changed"
+        room = woken["rooms"][room_id]
+        assert room["notification_count"] == 0 and room["highlight_count"] == 0
+        assert room["timeline"] == [] and "initial" not in room
+        # Alice's receipt changes none of Bob's counts: nothing to send.
+        await _ok(client, "POST", f"rooms/{room_id}/receipt/m.read/{quote(last)}", {}, token=alice)
+        quiet = await _ss(client, bob, body, pos=woken["pos"], timeout=0)
+        assert quiet["rooms"] == {}
+
+
 async def test_extensions(database_dsn: str, tmp_path: Path) -> None:
     """to_device (with ``since``; acknowledged messages are deleted, as /sync does), e2ee (one-time
     key counts, fallback key types, device list changes), account data (global and per room),
