@@ -4,9 +4,9 @@ Runs in one process of a deployment: the ``appservice`` worker when the config h
 the main process. It follows the events stream (new events wake every service's link), the
 typing and receipts streams (ephemeral events, for services with ``receive_ephemeral``) and
 the to_device stream (to-device messages for the users of services with
-``org.matrix.msc2409.receive_to_device``), through the stream positions this process knows,
-locally or by replication. Each service's position is in ``appservice_stream_positions``,
-written only here.
+``org.matrix.msc2409.receive_to_device``, read above each service's own position), through the
+stream positions this process knows, locally or by replication. Each service's positions are in
+``appservice_stream_positions``, written only here.
 """
 
 # tests: tests/integration/test_appservice.py
@@ -29,7 +29,7 @@ from storage.stores.events import EventsStore
 async def start_appservice_sender(context: RoleContext) -> AppServiceSender:
     config = context.config
     loader = EventLoader(EventsStore(context.db))
-    events = context.streams["events"]
+    events, to_device = context.streams["events"], context.streams["to_device"]
 
     async def format_events(event_ids: Sequence[str]) -> Mapping[str, Mapping[str, Any]]:
         loaded = await loader.load_events(event_ids)
@@ -40,11 +40,13 @@ async def start_appservice_sender(context: RoleContext) -> AppServiceSender:
         config.app_services, store=AppServiceStore(context.db),
         client=AppServiceClient(context.reactor, timeout=config.app_service_sender.request_timeout.total_seconds()),
         format_events=format_events, clock=context.reactor, events_position=events.get_current_token,
+        to_device_position=to_device.get_current_token,
         metrics=AppServiceMetrics.create(context.registry), config=config.app_service_sender,
     )
     await sender.start()
     events.add_position_listener(lambda *_: sender.on_new_events())
-    followed = [context.streams[name] for name in ("typing", "receipts", "to_device")]
+    to_device.add_position_listener(lambda *_: sender.on_new_to_device())
+    followed = [context.streams[name] for name in ("typing", "receipts")]
     sender.follow_ephemeral(*(stream.get_current_token for stream in followed))
     for stream in followed:
         stream.add_position_listener(lambda *_: sender.on_new_ephemeral())

@@ -12,9 +12,11 @@ transaction is resent, with the same ID and the same events, after the backoff; 
 with a recorded transaction re-reads exactly its events and resends it under its ID. Every
 failure is retried (a service, unlike a server, has no other way to get what it missed).
 
-Ephemeral events (typing, receipts) and to-device messages are held in memory, bounded, and
-ride on the next transaction: lossy by design, as the worth of the first is in being now (the
-second stay in the device inbox for a device that syncs).
+To-device messages (MSC2409) are read the same way, from the to_device stream above the
+service's own to-device position, in the same read as the events (``ReadEvents``), recorded
+with the transaction and moved past only once it is accepted: a bridge's encrypted sessions
+need every key it is sent. Ephemeral events (typing, receipts) are held in memory, bounded,
+and ride on the next transaction: lossy by design, as their worth is in being now.
 
 It does not read the clock, log, count metrics, or know about Twisted, Postgres or HTTP.
 """
@@ -32,9 +34,18 @@ import attrs
 from federation_sender.backoff import HEALTHY, BackoffPolicy, Jitter, RetryState, after_failure
 from federation_sender.link import RequestLink, ScheduleWake
 
-# Ephemeral events and to-device messages kept for a service, the oldest dropped beyond it.
+# Ephemeral events kept for a service, the oldest dropped beyond it.
 MAX_HELD_EPHEMERAL: Final = 1_000
-MAX_HELD_TO_DEVICE: Final = 1_000
+
+
+@attrs.frozen
+class Pending:
+    """A transaction recorded but not yet accepted: its ID and the positions it covers (None:
+    it carries nothing of that stream)."""
+
+    txn_id: int
+    upto: int | None
+    to_device_upto: int | None = None
 
 
 @attrs.frozen
@@ -47,6 +58,8 @@ class Transaction:
     to_device: tuple[Mapping[str, Any], ...] = ()
     # The events stream position it covers once accepted (None: it carries no events' worth).
     upto: int | None = None
+    # The to_device stream position it covers once accepted (None: no to-device messages' worth).
+    to_device_upto: int | None = None
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"events": [dict(e) for e in self.events]}
@@ -63,17 +76,22 @@ class Transaction:
 @attrs.frozen
 class ReadEvents:
     """The events in (after, upto] the service is interested in, in client format, reading at
-    most ``limit`` events of the stream (``upto`` None: the stream's position now)
-    → ``on_events_read(events, covered, more)``."""
+    most ``limit`` events of the stream (``upto`` None: the stream's position now); with
+    ``to_device_after``, also the to-device messages for its users in (to_device_after,
+    to_device_upto] of the to_device stream, at most ``limit`` stream positions of them
+    → ``on_events_read(events, covered, more, to_device=..., to_device_covered=..., to_device_more=...)``."""
 
     after: int
     upto: int | None
     limit: int
+    to_device_after: int | None = None
+    to_device_upto: int | None = None
 
 
 @attrs.frozen
 class RecordTransaction:
-    """Store the transaction's ID (and, if it covers events, that it is pending) → ``on_recorded``."""
+    """Store the transaction's ID (and, if it covers events or to-device messages, that it is
+    pending, with the positions it covers) → ``on_recorded``."""
 
     txn: Transaction
 
@@ -88,11 +106,13 @@ class SendTransaction:
 
 @attrs.frozen
 class Advance:
-    """Store the position ``upto`` (None: unchanged), clear the pending transaction and, with
-    ``clear_retry``, the backoff → ``on_advanced``."""
+    """Store the position ``upto`` and the to-device position ``to_device_upto`` (None:
+    unchanged), clear the pending transaction and, with ``clear_retry``, the backoff
+    → ``on_advanced``."""
 
     upto: int | None
     clear_retry: bool
+    to_device_upto: int | None = None
 
 
 @attrs.frozen
@@ -139,25 +159,28 @@ class ServiceLink(RequestLink[Request]):
         *,
         position: int,
         last_txn_id: int,
-        pending: tuple[int, int] | None,
+        pending: Pending | None,
         retry: RetryState,
         policy: BackoffPolicy,
         jitter: Jitter,
         max_events: int,
+        to_device_position: int | None = None,
     ) -> None:
         super().__init__(service_id)
         self._position = position
+        # None: the service takes no to-device messages.
+        self._to_device_position = to_device_position
         self._last_txn_id = last_txn_id
-        # A recorded transaction to re-read and resend under its ID: (txn_id, upto).
+        # A recorded transaction to re-read and resend under its ID.
         self._replay = pending
         self.retry = retry
         self._policy = policy
         self._jitter = jitter
         self._max_events = max_events
-        # The stream may hold events above the position (start-up: assume so).
+        # The streams may hold events or messages above the positions (start-up: assume so).
         self._events_pending = True
+        self._to_device_pending = to_device_position is not None
         self._ephemeral: deque[Mapping[str, Any]] = deque(maxlen=MAX_HELD_EPHEMERAL)
-        self._to_device: deque[Mapping[str, Any]] = deque(maxlen=MAX_HELD_TO_DEVICE)
         # Recorded and not yet accepted: resent as it is.
         self._retained: Transaction | None = None
         self._retry_dirty = False
@@ -167,6 +190,10 @@ class ServiceLink(RequestLink[Request]):
     @property
     def position(self) -> int:
         return self._position
+
+    @property
+    def to_device_position(self) -> int | None:
+        return self._to_device_position
 
     @property
     def in_flight(self) -> Transaction | None:
@@ -183,8 +210,11 @@ class ServiceLink(RequestLink[Request]):
         self._ephemeral.extend(items)
         return self._next(now_ms)
 
-    def on_to_device(self, messages: Sequence[Mapping[str, Any]], now_ms: int) -> list[Action]:
-        self._to_device.extend(messages)
+    def on_to_device(self, now_ms: int) -> list[Action]:
+        """The to_device stream's position moved."""
+        if self._to_device_position is None:
+            return []
+        self._to_device_pending = True
         return self._next(now_ms)
 
     def on_wake(self, now_ms: int) -> list[Action]:
@@ -196,6 +226,7 @@ class ServiceLink(RequestLink[Request]):
         step, wake = self._crashed(now_ms)
         if isinstance(step, ReadEvents):
             self._events_pending = True
+            self._to_device_pending = self._to_device_position is not None
         elif isinstance(step, SendTransaction):
             self._retained = step.txn
         elif isinstance(step, (RecordTransaction, Advance)):
@@ -207,22 +238,32 @@ class ServiceLink(RequestLink[Request]):
     # --- answers to requests -------------------------------------------------------------------
 
     def on_events_read(self, events: Sequence[Mapping[str, Any]], covered: int, more: bool,
-                       now_ms: int) -> list[Action]:
+                       now_ms: int, *, to_device: Sequence[Mapping[str, Any]] = (),
+                       to_device_covered: int | None = None, to_device_more: bool = False) -> list[Action]:
+        """``covered``/``to_device_covered``: how far each read went (None: to-device not read);
+        ``more``/``to_device_more``: it stopped at its limit."""
         step = self._answer(ReadEvents)
         if more:
             self._events_pending = True
+        if to_device_more:
+            self._to_device_pending = True
         replay, self._replay = self._replay, None
         if step.upto is not None and replay is not None:
-            # The recorded transaction, again: its ID, the events it covered (``more`` cannot be
-            # true with the same limit, but the position it covers is the recorded one anyway).
-            txn = Transaction(replay[0], tuple(events), upto=replay[1])
+            # The recorded transaction, again: its ID, what it covered (``more`` cannot be true
+            # with the same limit, but the positions it covers are the recorded ones anyway).
+            txn = Transaction(replay.txn_id, tuple(events), to_device=tuple(to_device), upto=replay.upto,
+                              to_device_upto=replay.to_device_upto)
             self._events_pending = True
+            self._to_device_pending = self._to_device_position is not None
             return self._begin(SendTransaction(self._hold(txn)))
-        if not events and not self._ephemeral and not self._to_device:
-            if covered <= self._position:
+        to_device_upto = (to_device_covered if to_device_covered is not None and self._to_device_position is not None
+                          and to_device_covered > self._to_device_position else None)
+        if not events and not to_device and not self._ephemeral:
+            if covered <= self._position and to_device_upto is None:
                 return self._next(now_ms)
-            return self._begin(Advance(covered, clear_retry=False))
-        return self._begin(RecordTransaction(self._build(tuple(events), covered)))
+            return self._begin(Advance(covered if covered > self._position else None, clear_retry=False,
+                                       to_device_upto=to_device_upto))
+        return self._begin(RecordTransaction(self._build(tuple(events), covered, tuple(to_device), to_device_upto)))
 
     def on_recorded(self, now_ms: int) -> list[Action]:
         step = self._answer(RecordTransaction)
@@ -240,7 +281,7 @@ class ServiceLink(RequestLink[Request]):
             self.retry = HEALTHY
             self._retry_dirty = False  # the advance clears it
             actions.append(Recovered())
-        return actions + self._begin(Advance(txn.upto, clear_retry=recovered))
+        return actions + self._begin(Advance(txn.upto, clear_retry=recovered, to_device_upto=txn.to_device_upto))
 
     def on_send_failed(self, status: int | None, error: str, now_ms: int) -> list[Action]:
         step = self._answer(SendTransaction)
@@ -253,6 +294,8 @@ class ServiceLink(RequestLink[Request]):
         step = self._answer(Advance)
         if step.upto is not None:
             self._position = max(self._position, step.upto)
+        if step.to_device_upto is not None and self._to_device_position is not None:
+            self._to_device_position = max(self._to_device_position, step.to_device_upto)
         return self._next(now_ms)
 
     def on_retry_persisted(self, now_ms: int) -> list[Action]:
@@ -265,12 +308,12 @@ class ServiceLink(RequestLink[Request]):
         self._retained = txn
         return txn
 
-    def _build(self, events: tuple[Mapping[str, Any], ...], covered: int) -> Transaction:
-        ephemeral, to_device = tuple(self._ephemeral), tuple(self._to_device)
+    def _build(self, events: tuple[Mapping[str, Any], ...], covered: int,
+               to_device: tuple[Mapping[str, Any], ...] = (), to_device_upto: int | None = None) -> Transaction:
+        ephemeral = tuple(self._ephemeral)
         self._ephemeral.clear()
-        self._to_device.clear()
         upto = covered if covered > self._position else None
-        return Transaction(self._last_txn_id + 1, events, ephemeral, to_device, upto)
+        return Transaction(self._last_txn_id + 1, events, ephemeral, to_device, upto, to_device_upto)
 
     def _next(self, now_ms: int) -> list[Action]:
         first = self._before_deciding(now_ms)
@@ -284,10 +327,17 @@ class ServiceLink(RequestLink[Request]):
         if self._retained is not None:
             return self._begin(SendTransaction(self._retained))
         if self._replay is not None:
-            return self._begin(ReadEvents(self._position, self._replay[1], self._max_events))
-        if self._events_pending:
-            self._events_pending = False
-            return self._begin(ReadEvents(self._position, None, self._max_events))
-        if self._ephemeral or self._to_device:
+            replay = self._replay
+            with_to_device = replay.to_device_upto is not None and self._to_device_position is not None
+            return self._begin(ReadEvents(
+                self._position, self._position if replay.upto is None else replay.upto, self._max_events,
+                self._to_device_position if with_to_device else None,
+                replay.to_device_upto if with_to_device else None))
+        if self._events_pending or self._to_device_pending:
+            events, to_device = self._events_pending, self._to_device_pending
+            self._events_pending = self._to_device_pending = False
+            return self._begin(ReadEvents(self._position, None if events else self._position, self._max_events,
+                                          self._to_device_position if to_device else None))
+        if self._ephemeral:
             return self._begin(RecordTransaction(self._build((), self._position)))
         return []

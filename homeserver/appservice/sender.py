@@ -26,6 +26,7 @@ from homeserver.appservice.core import (
     Advance,
     Failed,
     PersistRetry,
+    Pending,
     ReadEvents,
     RecordTransaction,
     Recovered,
@@ -54,6 +55,7 @@ class AppServiceSender:
         format_events: FormatEvents,
         clock: Any,
         events_position: Callable[[], int],
+        to_device_position: Callable[[], int],
         metrics: AppServiceMetrics,
         config: AppServiceSenderConfig,
         jitter: Callable[[float, float], float] = random.uniform,
@@ -64,16 +66,16 @@ class AppServiceSender:
         self._format = format_events
         self._clock = clock
         self._events_position = events_position
+        self._to_device_position = to_device_position
         self._metrics = metrics
         self._config = config
         self._jitter = jitter
         self._links: dict[str, ServiceLink] = {}
         self._timers: dict[str, Any] = {}
         self._stopped = False
-        # Ephemeral events and to-device messages: the typing, receipts and to_device positions
-        # followed, and how far they are read.
-        self._ephemeral_streams: tuple[Callable[[], int], Callable[[], int], Callable[[], int]] | None = None
-        self._ephemeral_at = (0, 0, 0)
+        # Ephemeral events: the typing and receipts positions followed, and how far they are read.
+        self._ephemeral_streams: tuple[Callable[[], int], Callable[[], int]] | None = None
+        self._ephemeral_at = (0, 0)
         self._ephemeral_dirty = False
         self._ephemeral_reading = False
 
@@ -83,18 +85,21 @@ class AppServiceSender:
     async def start(self) -> None:
         policy = policy_from_config(self._config.backoff)
         for service_id, service in self._services.items():
-            state = await self._store.load_state(service_id, self._events_position())
+            state = await self._store.load_state(service_id, self._events_position(), self._to_device_position())
+            pending = (None if state.pending_txn_id is None
+                       else Pending(state.pending_txn_id, state.pending_upto, state.pending_to_device_upto))
             link = ServiceLink(
-                service_id, position=state.stream_ordering, last_txn_id=state.last_txn_id, pending=state.pending,
+                service_id, position=state.stream_ordering, last_txn_id=state.last_txn_id, pending=pending,
                 retry=RetryState(state.retry_last_ts, state.retry_interval, state.failure_ts),
                 policy=policy, jitter=self._jitter, max_events=self._config.max_events_per_transaction,
+                to_device_position=state.to_device_position if service.receive_to_device else None,
             )
             self._links[service_id] = link
             for label in ("sent", "failed", "events"):
                 getattr(self._metrics, label).labels(service=service_id)
             self._metrics.pending.labels(service=service_id).set_function(self._lag_of(link))
-            if state.pending is not None:
-                logger.info("[%s] resending transaction %d after a restart", service_id, state.pending[0])
+            if pending is not None:
+                logger.info("[%s] resending transaction %d after a restart", service_id, pending.txn_id)
             self._dispatch(link, link.on_wake(self._now()))
 
     def _lag_of(self, link: ServiceLink) -> Callable[[], float]:
@@ -104,16 +109,19 @@ class AppServiceSender:
         for link in self._links.values():
             self._dispatch(link, link.on_new_events(self._now()))
 
-    def follow_ephemeral(self, typing: Callable[[], int], receipts: Callable[[], int],
-                         to_device: Callable[[], int]) -> None:
-        """Start following the typing, receipts and to_device streams (their positions now), for
-        the services with ``receive_ephemeral`` or ``receive_to_device``; call
-        ``on_new_ephemeral`` when any of them moves."""
-        self._ephemeral_streams = (typing, receipts, to_device)
-        self._ephemeral_at = (typing(), receipts(), to_device())
+    def on_new_to_device(self) -> None:
+        """The to_device stream moved: services taking to-device messages read above their position."""
+        for link in self._links.values():
+            self._dispatch(link, link.on_to_device(self._now()))
+
+    def follow_ephemeral(self, typing: Callable[[], int], receipts: Callable[[], int]) -> None:
+        """Start following the typing and receipts streams (their positions now), for the
+        services with ``receive_ephemeral``; call ``on_new_ephemeral`` when either moves."""
+        self._ephemeral_streams = (typing, receipts)
+        self._ephemeral_at = (typing(), receipts())
 
     def on_new_ephemeral(self) -> None:
-        wanted = any(s.receive_ephemeral or s.receive_to_device for s in self._services.values())
+        wanted = any(s.receive_ephemeral for s in self._services.values())
         if self._ephemeral_streams is None or not wanted:
             return
         self._ephemeral_dirty = True
@@ -127,15 +135,12 @@ class AppServiceSender:
         try:
             while self._ephemeral_dirty and not self._stopped:
                 self._ephemeral_dirty = False
-                upto = (self._ephemeral_streams[0](), self._ephemeral_streams[1](), self._ephemeral_streams[2]())
+                upto = (self._ephemeral_streams[0](), self._ephemeral_streams[1]())
                 after = self._ephemeral_at
                 items = await self._store.ephemeral((after[0], upto[0]), (after[1], upto[1]))
-                messages = await self._store.to_device(after[2], upto[2]) if upto[2] > after[2] else []
                 self._ephemeral_at = upto
                 if items:
                     await self._hand_out_ephemeral(items)
-                if messages:
-                    self._hand_out_to_device(messages)
         finally:
             self._ephemeral_reading = False
 
@@ -152,17 +157,6 @@ class AppServiceSender:
             ]
             if wanted:
                 self._dispatch(link, link.on_ephemeral(wanted, self._now()))
-
-    def _hand_out_to_device(self, messages: Sequence[tuple[str, str, Mapping[str, Any]]]) -> None:
-        """MSC2409: each message for a device of a user the service may act as, with its target."""
-        for service_id, link in self._links.items():
-            service = self._services[service_id]
-            if not service.receive_to_device:
-                continue
-            wanted = [{**message, "to_user_id": user_id, "to_device_id": device_id}
-                      for user_id, device_id, message in messages if service.may_act_as(user_id)]
-            if wanted:
-                self._dispatch(link, link.on_to_device(wanted, self._now()))
 
     def stop(self) -> None:
         self._stopped = True
@@ -219,11 +213,15 @@ class AppServiceSender:
 
     async def _answer(self, link: ServiceLink, service: AppService, request: Action) -> list[Action]:
         match request:
-            case ReadEvents(after=after, upto=upto, limit=limit):
+            case ReadEvents(after=after, upto=upto, limit=limit, to_device_after=td_after, to_device_upto=td_upto):
                 events, covered, more = await self._read(service, after, upto, limit)
-                return link.on_events_read(events, covered, more, self._now())
+                if td_after is None:
+                    return link.on_events_read(events, covered, more, self._now())
+                messages, td_covered, td_more = await self._read_to_device(service, td_after, td_upto, limit)
+                return link.on_events_read(events, covered, more, self._now(), to_device=messages,
+                                           to_device_covered=td_covered, to_device_more=td_more)
             case RecordTransaction(txn=txn):
-                await self._store.record_transaction(service.id, txn.txn_id, txn.upto)
+                await self._store.record_transaction(service.id, txn.txn_id, txn.upto, txn.to_device_upto)
                 return link.on_recorded(self._now())
             case SendTransaction(txn=txn):
                 try:
@@ -233,8 +231,8 @@ class AppServiceSender:
                 if 200 <= status < 300:
                     return link.on_sent(self._now())
                 return link.on_send_failed(status, f"HTTP {status}", self._now())
-            case Advance(upto=position, clear_retry=clear_retry):
-                await self._store.advance(service.id, position, clear_retry=clear_retry)
+            case Advance(upto=position, clear_retry=clear_retry, to_device_upto=td_position):
+                await self._store.advance(service.id, position, td_position, clear_retry=clear_retry)
                 return link.on_advanced(self._now())
             case PersistRetry(retry=retry):
                 await self._store.set_retry(service.id, retry.retry_last_ts, retry.retry_interval, retry.failure_ts)
@@ -257,3 +255,14 @@ class AppServiceSender:
         ]
         formatted = await self._format(wanted) if wanted else {}
         return [formatted[event_id] for event_id in wanted if event_id in formatted], covered, more
+
+    async def _read_to_device(self, service: AppService, after: int, upto: int | None,
+                              limit: int) -> tuple[list[Mapping[str, Any]], int, bool]:
+        """MSC2409: the messages in (after, upto] for devices of users the service may act as,
+        each with its target, the position the read covers and whether it stopped at ``limit``."""
+        end = self._to_device_position() if upto is None else upto
+        if end <= after:
+            return [], after, False
+        rows, covered, more = await self._store.read_to_device(after, end, limit)
+        return [{**message, "to_user_id": user_id, "to_device_id": device_id}
+                for user_id, device_id, message in rows if service.may_act_as(user_id)], covered, more

@@ -1,8 +1,8 @@
 """The application service sender's tables (schema 0021) and the reads it makes of events.
 
-One row per service in ``appservice_stream_positions``: how far along the events stream its
-transactions have got, the transaction recorded before it is sent (so that a restart resends
-it with the same ID), and its backoff. The event reads give what decides whether a service
+One row per service in ``appservice_stream_positions``: how far along the events stream (and,
+schema 0024, the to_device stream) its transactions have got, the transaction recorded before
+it is sent (so that a restart resends it with the same ID), and its backoff. The event reads give what decides whether a service
 wants an event (sender, membership target, the room's aliases and members); the decision is
 ``homeserver/appservice/registration.py``'s.
 """
@@ -26,11 +26,15 @@ class AppServiceState:
 
     stream_ordering: int
     last_txn_id: int
-    # The transaction recorded but not yet accepted: (its ID, the position it covers).
-    pending: tuple[int, int] | None
+    # The transaction recorded but not yet accepted: its ID and the positions it covers.
+    pending_txn_id: int | None
+    pending_upto: int | None
+    pending_to_device_upto: int | None
     retry_last_ts: int
     retry_interval: int
     failure_ts: int | None
+    # How far along the to_device stream its messages have gone.
+    to_device_position: int
 
 
 @attrs.frozen
@@ -59,22 +63,28 @@ class RoomFacts:
     members: tuple[str, ...]
 
 
-def _load_state_txn(txn: Transaction, as_id: str, initial_position: int) -> AppServiceState:
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _load_state_txn(txn: Transaction, as_id: str, initial_position: int,
+                    initial_to_device_position: int) -> AppServiceState:
     txn.execute(
-        "INSERT INTO appservice_stream_positions (as_id, stream_ordering) VALUES (%s, %s) "
-        "ON CONFLICT (as_id) DO NOTHING",
-        (as_id, initial_position),
+        "INSERT INTO appservice_stream_positions (as_id, stream_ordering, to_device_position) VALUES (%s, %s, %s) "
+        "ON CONFLICT (as_id) DO UPDATE SET to_device_position = "
+        "COALESCE(appservice_stream_positions.to_device_position, EXCLUDED.to_device_position)",
+        (as_id, initial_position, initial_to_device_position),
     )
     txn.execute(
-        "SELECT stream_ordering, last_txn_id, pending_txn_id, pending_upto, retry_last_ts, retry_interval, failure_ts "
+        "SELECT stream_ordering, last_txn_id, pending_txn_id, pending_upto, pending_to_device_upto, "
+        "retry_last_ts, retry_interval, failure_ts, to_device_position "
         "FROM appservice_stream_positions WHERE as_id = %s",
         (as_id,),
     )
     row = txn.fetchone()
     assert row is not None
-    pending = None if row[2] is None or row[3] is None else (int(row[2]), int(row[3]))
-    return AppServiceState(int(row[0]), int(row[1]), pending, int(row[4]), int(row[5]),
-                           None if row[6] is None else int(row[6]))
+    return AppServiceState(int(row[0]), int(row[1]), _int(row[2]), _int(row[3]), _int(row[4]), int(row[5]),
+                           int(row[6]), _int(row[7]), int(row[8]))
 
 
 def _read_events_txn(txn: Transaction, after: int, upto: int, limit: int) -> list[tuple[StreamEvent, bool]]:
@@ -119,19 +129,22 @@ def _room_facts_txn(txn: Transaction, room_ids: list[str]) -> dict[str, RoomFact
     return {room_id: RoomFacts(tuple(aliases[room_id]), tuple(members[room_id])) for room_id in room_ids}
 
 
-def _record_txn_txn(txn: Transaction, as_id: str, txn_id: int, upto: int | None) -> None:
+def _record_txn_txn(txn: Transaction, as_id: str, txn_id: int, upto: int | None, to_device_upto: int | None) -> None:
+    pending = upto is not None or to_device_upto is not None
     txn.execute(
         "UPDATE appservice_stream_positions SET last_txn_id = GREATEST(last_txn_id, %s), "
-        "pending_txn_id = %s, pending_upto = %s WHERE as_id = %s",
-        (txn_id, None if upto is None else txn_id, upto, as_id),
+        "pending_txn_id = %s, pending_upto = %s, pending_to_device_upto = %s WHERE as_id = %s",
+        (txn_id, txn_id if pending else None, upto, to_device_upto, as_id),
     )
 
 
-def _advance_txn(txn: Transaction, as_id: str, upto: int | None, clear_retry: bool) -> None:
+def _advance_txn(txn: Transaction, as_id: str, upto: int | None, to_device_upto: int | None,
+                 clear_retry: bool) -> None:
     txn.execute(
         "UPDATE appservice_stream_positions SET stream_ordering = GREATEST(stream_ordering, COALESCE(%s, 0)), "
-        "pending_txn_id = NULL, pending_upto = NULL WHERE as_id = %s",
-        (upto, as_id),
+        "to_device_position = GREATEST(to_device_position, COALESCE(%s, 0)), "
+        "pending_txn_id = NULL, pending_upto = NULL, pending_to_device_upto = NULL WHERE as_id = %s",
+        (upto, to_device_upto, as_id),
     )
     if clear_retry:
         txn.execute(
@@ -174,23 +187,35 @@ def _ephemeral_txn(txn: Transaction, typing: tuple[int, int], receipts: tuple[in
     return out
 
 
-def _to_device_txn(txn: Transaction, after: int, upto: int) -> list[tuple[str, str, dict[str, Any]]]:
+def _read_to_device_txn(txn: Transaction, after: int, upto: int,
+                        limit: int) -> tuple[list[tuple[str, str, dict[str, Any]]], int, bool]:
+    # Whole stream positions only (one /sendToDevice is one position for many devices).
+    txn.execute(
+        "SELECT stream_id FROM device_inbox WHERE stream_id > %s AND stream_id <= %s "
+        "GROUP BY stream_id ORDER BY stream_id LIMIT %s",
+        (after, upto, limit),
+    )
+    positions = [int(r[0]) for r in txn.fetchall()]
+    more = len(positions) >= limit
+    covered = positions[-1] if more else upto
     txn.execute(
         "SELECT user_id, device_id, message_json FROM device_inbox WHERE stream_id > %s AND stream_id <= %s "
-        "ORDER BY stream_id",
-        (after, upto),
+        "ORDER BY stream_id, user_id, device_id",
+        (after, covered),
     )
-    return [(str(r[0]), str(r[1]), json.loads(r[2])) for r in txn.fetchall()]
+    return [(str(r[0]), str(r[1]), json.loads(r[2])) for r in txn.fetchall()], covered, more
 
 
 class AppServiceStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def load_state(self, as_id: str, initial_position: int) -> AppServiceState:
+    async def load_state(self, as_id: str, initial_position: int, initial_to_device_position: int) -> AppServiceState:
         """The service's row; a service seen for the first time starts at ``initial_position``
-        (the events stream's position now: it is not sent the server's history)."""
-        return await self._db.run_interaction("appservice_load_state", _load_state_txn, as_id, initial_position)
+        (the events stream's position now: it is not sent the server's history), and at
+        ``initial_to_device_position`` on the to_device stream the first time it is followed."""
+        return await self._db.run_interaction("appservice_load_state", _load_state_txn, as_id, initial_position,
+                                              initial_to_device_position)
 
     async def read_events(self, after: int, upto: int, limit: int) -> tuple[list[StreamEvent], int, bool]:
         """Up to ``limit`` events in (after, upto] that clients may see, the position the read
@@ -203,13 +228,15 @@ class AppServiceStore:
     async def room_facts(self, room_ids: Collection[str]) -> dict[str, RoomFacts]:
         return await self._db.run_interaction("appservice_room_facts", _room_facts_txn, sorted(set(room_ids)))
 
-    async def record_transaction(self, as_id: str, txn_id: int, upto: int | None) -> None:
-        """Before sending: the ID is used; with ``upto``, the transaction is pending until accepted."""
-        await self._db.run_interaction("appservice_record_txn", _record_txn_txn, as_id, txn_id, upto)
+    async def record_transaction(self, as_id: str, txn_id: int, upto: int | None, to_device_upto: int | None) -> None:
+        """Before sending: the ID is used; with ``upto`` or ``to_device_upto``, the transaction is
+        pending until accepted."""
+        await self._db.run_interaction("appservice_record_txn", _record_txn_txn, as_id, txn_id, upto, to_device_upto)
 
-    async def advance(self, as_id: str, upto: int | None, *, clear_retry: bool) -> None:
-        """The service accepted everything up to ``upto`` (or nothing there was for it)."""
-        await self._db.run_interaction("appservice_advance", _advance_txn, as_id, upto, clear_retry)
+    async def advance(self, as_id: str, upto: int | None, to_device_upto: int | None, *, clear_retry: bool) -> None:
+        """The service accepted everything up to ``upto`` and ``to_device_upto`` (or nothing there
+        was for it)."""
+        await self._db.run_interaction("appservice_advance", _advance_txn, as_id, upto, to_device_upto, clear_retry)
 
     async def set_retry(self, as_id: str, last_ts: int, interval: int, failure_ts: int | None) -> None:
         await self._db.run_interaction("appservice_set_retry", _set_retry_txn, as_id, last_ts, interval, failure_ts)
@@ -218,6 +245,9 @@ class AppServiceStore:
         """Typing sets (the newest per room) and receipts written in the (after, upto] ranges."""
         return await self._db.run_interaction("appservice_ephemeral", _ephemeral_txn, typing, receipts)
 
-    async def to_device(self, after: int, upto: int) -> list[tuple[str, str, dict[str, Any]]]:
-        """(user, device, message) of the local to-device messages written in (after, upto]."""
-        return await self._db.run_interaction("appservice_to_device", _to_device_txn, after, upto)
+    async def read_to_device(self, after: int, upto: int,
+                             limit: int) -> tuple[list[tuple[str, str, dict[str, Any]]], int, bool]:
+        """(user, device, message) of the local to-device messages in (after, upto], at most
+        ``limit`` stream positions of them, the position the read covers, and whether it
+        stopped at the limit."""
+        return await self._db.run_interaction("appservice_read_to_device", _read_to_device_txn, after, upto, limit)

@@ -286,6 +286,10 @@ async def test_a_bridge_acts_in_its_namespace_and_gets_every_event_once_in_order
         await listener.stop()
         for i in range(2):
             await say(alice, f"before restart {i}")
+        # A to-device message for the bridge's device too: it outlives the restart (it is read
+        # from the to_device stream above the service's position, not held in memory).
+        await ok(client, "PUT", "sendToDevice/m.test/td2", {"messages": {IRC_ALICE: {device: {"n": 3}}}},
+                 token=alice)
         failed = metric(hs, "tributary_appservice_transactions_failed_total")
         await wait_for(lambda: metric(hs, "tributary_appservice_transactions_failed_total") > failed,
                        "a failed transaction before the restart")
@@ -300,8 +304,10 @@ async def test_a_bridge_acts_in_its_namespace_and_gets_every_event_once_in_order
         await _sleep(0.2)
         listener.start()
         await wait_for(lambda: len(service.events("m.room.message")) >= len(sent), "the messages of the restart")
+        await wait_for(lambda: len(service.to_device) >= 2, "the to-device message of the restart")
         await _sleep(0.3)  # time for anything sent twice to arrive
         assert [e["event_id"] for e in service.events("m.room.message")] == sent
+        assert [m["content"] for m in service.to_device] == [{"n": 1}, {"n": 3}], "each once, in order"
         assert service.bad_auth == 0
         assert len(set(service.order)) == len(service.order)
     finally:

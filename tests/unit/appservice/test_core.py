@@ -12,6 +12,7 @@ from federation_sender.link import ProtocolViolation, ScheduleWake
 from homeserver.appservice.core import (
     Advance,
     Failed,
+    Pending,
     PersistRetry,
     ReadEvents,
     RecordTransaction,
@@ -91,7 +92,7 @@ def test_a_failure_backs_off_and_resends_the_same_transaction() -> None:
 def test_a_restart_with_a_recorded_transaction_resends_exactly_it() -> None:
     """The row says transaction 7 covering up to 15 was recorded, maybe sent: its events are
     read again up to 15 only and resent as transaction 7; then reading goes on above 15."""
-    ln = link(pending=(7, 15), last_txn_id=7)
+    ln = link(pending=Pending(7, 15), last_txn_id=7)
     assert only(ln.on_wake(0), ReadEvents) == ReadEvents(after=10, upto=15, limit=3)
     send = only(ln.on_events_read([event(12)], covered=15, more=False, now_ms=0), SendTransaction)
     assert send.txn == Transaction(7, (event(12),), upto=15)
@@ -112,10 +113,45 @@ def test_ephemeral_events_ride_along_or_go_alone() -> None:
     ln.on_recorded(0)
     assert only(ln.on_sent(0), Advance) == Advance(None, clear_retry=False)
     ln.on_advanced(0)
-    message = {"type": "m.test", "to_user_id": "@irc_a:hs", "to_device_id": "D"}
-    record = only(ln.on_to_device([message], 0), RecordTransaction)
-    assert record.txn.body() == {"events": [], "de.sorunome.msc2409.to_device": [message]}
-    assert record.txn.txn_id == 6
+    assert ln.on_to_device(0) == [], "a service that takes no to-device messages reads none"
+
+
+MESSAGE = {"type": "m.test", "to_user_id": "@irc_a:hs", "to_device_id": "D"}
+
+
+def test_to_device_messages_are_read_above_the_service_s_position_and_move_it_once_accepted() -> None:
+    ln = link(to_device_position=100)
+    read = only(ln.on_wake(0), ReadEvents)
+    assert read == ReadEvents(after=10, upto=None, limit=3, to_device_after=100), "start-up reads both"
+    assert ln.on_events_read([], covered=10, more=False, now_ms=0, to_device=[], to_device_covered=100) == []
+    read = only(ln.on_to_device(0), ReadEvents)
+    assert read == ReadEvents(after=10, upto=10, limit=3, to_device_after=100), "no event read it needs"
+    record = only(ln.on_events_read([], covered=10, more=False, now_ms=0, to_device=[MESSAGE],
+                                    to_device_covered=104), RecordTransaction)
+    assert record.txn == Transaction(5, (), to_device=(MESSAGE,), upto=None, to_device_upto=104)
+    assert record.txn.body() == {"events": [], "de.sorunome.msc2409.to_device": [MESSAGE]}
+    send = only(ln.on_recorded(0), SendTransaction)
+    assert only(ln.on_send_failed(None, "down", 10), Failed)
+    ln.on_retry_persisted(10)
+    assert ln.on_wake(1010) == [send], "resent as it was"
+    assert only(ln.on_sent(1020), Advance) == Advance(None, clear_retry=True, to_device_upto=104)
+    ln.on_advanced(1020)
+    assert ln.to_device_position == 104
+    # Messages not for the service's users move the position without a transaction.
+    only(ln.on_to_device(1030), ReadEvents)
+    assert only(ln.on_events_read([], covered=10, more=False, now_ms=1030, to_device=[], to_device_covered=110),
+                Advance) == Advance(None, clear_retry=False, to_device_upto=110)
+
+
+def test_a_restart_with_recorded_to_device_messages_rereads_and_resends_exactly_them() -> None:
+    ln = link(to_device_position=100, pending=Pending(7, None, 104), last_txn_id=7)
+    assert only(ln.on_wake(0), ReadEvents) == ReadEvents(after=10, upto=10, limit=3, to_device_after=100,
+                                                         to_device_upto=104)
+    send = only(ln.on_events_read([], covered=10, more=False, now_ms=0, to_device=[MESSAGE], to_device_covered=104),
+                SendTransaction)
+    assert send.txn == Transaction(7, (), to_device=(MESSAGE,), upto=None, to_device_upto=104)
+    assert only(ln.on_sent(0), Advance).to_device_upto == 104
+    assert only(ln.on_advanced(0), ReadEvents) == ReadEvents(after=10, upto=None, limit=3, to_device_after=104)
 
 
 def test_crashes_rest_then_redo_and_wrong_answers_are_bugs() -> None:
