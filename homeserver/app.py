@@ -328,6 +328,8 @@ class HomeServer:
         if services.outbound.sender is not None:
             await services.outbound.sender.start()
         self._register_servlets(storage, streams, services)
+        if self.layout.is_main:
+            await self.admin_tasks.resume()
         jobs = await self._start_jobs(storage, streams, replication)
         if services.media is not None:
             jobs += (start_media_retention(services.media, self.reactor),)

@@ -31,7 +31,7 @@ from twisted.web.server import Request
 from homeserver import __version__
 from homeserver.admin.accounts import AccountExists, create_account, password_hasher
 from homeserver.admin.guard import AdminGuard, audit_logger, not_admin
-from homeserver.admin.tasks import TaskTracker
+from homeserver.admin.tasks import RESUMED, TaskTracker
 from homeserver.config import HomeserverConfig
 from homeserver.events import get_room_version
 from homeserver.events.identifiers import is_valid_server_name, is_valid_user_id, server_name_of
@@ -52,7 +52,14 @@ from homeserver.http.server import Handler, Routes, parse_json_object
 from storage.database import Database
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param, not_found
 from storage.stores.accounts import AccountStore
-from storage.stores.admin import DESTINATION_ORDERS, ROOM_ORDERS, USER_ORDERS, AdminStore, AdminUserRow
+from storage.stores.admin import (
+    DESTINATION_ORDERS,
+    ROOM_ORDERS,
+    USER_ORDERS,
+    AdminStore,
+    AdminTaskStore,
+    AdminUserRow,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +171,7 @@ class AdminApi:
 
     def __attrs_post_init__(self) -> None:
         self.store = AdminStore(self.db)
+        self.tasks.attach(AdminTaskStore(self.db))
         self.admin_only = AdminGuard(self.accounts.auth, self.store, Ratelimiter.from_config(self.config.rc_admin),
                                      self.clock)
         self.register_limiter = Ratelimiter.from_config(self.config.rc_registration)
@@ -251,9 +259,8 @@ class AdminApi:
         async def scheduled_tasks(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
             action = query_string(request, "action_name")
             status = query_string(request, "status")
-            return 200, {"scheduled_tasks": [task.to_json() for task in self.tasks.list()
-                                             if (action is None or task.action == action)
-                                             and (status is None or task.status == status)]}
+            return 200, {"scheduled_tasks": [task.to_json() for task in await self.tasks.list(action=action,
+                                                                                              status=status)]}
 
         async def server_notice(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
             body = parse_json_object(request)
@@ -540,27 +547,35 @@ class AdminApi:
 
         async def delete_v1(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
             options = _delete_options(parse_optional_json_object(request))
-            return 200, await self._shut_down_room(requester, params["room_id"], options, task_id=None)
+            return 200, await self._shut_down_room(requester.user_id, params["room_id"], options, task_id=None)
+
+        async def delete_room_task(task_id: str, task_params: Mapping[str, Any]) -> dict[str, Any]:
+            room_id, options = str(task_params["room_id"]), task_params["options"]
+            if task_params.get(RESUMED) and not options["block"] and not await store.room_exists(room_id):
+                # Run again after a restart, and the purge had finished: done.
+                return {"kicked_users": [], "failed_to_kick_users": [], "local_aliases": [], "new_room_id": None}
+            return await self._shut_down_room(str(task_params["by"]), room_id, options, task_id=task_id)
+
+        self.tasks.register("shutdown_and_purge_room", delete_room_task)
 
         async def delete_v2(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
             room_id = params["room_id"]
             options = _delete_options(parse_optional_json_object(request))
-            if self.tasks.active("shutdown_and_purge_room", room_id):
+            if await self.tasks.active("shutdown_and_purge_room", room_id):
                 raise MatrixError(400, "M_UNKNOWN", f"History purge already in progress for {room_id}")
-            task = self.tasks.start("shutdown_and_purge_room", room_id,
-                                    lambda task_id: self._shut_down_room(requester, room_id, options, task_id=task_id))
+            task = await self.tasks.start("shutdown_and_purge_room", room_id,
+                                          {"by": requester.user_id, "room_id": room_id, "options": options})
             return 200, {"delete_id": task.id}
 
         async def delete_status_by_room(request: Request, params: Mapping[str, str],
                                         requester: Requester) -> tuple[int, Any]:
-            found = [t for t in self.tasks.list() if t.resource_id == params["room_id"]
-                     and t.action == "shutdown_and_purge_room"]
+            found = await self.tasks.list(action="shutdown_and_purge_room", resource_id=params["room_id"])
             if not found:
                 raise not_found("No delete task for room")
             return 200, {"results": [t.delete_status() for t in found]}
 
         async def delete_status(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
-            task = self.tasks.get(params["delete_id"])
+            task = await self.tasks.get(params["delete_id"])
             if task is None or task.action != "shutdown_and_purge_room":
                 raise not_found("delete id not found")
             status = task.delete_status()
@@ -608,20 +623,25 @@ class AdminApi:
             else:
                 before_stream = None
             local = optional_bool(body, "delete_local_events", False)
-            if self.tasks.active("purge_history", room_id):
+            if await self.tasks.active("purge_history", room_id):
                 raise MatrixError(400, "M_UNKNOWN", f"History purge already in progress for {room_id}")
+            task = await self.tasks.start("purge_history", room_id, {
+                "by": requester.user_id, "room_id": room_id, "before_stream": before_stream,
+                "before_ts": None if event_id is not None else before_ts, "delete_local_events": local})
+            return 200, {"purge_id": task.id}
 
-            async def purge(task_id: str) -> dict[str, Any]:
-                count = await store.purge_history(room_id, before_stream=before_stream,
-                                                  before_ts=None if event_id is not None else before_ts,
-                                                  delete_local_events=local)
-                logger.info("[%s] %d events purged by %s", room_id, count, requester.user_id)
-                return {"purged_events": count}
+        async def purge_task(task_id: str, task_params: Mapping[str, Any]) -> dict[str, Any]:
+            room_id = str(task_params["room_id"])
+            count = await store.purge_history(room_id, before_stream=task_params["before_stream"],
+                                              before_ts=task_params["before_ts"],
+                                              delete_local_events=bool(task_params["delete_local_events"]))
+            logger.info("[%s] %d events purged by %s", room_id, count, task_params["by"])
+            return {"purged_events": count}
 
-            return 200, {"purge_id": self.tasks.start("purge_history", room_id, purge).id}
+        self.tasks.register("purge_history", purge_task)
 
         async def purge_status(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
-            task = self.tasks.get(params["purge_id"])
+            task = await self.tasks.get(params["purge_id"])
             if task is None or task.action != "purge_history":
                 raise not_found("purge id not found")
             answer: dict[str, Any] = {"status": {"scheduled": "active"}.get(task.status, task.status)}
@@ -649,17 +669,17 @@ class AdminApi:
         router.register(["GET"], a + r"/v2/rooms/delete_status/(?P<delete_id>[^/]+)", self.admin_only(delete_status),
                         "admin_delete_status")
 
-    async def _shut_down_room(self, requester: Requester, room_id: str, options: Mapping[str, Any],
+    async def _shut_down_room(self, by: str, room_id: str, options: Mapping[str, Any],
                               task_id: str | None) -> dict[str, Any]:
         """Make every local member leave, optionally block the room and purge its rows."""
         store = self.store
         if not await store.room_exists(room_id):
             if options["block"]:
-                await store.block_room(room_id, requester.user_id, True, int(self.clock() * 1000))
+                await store.block_room(room_id, by, True, int(self.clock() * 1000))
                 return {"kicked_users": [], "failed_to_kick_users": [], "local_aliases": [], "new_room_id": None}
             raise not_found("Unknown room")
         if options["block"]:
-            await store.block_room(room_id, requester.user_id, True, int(self.clock() * 1000))
+            await store.block_room(room_id, by, True, int(self.clock() * 1000))
         kicked: list[str] = []
         failed: list[str] = []
         for user_id, _membership in await store.get_local_members(room_id, self.server_name):
@@ -674,7 +694,7 @@ class AdminApi:
         aliases = await store.get_local_aliases(room_id)
         if options["purge"] and (not failed or options["force_purge"]):
             await store.purge_room(room_id)
-            logger.info("[%s] purged by %s", room_id, requester.user_id)
+            logger.info("[%s] purged by %s", room_id, by)
         return {"kicked_users": kicked, "failed_to_kick_users": failed, "local_aliases": aliases, "new_room_id": None}
 
     async def _make_room_admin(self, room_id: str, target: str) -> None:

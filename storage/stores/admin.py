@@ -524,3 +524,95 @@ class AdminStore:
                         "ON CONFLICT (user_id) DO UPDATE SET room_id = EXCLUDED.room_id", (user_id, room_id))
 
         await self._db.run_interaction("admin_set_notice_room", write)
+
+
+# --- admin tasks (schema 0024) --------------------------------------------------------------
+
+
+@attrs.frozen
+class AdminTaskRow:
+    id: str
+    action: str
+    resource_id: str
+    params: str
+    status: str
+    timestamp_ms: int
+    result: str | None
+    error: str | None
+
+
+_TASK_COLUMNS = "id, action, resource_id, params, status, timestamp_ms, result, error"
+
+
+def _task_row(row: Sequence[Any]) -> AdminTaskRow:
+    return AdminTaskRow(str(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), int(row[5]),
+                        None if row[6] is None else str(row[6]), None if row[7] is None else str(row[7]))
+
+
+class AdminTaskStore:
+    """``admin_tasks``: the admin API's background tasks (homeserver/admin/tasks.py)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def _fetch(self, name: str, sql: str, *args: object) -> list[tuple[Any, ...]]:
+        def txn_fn(txn: Transaction) -> list[tuple[Any, ...]]:
+            txn.execute(sql, args)
+            return txn.fetchall()
+
+        return await self._db.run_interaction(name, txn_fn)
+
+    async def _write(self, name: str, sql: str, *args: object) -> None:
+        def txn_fn(txn: Transaction) -> None:
+            txn.execute(sql, args)
+
+        await self._db.run_interaction(name, txn_fn)
+
+    async def insert_task(self, task_id: str, action: str, resource_id: str, params: str, timestamp_ms: int, *,
+                          keep: int) -> None:
+        """A new scheduled task; finished tasks beyond the newest ``keep`` are forgotten."""
+
+        def txn_fn(txn: Transaction) -> None:
+            txn.execute(
+                "INSERT INTO admin_tasks (id, action, resource_id, params, status, timestamp_ms) "
+                "VALUES (%s, %s, %s, %s, 'scheduled', %s)",
+                (task_id, action, resource_id, params, timestamp_ms),
+            )
+            txn.execute(
+                "DELETE FROM admin_tasks WHERE status IN ('complete', 'failed') AND id NOT IN "
+                "(SELECT id FROM admin_tasks ORDER BY timestamp_ms DESC, id LIMIT %s)",
+                (keep,),
+            )
+
+        await self._db.run_interaction("admin_insert_task", txn_fn)
+
+    async def set_task_status(self, task_id: str, status: str) -> None:
+        await self._write("admin_task_status", "UPDATE admin_tasks SET status = %s WHERE id = %s",
+                               status, task_id)
+
+    async def finish_task(self, task_id: str, status: str, result: str | None, error: str | None) -> None:
+        await self._write("admin_finish_task",
+                               "UPDATE admin_tasks SET status = %s, result = %s, error = %s WHERE id = %s",
+                               status, result, error, task_id)
+
+    async def get_task(self, task_id: str) -> AdminTaskRow | None:
+        rows = await self._fetch("admin_get_task", f"SELECT {_TASK_COLUMNS} FROM admin_tasks WHERE id = %s",
+                                      task_id)
+        return _task_row(rows[0]) if rows else None
+
+    async def list_tasks(self, action: str | None, status: str | None, resource_id: str | None) -> list[AdminTaskRow]:
+        rows = await self._fetch(
+            "admin_list_tasks",
+            f"SELECT {_TASK_COLUMNS} FROM admin_tasks WHERE (%s::text IS NULL OR action = %s) "
+            "AND (%s::text IS NULL OR status = %s) AND (%s::text IS NULL OR resource_id = %s) "
+            "ORDER BY timestamp_ms DESC, id",
+            action, action, status, status, resource_id, resource_id,
+        )
+        return [_task_row(row) for row in rows]
+
+    async def unfinished_tasks(self) -> list[AdminTaskRow]:
+        rows = await self._fetch(
+            "admin_unfinished_tasks",
+            f"SELECT {_TASK_COLUMNS} FROM admin_tasks WHERE status IN ('scheduled', 'active') ORDER BY timestamp_ms, id",
+        )
+        return [_task_row(row) for row in rows]

@@ -6,14 +6,18 @@ request bodies and response shapes of its admin API documentation, against a rea
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import psycopg2
 import pytest
+import yaml
 
 from homeserver.admin.servlets import shared_secret_mac
 from tests.federation_peer import Behaviour, FederationPeer
@@ -519,3 +523,39 @@ async def test_hostile_bodies_and_paths_never_get_a_server_error(tributary: Trib
     # Nor an error in the server's log (a background deletion that failed on a bug, say).
     errors = [line for line in tributary.process.log_path.read_text().splitlines() if " ERROR " in line]
     assert errors == []
+
+
+async def test_a_deletion_the_process_stopped_under_is_run_again_at_start(tributary: Tributary,
+                                                                          admin_token: str) -> None:
+    """Tasks are rows of admin_tasks: a room deletion left 'active' by a process that stopped
+    mid-way (written here as such a process leaves it) is run again when the server starts, and
+    its status is then served as for any other task."""
+    client = tributary.client
+    judy = await client.register_ok("judy")
+    room_id = (await client.request("POST", "createRoom", {"name": "Half deleted"},
+                                    token=judy["access_token"])).body["room_id"]
+    dsn = yaml.safe_load(tributary.process.config_path.read_text())["database"]["url"]
+    params = {"by": "@root:x", "room_id": room_id, "options": {"block": False, "purge": True, "force_purge": False}}
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO admin_tasks (id, action, resource_id, params, status, timestamp_ms) "
+                    "VALUES ('left-active', 'shutdown_and_purge_room', %s, %s, 'active', %s)",
+                    (room_id, json.dumps(params), int(time.time() * 1000)))
+    conn.close()
+    assert tributary.process.stop() == 0, tributary.process.output[-3000:]
+    tributary.process.start()
+
+    status: dict[str, Any] = {}
+    for _ in range(200):
+        answer = await client.request("GET", admin_path("/v2/rooms/delete_status/left-active"), token=admin_token)
+        assert answer.status == 200, answer
+        status = dict(answer.body)
+        if status["status"] == "complete":
+            break
+        await pause()
+    assert status["status"] == "complete", status
+    assert status["shutdown_room"]["kicked_users"] == [judy["user_id"]]
+    gone = await client.request("GET", admin_path(f"/v1/rooms/{quote(room_id)}"), token=admin_token)
+    assert gone.status == 404
+    listed = await client.request("GET", admin_path("/v1/scheduled_tasks?action_name=shutdown_and_purge_room"),
+                                  token=admin_token)
+    assert [t["id"] for t in listed.body["scheduled_tasks"]][0] == "left-active", "newest first"
