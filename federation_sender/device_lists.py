@@ -95,8 +95,9 @@ def signing_key_update(row: SigningKeysRow) -> dict[str, Any] | None:
         key = _json_object(key_json)
         if field is None or key is None:
             continue
-        publics = [v for k, v in key.get("keys", {}).items() if isinstance(k, str) and k.startswith("ed25519:")] \
-            if isinstance(key.get("keys"), dict) else []
+        keys = key.get("keys")
+        # A signature's target is a key by its public part (the value of "ed25519:<public>").
+        publics = {v for k, v in keys.items() if str(k).startswith("ed25519:")} if isinstance(keys, dict) else set()
         _add_signatures(key, row.user_id, [(signing_key_id, signature) for target, signing_key_id, signature
                                            in row.signatures if target in publics])
         content[field] = key
