@@ -7,18 +7,25 @@ federation) and olm-encrypted to-device messages, and each decrypts the
 other's message. Sam then logs in on a second device: Synapse's
 ``m.device_list_update`` reaches Tributary, Tom's ``/sync`` names Sam in
 ``device_lists.changed``, and the second device decrypts Tom's next message.
-A verification request (a to-device message) from Tom reaches it too.
+A verification request (a to-device message) from Tom reaches it too. Last, Tom sets up
+cross-signing, then replaces his master key: Sam's ``/keys/query`` on Synapse, which answers a
+user whose device list it tracks from its own cache, shows the new key only because
+Tributary's ``m.signing_key_update`` reached it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import nio
 from nio import responses
+
+from tests.integration.test_client_e2e import cross_signing_keys
 
 ENCRYPTION = {"type": "m.room.encryption", "state_key": "", "content": {"algorithm": "m.megolm.v1.aes-sha2"}}
 FILTER = {"room": {"timeline": {"limit": 50}}}
@@ -69,6 +76,40 @@ async def _send(c: nio.AsyncClient, room_id: str, body: str) -> None:
     sent = await c.room_send(room_id, "m.room.message", {"msgtype": "m.text", "body": body},
                              ignore_unverified_devices=True)
     assert isinstance(sent, responses.RoomSendResponse), sent
+
+
+async def _call(c: nio.AsyncClient, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    response = await c.send(method, f"/_matrix/client/v3/{path}", json.dumps(body),
+                            headers={"Authorization": f"Bearer {c.access_token}", "Content-Type": "application/json"})
+    return response.status, await response.json()
+
+
+async def _upload_cross_signing(c: nio.AsyncClient, password: str) -> dict[str, Any]:
+    """New master, self-signing and user-signing keys for ``c``'s user; the password when asked
+    (a replacement). Returns the master key."""
+    keys, _ = cross_signing_keys(c.user_id)
+    body: dict[str, Any] = {"master_key": keys["master"], "self_signing_key": keys["self_signing"],
+                            "user_signing_key": keys["user_signing"]}
+    status, answer = await _call(c, "POST", "keys/device_signing/upload", body)
+    if status == 401:
+        body["auth"] = {"type": "m.login.password", "identifier": {"type": "m.id.user", "user": c.user_id},
+                        "password": password, "session": answer["session"]}
+        status, answer = await _call(c, "POST", "keys/device_signing/upload", body)
+    assert status == 200, (status, answer)
+    return keys["master"]
+
+
+async def _master_key_seen(c: nio.AsyncClient, user_id: str, master: dict[str, Any], *, seconds: float = 30) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    answer: Any = None
+    while loop.time() < deadline:
+        status, answer = await _call(c, "POST", "keys/query", {"device_keys": {user_id: []}})
+        assert status == 200, (status, answer)
+        if answer.get("master_keys", {}).get(user_id, {}).get("keys") == master["keys"]:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{c.user_id}'s key query never showed {user_id}'s master key {master['keys']}: {answer}")
 
 
 async def encrypted_dm(step: Step, *, synapse_url: str, tributary_url: str, sam: tuple[str, str],
@@ -124,6 +165,13 @@ async def encrypted_dm(step: Step, *, synapse_url: str, tributary_url: str, sam:
             await _sync_until(sam2, lambda r: any(
                 e.source.get("content", {}).get("transaction_id") == "interop-verify" for e in r.to_device_events),
                 "got the verification request")
+        with step("cross-signing: the Tributary user's master key shows in the Synapse user's key query"):
+            first = await _upload_cross_signing(tom1, tom[1])
+            await _master_key_seen(sam1, tom_id, first)
+        with step("cross-signing: a replaced master key reaches Synapse (m.signing_key_update)"):
+            second = await _upload_cross_signing(tom1, tom[1])
+            assert second["keys"] != first["keys"]
+            await _master_key_seen(sam1, tom_id, second)
     finally:
         for c in (tom1, sam1, sam2):
             await c.close()
