@@ -2,7 +2,7 @@
 
 Runs in one process of a deployment: the ``appservice`` worker when the config has one, else
 the main process. It follows the events stream (new events wake every service's link), the
-typing and receipts streams (ephemeral events, for services with ``receive_ephemeral``) and
+typing, receipts and presence streams (ephemeral events, for services with ``receive_ephemeral``) and
 the to_device stream (to-device messages for the users of services with
 ``org.matrix.msc2409.receive_to_device``, read above each service's own position), through the
 stream positions this process knows, locally or by replication. Each service's positions are in
@@ -46,7 +46,7 @@ async def start_appservice_sender(context: RoleContext) -> AppServiceSender:
     await sender.start()
     events.add_position_listener(lambda *_: sender.on_new_events())
     to_device.add_position_listener(lambda *_: sender.on_new_to_device())
-    followed = [context.streams[name] for name in ("typing", "receipts")]
+    followed = [context.streams[name] for name in ("typing", "receipts", "presence")]
     sender.follow_ephemeral(*(stream.get_current_token for stream in followed))
     for stream in followed:
         stream.add_position_listener(lambda *_: sender.on_new_ephemeral())

@@ -36,8 +36,9 @@ from homeserver.appservice.core import (
 )
 from homeserver.appservice.metrics import AppServiceMetrics
 from homeserver.appservice.registration import AppService, EventFacts, is_interested
+from homeserver.handlers.presence import presence_event
 from storage.kernel.background import run_in_background
-from storage.stores.appservice import AppServiceStore, Ephemeral
+from storage.stores.appservice import AppServiceStore, Ephemeral, PresenceChange
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +74,10 @@ class AppServiceSender:
         self._links: dict[str, ServiceLink] = {}
         self._timers: dict[str, Any] = {}
         self._stopped = False
-        # Ephemeral events: the typing and receipts positions followed, and how far they are read.
-        self._ephemeral_streams: tuple[Callable[[], int], Callable[[], int]] | None = None
-        self._ephemeral_at = (0, 0)
+        # Ephemeral events: the typing, receipts and presence positions followed, and how far
+        # they are read.
+        self._ephemeral_streams: tuple[Callable[[], int], Callable[[], int], Callable[[], int]] | None = None
+        self._ephemeral_at = (0, 0, 0)
         self._ephemeral_dirty = False
         self._ephemeral_reading = False
 
@@ -114,11 +116,12 @@ class AppServiceSender:
         for link in self._links.values():
             self._dispatch(link, link.on_to_device(self._now()))
 
-    def follow_ephemeral(self, typing: Callable[[], int], receipts: Callable[[], int]) -> None:
-        """Start following the typing and receipts streams (their positions now), for the
-        services with ``receive_ephemeral``; call ``on_new_ephemeral`` when either moves."""
-        self._ephemeral_streams = (typing, receipts)
-        self._ephemeral_at = (typing(), receipts())
+    def follow_ephemeral(self, typing: Callable[[], int], receipts: Callable[[], int],
+                         presence: Callable[[], int]) -> None:
+        """Start following the typing, receipts and presence streams (their positions now), for
+        the services with ``receive_ephemeral``; call ``on_new_ephemeral`` when one moves."""
+        self._ephemeral_streams = (typing, receipts, presence)
+        self._ephemeral_at = (typing(), receipts(), presence())
 
     def on_new_ephemeral(self) -> None:
         wanted = any(s.receive_ephemeral for s in self._services.values())
@@ -135,12 +138,15 @@ class AppServiceSender:
         try:
             while self._ephemeral_dirty and not self._stopped:
                 self._ephemeral_dirty = False
-                upto = (self._ephemeral_streams[0](), self._ephemeral_streams[1]())
+                upto = (self._ephemeral_streams[0](), self._ephemeral_streams[1](), self._ephemeral_streams[2]())
                 after = self._ephemeral_at
                 items = await self._store.ephemeral((after[0], upto[0]), (after[1], upto[1]))
+                presence = await self._store.presence(after[2], upto[2]) if upto[2] > after[2] else []
                 self._ephemeral_at = upto
                 if items:
                     await self._hand_out_ephemeral(items)
+                if presence:
+                    await self._hand_out_presence(presence)
         finally:
             self._ephemeral_reading = False
 
@@ -157,6 +163,23 @@ class AppServiceSender:
             ]
             if wanted:
                 self._dispatch(link, link.on_ephemeral(wanted, self._now()))
+
+    async def _hand_out_presence(self, changes: Sequence[PresenceChange]) -> None:
+        """``m.presence`` of a user in a service's namespace, or sharing a room with one of its
+        users (what Synapse pushes: the presence its users could see)."""
+        wanting = {sid: link for sid, link in self._links.items() if self._services[sid].receive_ephemeral}
+        if not wanting:
+            return
+        facts = await self._store.room_facts({room for change in changes for room in change.rooms})
+        now = self._now()
+        for service_id, link in wanting.items():
+            service = self._services[service_id]
+            wanted = [presence_event(change.presence, now) for change in changes
+                      if service.is_interested_in_user(change.presence.user_id)
+                      or any(service.is_interested_in_user(member) for room in change.rooms
+                             for member in facts[room].members)]
+            if wanted:
+                self._dispatch(link, link.on_ephemeral(wanted, now))
 
     def stop(self) -> None:
         self._stopped = True
@@ -266,3 +289,4 @@ class AppServiceSender:
         rows, covered, more = await self._store.read_to_device(after, end, limit)
         return [{**message, "to_user_id": user_id, "to_device_id": device_id}
                 for user_id, device_id, message in rows if service.may_act_as(user_id)], covered, more
+

@@ -107,20 +107,20 @@ class PresenceHandler:
         sharing a room with them."""
         rows = await self._store.get_presence_changes(user_id, after, upto)
         now = self._clock_ms()
-        return [_presence_event(row, now) for row in rows]
+        return [presence_event(row, now) for row in rows]
 
     async def room_presence_for_stream(self, room_id: str, after: int, upto: int) -> list[dict[str, Any]]:
         """``m.presence`` events of the members joined to ``room_id`` whose presence changed in
         (after, upto]: the older ``/events?room_id=`` (peeking)."""
         rows = await self._store.get_room_presence_changes(room_id, after, upto)
         now = self._clock_ms()
-        return [_presence_event(row, now) for row in rows]
+        return [presence_event(row, now) for row in rows]
 
     async def presence_events(self, user_ids: Iterable[str]) -> list[dict[str, Any]]:
         """The current ``m.presence`` event of each of ``user_ids`` whose presence is known
         (the older ``/rooms/{roomId}/initialSync``: the room's members)."""
         now = self._clock_ms()
-        return [_presence_event(row, now) for row in await self._store.get_presences(set(user_ids))]
+        return [presence_event(row, now) for row in await self._store.get_presences(set(user_ids))]
 
     async def get_status(self, requester: Requester, user_id: str) -> dict[str, Any]:
         """``GET /presence/{userId}/status``: visible to the user and to those sharing a joined
@@ -218,5 +218,5 @@ def _presence_content(row: PresenceRow, now_ms: int) -> dict[str, Any]:
     return content
 
 
-def _presence_event(row: PresenceRow, now_ms: int) -> dict[str, Any]:
+def presence_event(row: PresenceRow, now_ms: int) -> dict[str, Any]:
     return {"type": "m.presence", "sender": row.user_id, "content": _presence_content(row, now_ms)}

@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from storage.database import Database, Transaction
+from storage.stores.presence import PresenceRow
 
 
 @attrs.frozen
@@ -55,6 +56,14 @@ class Ephemeral:
 
     room_id: str
     event: dict[str, Any]
+
+
+@attrs.frozen
+class PresenceChange:
+    """A user's presence as it stands after a change, and the rooms the user is joined to."""
+
+    presence: PresenceRow
+    rooms: tuple[str, ...]
 
 
 @attrs.frozen
@@ -187,6 +196,19 @@ def _ephemeral_txn(txn: Transaction, typing: tuple[int, int], receipts: tuple[in
     return out
 
 
+def _presence_txn(txn: Transaction, after: int, upto: int) -> list[PresenceChange]:
+    # presence_stream holds each user's newest state only: a row above ``after`` is a change.
+    txn.execute(
+        "SELECT p.user_id, p.state, p.status_msg, p.last_active_ts, p.currently_active, "
+        "ARRAY(SELECT c.room_id FROM current_state_events c WHERE c.type = 'm.room.member' "
+        "      AND c.state_key = p.user_id AND c.membership = 'join') "
+        "FROM presence_stream p WHERE p.stream_id > %s AND p.stream_id <= %s ORDER BY p.stream_id",
+        (after, upto),
+    )
+    return [PresenceChange(PresenceRow(str(r[0]), str(r[1]), r[2], int(r[3]), bool(r[4])), tuple(r[5] or ()))
+            for r in txn.fetchall()]
+
+
 def _read_to_device_txn(txn: Transaction, after: int, upto: int,
                         limit: int) -> tuple[list[tuple[str, str, dict[str, Any]]], int, bool]:
     # Whole stream positions only (one /sendToDevice is one position for many devices).
@@ -244,6 +266,10 @@ class AppServiceStore:
     async def ephemeral(self, typing: tuple[int, int], receipts: tuple[int, int]) -> list[Ephemeral]:
         """Typing sets (the newest per room) and receipts written in the (after, upto] ranges."""
         return await self._db.run_interaction("appservice_ephemeral", _ephemeral_txn, typing, receipts)
+
+    async def presence(self, after: int, upto: int) -> list[PresenceChange]:
+        """The users whose presence changed in (after, upto], as it stands now."""
+        return await self._db.run_interaction("appservice_presence", _presence_txn, after, upto)
 
     async def read_to_device(self, after: int, upto: int,
                              limit: int) -> tuple[list[tuple[str, str, dict[str, Any]]], int, bool]:

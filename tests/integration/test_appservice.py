@@ -258,6 +258,18 @@ async def test_a_bridge_acts_in_its_namespace_and_gets_every_event_once_in_order
         assert typing["room_id"] == room_id and typing["content"]["user_ids"] == [alice_id]
         receipt = next(e for e in service.ephemeral if e["type"] == "m.receipt")
         assert alice_id in receipt["content"][sent[-1]]["m.read"]
+        # Presence of a user sharing a room with the bridge's users (receive_ephemeral too), not
+        # of one who shares none (set first, so that it would have arrived by then).
+        zed = (await client.register_ok("zed"))["access_token"]
+        await ok(client, "PUT", f"presence/{quote('@zed:' + SERVER_NAME)}/status", {"presence": "online"}, token=zed)
+        await ok(client, "PUT", f"presence/{quote(alice_id)}/status", {"presence": "unavailable",
+                                                                       "status_msg": "away from IRC"}, token=alice)
+        await wait_for(lambda: any(e["type"] == "m.presence" for e in service.ephemeral), "presence")
+        presence = [e for e in service.ephemeral if e["type"] == "m.presence"]
+        assert {e["sender"] for e in presence} == {alice_id}, presence
+        assert presence[-1]["sender"] == alice_id
+        assert presence[-1]["content"]["presence"] == "unavailable"
+        assert presence[-1]["content"]["status_msg"] == "away from IRC"
 
         # --- to-device messages for its users' devices (receive_to_device) ---------------------
         device = (await ok(client, "POST", "login", {"type": "m.login.application_service", "identifier": {
