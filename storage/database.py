@@ -8,6 +8,10 @@ registered with ``txn.call_after`` on the reactor thread once the transaction
 has committed. This module knows nothing of any table: the SQL lives in the
 stores.
 
+Connections are in autocommit mode and transactions are begun by hand: ``BEGIN``
+goes in front of a transaction's first statement, not in a round trip of its
+own (as psycopg2 would send it), and ``COMMIT`` ends it.
+
 Statements of the hot paths are ``Prepared``: each connection parses and plans
 them once (``PREPARE``) and then sends ``EXECUTE name (values)``, which the
 server neither parses nor plans again.
@@ -23,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import attrs
 import psycopg2
@@ -142,6 +146,13 @@ class Prepared(str):
         return self
 
 
+# Sent in front of a transaction's first statement (the isolation level named, whatever the
+# server's default_transaction_isolation says).
+_BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED;\n"
+_BEGIN_BYTES: Final = _BEGIN.encode()
+_IDLE: Final = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+
+
 class Transaction:
     """One database transaction, handed to interaction functions.
 
@@ -150,16 +161,29 @@ class Transaction:
     are registered with ``call_after``.
     """
 
-    __slots__ = ("name", "_cursor", "_after_callbacks", "_exception_callbacks", "_prepared")
+    __slots__ = ("name", "_cursor", "_after_callbacks", "_exception_callbacks", "_prepared", "_begins")
 
-    def __init__(self, name: str, cursor: psycopg2.extensions.cursor, prepared: set[str] | None = None) -> None:
+    def __init__(
+        self, name: str, cursor: psycopg2.extensions.cursor, prepared: set[str] | None = None, *, begins: bool = False
+    ) -> None:
         """``prepared``: the names of the ``Prepared`` statements the cursor's connection has
-        prepared, kept with the connection (None: run them as plain SQL)."""
+        prepared, kept with the connection (None: run them as plain SQL). ``begins``: the
+        connection is in autocommit mode and this object begins the transaction, in front of
+        the first statement it sends while the connection is idle; the caller commits."""
         self.name = name
         self._cursor = cursor
         self._after_callbacks: list[tuple[Callable[..., object], tuple[object, ...]]] = []
         self._exception_callbacks: list[tuple[Callable[..., object], tuple[object, ...]]] = []
         self._prepared = prepared
+        self._begins = begins
+
+    def _must_begin(self) -> bool:
+        return self._begins and self._cursor.connection.get_transaction_status() == _IDLE
+
+    def _begin_alone(self) -> None:
+        """BEGIN in a round trip of its own, before a statement it cannot be put in front of."""
+        if self._must_begin():
+            self._cursor.execute(_BEGIN)
 
     def _sql(self, sql: str) -> str:
         """What to send for ``sql``: ``EXECUTE`` for a ``Prepared`` statement (preparing it on this
@@ -174,7 +198,11 @@ class Transaction:
         return sql.execute_sql
 
     def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
-        self._cursor.execute(self._sql(sql), params)
+        text = self._sql(sql)
+        if self._must_begin():
+            # %-free, so it can go in front of a statement whose parameters are bound by psycopg2
+            text = _BEGIN + text
+        self._cursor.execute(text, params)
 
     def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]]) -> None:
         """Run several statements in one round trip, in order.
@@ -186,10 +214,12 @@ class Transaction:
         cursor = self._cursor
         parts = [cursor.mogrify(self._sql(sql), params) for sql, params in statements]
         if parts:
-            cursor.execute(b";\n".join(parts))
+            joined = b";\n".join(parts)
+            cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
 
     def execute_values(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 1000) -> None:
         """Insert many rows in few round trips; ``sql`` has one ``VALUES %s``."""
+        self._begin_alone()
         psycopg2.extras.execute_values(self._cursor, sql, rows, page_size=page_size)
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
@@ -199,9 +229,11 @@ class Transaction:
         CONFLICT: the caller leaves out rows that exist."""
         text = "".join("\t".join(_copy_value(v) for v in row) + "\n" for row in rows)
         if text:
+            self._begin_alone()
             self._cursor.copy_expert(f"COPY {table} ({', '.join(columns)}) FROM STDIN", io.StringIO(text))
 
     def execute_batch(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 100) -> None:
+        self._begin_alone()
         psycopg2.extras.execute_batch(self._cursor, sql, rows, page_size=page_size)
 
     def fetchone(self) -> tuple[Any, ...] | None:
@@ -238,7 +270,7 @@ class DeferredStatements(Transaction):
     __slots__ = ("_pending",)
 
     def __init__(self, txn: Transaction) -> None:
-        super().__init__(txn.name, txn._cursor, txn._prepared)
+        super().__init__(txn.name, txn._cursor, txn._prepared, begins=txn._begins)
         self._after_callbacks = txn._after_callbacks
         self._exception_callbacks = txn._exception_callbacks
         self._pending: list[bytes] = []
@@ -247,7 +279,7 @@ class DeferredStatements(Transaction):
         if self._pending:
             joined = b";\n".join(self._pending)
             self._pending.clear()
-            self._cursor.execute(joined)
+            self._cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
 
     def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]]) -> None:
         cursor = self._cursor
@@ -404,7 +436,7 @@ class Database:
             conn = psycopg2.connect(self._dsn, application_name=self._application_name)
         except psycopg2.OperationalError as e:
             raise DatabaseError(f"cannot connect to the database: {str(e).strip()}") from e
-        conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_READ_COMMITTED, autocommit=False)
+        conn.autocommit = True  # transactions are begun by hand (module docstring)
         self._local.conn = conn
         self._local.prepared = set()
         with self._connections_lock:
@@ -466,12 +498,13 @@ class Database:
             txn: Transaction | None = None
             try:
                 with conn.cursor() as cursor:
-                    txn = Transaction(name, cursor, self._local.prepared)
+                    txn = Transaction(name, cursor, self._local.prepared, begins=True)
                     result = func(txn, *args, **kwargs)
-                conn.commit()
+                    if conn.get_transaction_status() != _IDLE:
+                        cursor.execute("COMMIT")
                 return _Outcome(result, tuple(txn._after_callbacks))
             except _RETRYABLE as e:
-                conn.rollback()
+                self._rollback(conn)
                 if attempt > MAX_RETRIES:
                     self._schedule_exception_callbacks(txn)
                     raise
@@ -488,7 +521,7 @@ class Database:
                 logger.warning("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
             except BaseException:
                 try:
-                    conn.rollback()
+                    self._rollback(conn)
                 except psycopg2.Error:
                     self._drop_connection(conn)
                 self._schedule_exception_callbacks(txn)
@@ -502,7 +535,6 @@ class Database:
         kwargs: dict[str, object],
     ) -> _Outcome:
         conn = self._connection()
-        conn.autocommit = True
         try:
             with conn.cursor() as cursor:
                 txn = Transaction(name, cursor, self._local.prepared)
@@ -510,9 +542,13 @@ class Database:
         except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
             self._drop_connection(conn)
             raise DatabaseError(f"database connection lost during {name}: {str(e).strip()}") from e
-        finally:
-            if not conn.closed:
-                conn.autocommit = False
+
+    @staticmethod
+    def _rollback(conn: psycopg2.extensions.connection) -> None:
+        """End the transaction begun by hand, if any (a statement failed, or the function raised)."""
+        if not conn.closed and conn.get_transaction_status() != _IDLE:
+            with conn.cursor() as cursor:
+                cursor.execute("ROLLBACK")
 
     def _schedule_exception_callbacks(self, txn: Transaction | None) -> None:
         if txn is None:
