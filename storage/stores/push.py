@@ -36,11 +36,13 @@ class PushAction:
 class PushContextRow:
     """What evaluating a room's event needs: its joined member count, its power levels (JSON
     text of the event, or None), and per local recipient their room display name and stored
-    ``m.push_rules`` (JSON text, or None)."""
+    ``m.push_rules`` (JSON text, or None). ``http_pushers``: the recipients with an ``http``
+    pusher (read in the same statement, so the persister need not ask ``any_http_pusher_txn``)."""
 
     member_count: int
     power_levels_json: str | None
     recipients: dict[str, tuple[str | None, str | None]]
+    http_pushers: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -127,13 +129,15 @@ _PUSH_CONTEXT: Final = Prepared("""
         WHERE substring(j.user_id FROM position(':' IN j.user_id) + 1) = %s
         UNION ALL SELECT u, NULL FROM unnest(%s::text[]) AS x(u)
     )
-    SELECT 'count', NULL, NULL, (SELECT count(*) FROM joined)::text
+    SELECT 'count', NULL, NULL, (SELECT count(*) FROM joined)::text, FALSE
     UNION ALL
     SELECT 'levels', NULL, NULL, (
         SELECT e.json FROM current_state_events c JOIN events e ON e.event_id = c.event_id
-        WHERE c.room_id = %s AND c.type = 'm.room.power_levels' AND c.state_key = '')
+        WHERE c.room_id = %s AND c.type = 'm.room.power_levels' AND c.state_key = ''), FALSE
     UNION ALL
-    SELECT 'user', l.user_id, l.display_name, a.content FROM locals l
+    SELECT 'user', l.user_id, l.display_name, a.content,
+           l.user_id IN (SELECT p.user_id FROM pushers p WHERE p.kind = 'http')
+    FROM locals l
     LEFT JOIN account_data a ON a.user_id = l.user_id AND a.room_id IS NULL
          AND a.account_data_type = 'm.push_rules'
     """)
@@ -148,7 +152,8 @@ def get_push_context_txn(txn: Transaction, room_id: str, server_name: str,
     txn.execute(_PUSH_CONTEXT, (room_id, server_name, sorted(extra_users), room_id))
     count, levels = 0, None
     recipients: dict[str, tuple[str | None, str | None]] = {}
-    for kind, user_id, display_name, value in txn.fetchall():
+    pushers: set[str] = set()
+    for kind, user_id, display_name, value, has_pusher in txn.fetchall():
         if kind == "count":
             count = int(value)
         elif kind == "levels":
@@ -157,7 +162,9 @@ def get_push_context_txn(txn: Transaction, room_id: str, server_name: str,
             known = recipients.get(str(user_id))
             name = display_name if display_name is not None else (known[0] if known else None)
             recipients[str(user_id)] = (None if name is None else str(name), None if value is None else str(value))
-    return PushContextRow(count, levels, recipients)
+            if has_pusher:
+                pushers.add(str(user_id))
+    return PushContextRow(count, levels, recipients, frozenset(pushers))
 
 
 # The user's notifications in the rooms that are not yet read, as the spec's threaded read
