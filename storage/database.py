@@ -7,18 +7,27 @@ after a lost connection, times every transaction by name, and runs callbacks
 registered with ``txn.call_after`` on the reactor thread once the transaction
 has committed. This module knows nothing of any table: the SQL lives in the
 stores.
+
+Connections are in autocommit mode and transactions are begun by hand: ``BEGIN``
+goes in front of a transaction's first statement, not in a round trip of its
+own (as psycopg2 would send it), and ``COMMIT`` ends it.
+
+Statements of the hot paths are ``Prepared``: each connection parses and plans
+them once (``PREPARE``) and then sends ``EXECUTE name (values)``, which the
+server neither parses nor plans again.
 """
 
 # tests: tests/integration/test_database.py
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import attrs
 import psycopg2
@@ -109,6 +118,41 @@ def _copy_value(value: object) -> str:
     raise TypeError(f"copy_rows takes None, bool, int or str values, not {type(value).__name__}")
 
 
+class Prepared(str):
+    """SQL (with ``%s`` placeholders) that a connection prepares the first time it runs it and
+    runs with ``EXECUTE`` from then on, skipping PostgreSQL's parse, analysis and planning (most
+    of the server's CPU for the short statements of a send).
+
+    It is still the SQL text itself, so whatever does not know of preparation runs it as it is.
+    The text is prepared as written, with ``$n`` for its placeholders: a placeholder whose type
+    its context does not fix (a bare ``%s`` in a SELECT list put in a non-text column, say)
+    needs a cast, or PREPARE takes it for text.
+    """
+
+    name: str
+    server_sql: str
+    execute_sql: str
+
+    def __new__(cls, sql: str) -> Prepared:
+        self = super().__new__(cls, sql)
+        parts = sql.replace("%%", "\x00").split("%s")
+        if any("%" in part for part in parts):
+            raise ValueError(f"prepared SQL takes only %s placeholders: {sql[:200]!r}")
+        count = len(parts) - 1
+        numbered = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], start=1))
+        self.name = "tq_" + hashlib.sha1(sql.encode()).hexdigest()[:20]
+        self.server_sql = numbered.replace("\x00", "%")
+        self.execute_sql = f"EXECUTE {self.name}" + (f" ({', '.join(['%s'] * count)})" if count else "")
+        return self
+
+
+# Sent in front of a transaction's first statement (the isolation level named, whatever the
+# server's default_transaction_isolation says).
+_BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED;\n"
+_BEGIN_BYTES: Final = _BEGIN.encode()
+_IDLE: Final = psycopg2.extensions.TRANSACTION_STATUS_IDLE
+
+
 class Transaction:
     """One database transaction, handed to interaction functions.
 
@@ -117,16 +161,48 @@ class Transaction:
     are registered with ``call_after``.
     """
 
-    __slots__ = ("name", "_cursor", "_after_callbacks", "_exception_callbacks")
+    __slots__ = ("name", "_cursor", "_after_callbacks", "_exception_callbacks", "_prepared", "_begins")
 
-    def __init__(self, name: str, cursor: psycopg2.extensions.cursor) -> None:
+    def __init__(
+        self, name: str, cursor: psycopg2.extensions.cursor, prepared: set[str] | None = None, *, begins: bool = False
+    ) -> None:
+        """``prepared``: the names of the ``Prepared`` statements the cursor's connection has
+        prepared, kept with the connection (None: run them as plain SQL). ``begins``: the
+        connection is in autocommit mode and this object begins the transaction, in front of
+        the first statement it sends while the connection is idle; the caller commits."""
         self.name = name
         self._cursor = cursor
         self._after_callbacks: list[tuple[Callable[..., object], tuple[object, ...]]] = []
         self._exception_callbacks: list[tuple[Callable[..., object], tuple[object, ...]]] = []
+        self._prepared = prepared
+        self._begins = begins
+
+    def _must_begin(self) -> bool:
+        return self._begins and self._cursor.connection.get_transaction_status() == _IDLE
+
+    def _begin_alone(self) -> None:
+        """BEGIN in a round trip of its own, before a statement it cannot be put in front of."""
+        if self._must_begin():
+            self._cursor.execute(_BEGIN)
+
+    def _sql(self, sql: str) -> str:
+        """What to send for ``sql``: ``EXECUTE`` for a ``Prepared`` statement (preparing it on this
+        connection first, in a round trip of its own, once), else ``sql`` itself. PREPARE outlives
+        a rollback; a statement is noted as prepared only once PREPARE succeeded."""
+        prepared = self._prepared
+        if prepared is None or not isinstance(sql, Prepared):
+            return sql
+        if sql.name not in prepared:
+            self._cursor.execute(f"PREPARE {sql.name} AS {sql.server_sql}")
+            prepared.add(sql.name)
+        return sql.execute_sql
 
     def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
-        self._cursor.execute(sql, params)
+        text = self._sql(sql)
+        if self._must_begin():
+            # %-free, so it can go in front of a statement whose parameters are bound by psycopg2
+            text = _BEGIN + text
+        self._cursor.execute(text, params)
 
     def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]]) -> None:
         """Run several statements in one round trip, in order.
@@ -136,12 +212,14 @@ class Transaction:
         of them fails the call (and the transaction).
         """
         cursor = self._cursor
-        parts = [cursor.mogrify(sql, params) for sql, params in statements]
+        parts = [cursor.mogrify(self._sql(sql), params) for sql, params in statements]
         if parts:
-            cursor.execute(b";\n".join(parts))
+            joined = b";\n".join(parts)
+            cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
 
     def execute_values(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 1000) -> None:
         """Insert many rows in few round trips; ``sql`` has one ``VALUES %s``."""
+        self._begin_alone()
         psycopg2.extras.execute_values(self._cursor, sql, rows, page_size=page_size)
 
     def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
@@ -151,9 +229,11 @@ class Transaction:
         CONFLICT: the caller leaves out rows that exist."""
         text = "".join("\t".join(_copy_value(v) for v in row) + "\n" for row in rows)
         if text:
+            self._begin_alone()
             self._cursor.copy_expert(f"COPY {table} ({', '.join(columns)}) FROM STDIN", io.StringIO(text))
 
     def execute_batch(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 100) -> None:
+        self._begin_alone()
         psycopg2.extras.execute_batch(self._cursor, sql, rows, page_size=page_size)
 
     def fetchone(self) -> tuple[Any, ...] | None:
@@ -190,7 +270,7 @@ class DeferredStatements(Transaction):
     __slots__ = ("_pending",)
 
     def __init__(self, txn: Transaction) -> None:
-        super().__init__(txn.name, txn._cursor)
+        super().__init__(txn.name, txn._cursor, txn._prepared, begins=txn._begins)
         self._after_callbacks = txn._after_callbacks
         self._exception_callbacks = txn._exception_callbacks
         self._pending: list[bytes] = []
@@ -199,11 +279,11 @@ class DeferredStatements(Transaction):
         if self._pending:
             joined = b";\n".join(self._pending)
             self._pending.clear()
-            self._cursor.execute(joined)
+            self._cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
 
     def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]]) -> None:
         cursor = self._cursor
-        self._pending.extend(cursor.mogrify(sql, params) for sql, params in statements)
+        self._pending.extend(cursor.mogrify(self._sql(sql), params) for sql, params in statements)
 
     def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
         self.flush()
@@ -356,8 +436,9 @@ class Database:
             conn = psycopg2.connect(self._dsn, application_name=self._application_name)
         except psycopg2.OperationalError as e:
             raise DatabaseError(f"cannot connect to the database: {str(e).strip()}") from e
-        conn.set_session(isolation_level=psycopg2.extensions.ISOLATION_LEVEL_READ_COMMITTED, autocommit=False)
+        conn.autocommit = True  # transactions are begun by hand (module docstring)
         self._local.conn = conn
+        self._local.prepared = set()
         with self._connections_lock:
             self._connections.append(conn)
         return conn
@@ -371,6 +452,7 @@ class Database:
         except psycopg2.Error:
             pass
         self._local.conn = None
+        self._local.prepared = set()
 
     def _run_on_thread(
         self,
@@ -416,12 +498,13 @@ class Database:
             txn: Transaction | None = None
             try:
                 with conn.cursor() as cursor:
-                    txn = Transaction(name, cursor)
+                    txn = Transaction(name, cursor, self._local.prepared, begins=True)
                     result = func(txn, *args, **kwargs)
-                conn.commit()
+                    if conn.get_transaction_status() != _IDLE:
+                        cursor.execute("COMMIT")
                 return _Outcome(result, tuple(txn._after_callbacks))
             except _RETRYABLE as e:
-                conn.rollback()
+                self._rollback(conn)
                 if attempt > MAX_RETRIES:
                     self._schedule_exception_callbacks(txn)
                     raise
@@ -438,7 +521,7 @@ class Database:
                 logger.warning("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
             except BaseException:
                 try:
-                    conn.rollback()
+                    self._rollback(conn)
                 except psycopg2.Error:
                     self._drop_connection(conn)
                 self._schedule_exception_callbacks(txn)
@@ -452,17 +535,20 @@ class Database:
         kwargs: dict[str, object],
     ) -> _Outcome:
         conn = self._connection()
-        conn.autocommit = True
         try:
             with conn.cursor() as cursor:
-                txn = Transaction(name, cursor)
+                txn = Transaction(name, cursor, self._local.prepared)
                 return _Outcome(func(txn, *args, **kwargs), tuple(txn._after_callbacks))
         except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
             self._drop_connection(conn)
             raise DatabaseError(f"database connection lost during {name}: {str(e).strip()}") from e
-        finally:
-            if not conn.closed:
-                conn.autocommit = False
+
+    @staticmethod
+    def _rollback(conn: psycopg2.extensions.connection) -> None:
+        """End the transaction begun by hand, if any (a statement failed, or the function raised)."""
+        if not conn.closed and conn.get_transaction_status() != _IDLE:
+            with conn.cursor() as cursor:
+                cursor.execute("ROLLBACK")
 
     def _schedule_exception_callbacks(self, txn: Transaction | None) -> None:
         if txn is None:

@@ -26,7 +26,6 @@ homeserver/handlers/push.py).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -402,7 +401,7 @@ class EventPersister:
         # Whether the event notifies anyone with a pusher: found by the transaction, noted after it.
         pushes = [False]
         if self._push is not None and not outlier and rejection_reason is None and not soft_failed:
-            push_actions = self._noting_pushes(self._push.actions_txn(event), pushes)
+            push_actions = self._noting_pushes(event, pushes)
         request = self._request(
             room_version,
             event,
@@ -498,18 +497,34 @@ class EventPersister:
 
         return allocate
 
-    def _noting_pushes(self, actions_txn: Callable[[Transaction], Sequence[PushAction]],
-                       pushes: list[bool]) -> Callable[[Transaction], Sequence[PushAction]]:
-        """``actions_txn``, also setting ``pushes[0]`` when a user it notifies has an ``http``
-        pusher (one more statement in the transaction, only when someone is notified, and only
-        when this process keeps notes for its own pushers' scan)."""
+    def _noting_pushes(self, event: FrozenEvent, pushes: list[bool]) -> Callable[[Transaction], Sequence[PushAction]]:
+        """The push actions of ``event`` (``PushActionsSource.actions_txn``), also setting ``pushes[0]``
+        when a user it notifies has an ``http`` pusher (only when this process keeps notes for its
+        own pushers' scan). The room's push read says who has one; were the room not read (a
+        push source reading it some other way), one more statement asks."""
+        assert self._push is not None
         if self._written is None:
             pushes[0] = True
-            return actions_txn
+            return self._push.actions_txn(event)
+        rooms: list[PushContextRow] = []
+
+        def read_room(txn: Transaction, room_id: str, server_name: str, extra: Collection[str]) -> PushContextRow:
+            row = get_push_context_txn(txn, room_id, server_name, extra)
+            rooms.append(row)
+            return row
+
+        actions_txn = self._push.actions_txn(event, read_room=read_room)
 
         def in_txn(txn: Transaction) -> Sequence[PushAction]:
+            rooms.clear()  # a retried transaction reads the room again
             actions = actions_txn(txn)
-            pushes[0] = bool(actions) and any_http_pusher_txn(txn, {a.user_id for a in actions})
+            notified = {a.user_id for a in actions}
+            if not notified:
+                pushes[0] = False
+            elif rooms:
+                pushes[0] = not notified.isdisjoint(rooms[-1].http_pushers)
+            else:
+                pushes[0] = any_http_pusher_txn(txn, notified)
             return actions
 
         return in_txn
@@ -550,7 +565,7 @@ class EventPersister:
             origin_server_ts=event.origin_server_ts,
             prev_event_ids=event.prev_event_ids,
             auth_event_ids=event.auth_event_ids,
-            pdu_json=json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
+            pdu_json=encode_compact(event.pdu),
             instance_name=self._instance_name,
             membership=membership,
             display_name=display_name if isinstance(display_name, str) else None,

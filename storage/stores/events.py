@@ -21,7 +21,7 @@ import attrs
 import psycopg2.errors
 
 from storage.caches import DictCache
-from storage.database import Database, DeferredStatements, Transaction
+from storage.database import Database, DeferredStatements, Prepared, Transaction
 from storage.stores.push import PushAction, push_actions_sql
 
 StateKey = tuple[str, str]
@@ -599,6 +599,47 @@ def store_state_group_txn(
     return group
 
 
+# The statements of an event's persist batch, prepared once per connection (``Prepared``).
+_INSERT_EVENT: Final = Prepared("""
+    INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender,
+                        depth, origin_server_ts, is_local, outlier, rejection_reason, json, destinations,
+                        soft_failed)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    """)
+_INSERT_EDGES: Final = Prepared(
+    "INSERT INTO event_edges (event_id, prev_event_id, room_id) "
+    "SELECT %s::text, unnest(%s::text[]), %s::text ON CONFLICT DO NOTHING")
+_INSERT_AUTH: Final = Prepared(
+    "INSERT INTO event_auth (event_id, auth_id, room_id) "
+    "SELECT %s::text, unnest(%s::text[]), %s::text ON CONFLICT DO NOTHING")
+_INSERT_TXN_ID: Final = Prepared(
+    "INSERT INTO event_txn_ids (access_token_id, txn_id, room_id, event_id, user_id, inserted_ts) "
+    "VALUES (%s, %s, %s, %s, %s, %s)")
+_INSERT_EVENT_STATE_GROUPS: Final = Prepared(
+    "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) VALUES (%s, %s, %s)")
+_INSERT_EXTREMITY: Final = Prepared("""
+    INSERT INTO event_forward_extremities (room_id, event_id)
+    SELECT %s::text, %s::text WHERE NOT EXISTS (SELECT 1 FROM event_edges WHERE prev_event_id = %s)
+    ON CONFLICT DO NOTHING
+    """)
+_INSERT_DESTINATIONS: Final = Prepared(
+    "INSERT INTO destinations (destination) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING")
+_UPSERT_DESTINATION_ROOMS: Final = Prepared("""
+    INSERT INTO destination_rooms (destination, room_id, stream_ordering)
+    SELECT unnest(%s::text[]), %s::text, %s::bigint
+    ON CONFLICT (destination, room_id) DO UPDATE SET stream_ordering = EXCLUDED.stream_ordering
+    WHERE destination_rooms.stream_ordering < EXCLUDED.stream_ordering
+    """)
+_DELETE_EXTREMITIES_COUNTING: Final = Prepared("""
+    WITH gone AS (
+        DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[]) RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM event_forward_extremities WHERE room_id = %s)
+    """)
+_DELETE_EXTREMITIES: Final = Prepared(
+    "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[])")
+
+
 def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[Transaction], int]) -> PersistResult:
     """Write the event; ``allocate(txn)`` reserves its stream ordering (only when it is new).
 
@@ -638,12 +679,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     else:
         # No ON CONFLICT: an event stored meanwhile fails the batch (EventAlreadyPersisted).
         batch.append((
-            """
-            INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender,
-                                depth, origin_server_ts, is_local, outlier, rejection_reason, json, destinations,
-                                soft_failed)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-            """,
+            _INSERT_EVENT,
             (
                 stream_ordering, r.instance_name, r.event_id, r.room_id, r.type, r.state_key, r.sender,
                 r.depth, r.origin_server_ts, r.is_local, r.outlier, r.rejection_reason, r.pdu_json,
@@ -652,14 +688,12 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
         ))
     if r.prev_event_ids:
         batch.append((
-            "INSERT INTO event_edges (event_id, prev_event_id, room_id) "
-            "SELECT %s, unnest(%s::text[]), %s ON CONFLICT DO NOTHING",
+            _INSERT_EDGES,
             (r.event_id, list(r.prev_event_ids), r.room_id),
         ))
     if r.auth_event_ids:
         batch.append((
-            "INSERT INTO event_auth (event_id, auth_id, room_id) "
-            "SELECT %s, unnest(%s::text[]), %s ON CONFLICT DO NOTHING",
+            _INSERT_AUTH,
             (r.event_id, list(r.auth_event_ids), r.room_id),
         ))
     if r.redacts is not None:
@@ -672,8 +706,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     if r.send_txn is not None:
         # No ON CONFLICT: a transaction ID already used fails the batch (DuplicateTxnId).
         batch.append((
-            "INSERT INTO event_txn_ids (access_token_id, txn_id, room_id, event_id, user_id, inserted_ts) "
-            "VALUES (%s, %s, %s, %s, %s, %s)",
+            _INSERT_TXN_ID,
             (r.send_txn.access_token_id, r.send_txn.txn_id, r.room_id, r.event_id, r.send_txn.user_id,
              r.send_txn.inserted_ts),
         ))
@@ -694,7 +727,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     else:
         after = before
     batch.append((
-        "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) VALUES (%s, %s, %s)",
+        _INSERT_EVENT_STATE_GROUPS,
         (r.event_id, before, after),
     ))
 
@@ -705,11 +738,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     moves_extremities = not r.backfilled and not r.soft_failed
     if moves_extremities:
         batch.append((
-            """
-            INSERT INTO event_forward_extremities (room_id, event_id)
-            SELECT %s, %s WHERE NOT EXISTS (SELECT 1 FROM event_edges WHERE prev_event_id = %s)
-            ON CONFLICT DO NOTHING
-            """,
+            _INSERT_EXTREMITY,
             (r.room_id, r.event_id, r.event_id),
         ))
 
@@ -738,33 +767,23 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
         if r.is_local and r.remote_servers:
             destinations = sorted(r.remote_servers)
             batch.append((
-                "INSERT INTO destinations (destination) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING",
+                _INSERT_DESTINATIONS,
                 (destinations,),
             ))
             batch.append((
-                """
-                INSERT INTO destination_rooms (destination, room_id, stream_ordering)
-                SELECT unnest(%s::text[]), %s, %s
-                ON CONFLICT (destination, room_id) DO UPDATE SET stream_ordering = EXCLUDED.stream_ordering
-                WHERE destination_rooms.stream_ordering < EXCLUDED.stream_ordering
-                """,
+                _UPSERT_DESTINATION_ROOMS,
                 (destinations, r.room_id, stream_ordering),
             ))
         if r.prev_event_ids and r.expected_extremity_count is not None:
             # Last in the batch, so its row is the one fetched: how many prev_events were
             # extremities, and how many extremities there were (this event's included).
             batch.append((
-                """
-                WITH gone AS (
-                    DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s) RETURNING 1
-                )
-                SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM event_forward_extremities WHERE room_id = %s)
-                """,
+                _DELETE_EXTREMITIES_COUNTING,
                 (r.room_id, list(r.prev_event_ids), r.room_id),
             ))
         elif r.prev_event_ids:
             batch.append((
-                "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s)",
+                _DELETE_EXTREMITIES,
                 (r.room_id, list(r.prev_event_ids)),
             ))
     _run_batch(txn, r, batch)

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import attrs
 
-from storage.database import Database, Transaction
+from storage.database import Database, Prepared, Transaction
 
 
 @attrs.frozen
@@ -36,11 +36,13 @@ class PushAction:
 class PushContextRow:
     """What evaluating a room's event needs: its joined member count, its power levels (JSON
     text of the event, or None), and per local recipient their room display name and stored
-    ``m.push_rules`` (JSON text, or None)."""
+    ``m.push_rules`` (JSON text, or None). ``http_pushers``: the recipients with an ``http``
+    pusher (read in the same statement, so the persister need not ask ``any_http_pusher_txn``)."""
 
     member_count: int
     power_levels_json: str | None
     recipients: dict[str, tuple[str | None, str | None]]
+    http_pushers: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -87,29 +89,58 @@ def _notification(r: Sequence[Any]) -> Notification:
     return Notification(str(r[0]), str(r[1]), str(r[2]), int(r[3]), bool(r[4]), str(r[5]), int(r[6]))
 
 
+_INSERT_PUSH_ACTIONS: Final = Prepared("""
+    INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering, highlight, actions, received_ts,
+                                    thread_id)
+    SELECT u, %s::text, %s::text, %s::bigint, h, a, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, t
+    FROM unnest(%s::text[], %s::boolean[], %s::text[], %s::text[]) AS x(u, h, a, t)
+    ON CONFLICT DO NOTHING
+    """)
+
+
 def push_actions_sql(room_id: str, event_id: str, stream_ordering: int,
                      actions: Sequence[PushAction]) -> tuple[str, Sequence[object]]:
     """The statement the event's persist transaction runs to record its notifications."""
     return (
-        """
-        INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering, highlight, actions, received_ts,
-                                        thread_id)
-        SELECT u, %s, %s, %s, h, a, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, t
-        FROM unnest(%s::text[], %s::boolean[], %s::text[], %s::text[]) AS x(u, h, a, t)
-        ON CONFLICT DO NOTHING
-        """,
+        _INSERT_PUSH_ACTIONS,
         (room_id, event_id, stream_ordering, [a.user_id for a in actions],
          [a.highlight for a in actions], [a.actions_json for a in actions], [a.thread_id for a in actions]),
     )
 
 
+_ANY_HTTP_PUSHER: Final = Prepared(
+    "SELECT EXISTS (SELECT 1 FROM pushers WHERE kind = 'http' AND user_id = ANY(%s::text[]))")
+
+
 def any_http_pusher_txn(txn: Transaction, user_ids: Collection[str]) -> bool:
     """Whether any of ``user_ids`` has an ``http`` pusher (a new event's persist transaction asks,
     for the users it notifies: ``storage/kernel/written_events.py``)."""
-    txn.execute("SELECT EXISTS (SELECT 1 FROM pushers WHERE kind = 'http' AND user_id = ANY(%s))",
-                (sorted(user_ids),))
+    txn.execute(_ANY_HTTP_PUSHER, (sorted(user_ids),))
     row = txn.fetchone()
     return bool(row and row[0])
+
+
+_PUSH_CONTEXT: Final = Prepared("""
+    WITH joined AS (
+        SELECT c.state_key AS user_id, c.event_id FROM current_state_events c
+        WHERE c.room_id = %s AND c.type = 'm.room.member' AND c.membership = 'join'
+    ), locals AS (
+        SELECT j.user_id, m.display_name FROM joined j LEFT JOIN room_memberships m ON m.event_id = j.event_id
+        WHERE substring(j.user_id FROM position(':' IN j.user_id) + 1) = %s
+        UNION ALL SELECT u, NULL FROM unnest(%s::text[]) AS x(u)
+    )
+    SELECT 'count', NULL, NULL, (SELECT count(*) FROM joined)::text, FALSE
+    UNION ALL
+    SELECT 'levels', NULL, NULL, (
+        SELECT e.json FROM current_state_events c JOIN events e ON e.event_id = c.event_id
+        WHERE c.room_id = %s AND c.type = 'm.room.power_levels' AND c.state_key = ''), FALSE
+    UNION ALL
+    SELECT 'user', l.user_id, l.display_name, a.content,
+           l.user_id IN (SELECT p.user_id FROM pushers p WHERE p.kind = 'http')
+    FROM locals l
+    LEFT JOIN account_data a ON a.user_id = l.user_id AND a.room_id IS NULL
+         AND a.account_data_type = 'm.push_rules'
+    """)
 
 
 def get_push_context_txn(txn: Transaction, room_id: str, server_name: str,
@@ -118,31 +149,11 @@ def get_push_context_txn(txn: Transaction, room_id: str, server_name: str,
     written): its joined member count, its power levels, and the local joined members (and
     ``extra_users``, e.g. a local invitee) with their display names and stored rules. One
     statement: one round trip on the hot path."""
-    txn.execute(
-        """
-        WITH joined AS (
-            SELECT c.state_key AS user_id, c.event_id FROM current_state_events c
-            WHERE c.room_id = %s AND c.type = 'm.room.member' AND c.membership = 'join'
-        ), locals AS (
-            SELECT j.user_id, m.display_name FROM joined j LEFT JOIN room_memberships m ON m.event_id = j.event_id
-            WHERE substring(j.user_id FROM position(':' IN j.user_id) + 1) = %s
-            UNION ALL SELECT u, NULL FROM unnest(%s::text[]) AS x(u)
-        )
-        SELECT 'count', NULL, NULL, (SELECT count(*) FROM joined)::text
-        UNION ALL
-        SELECT 'levels', NULL, NULL, (
-            SELECT e.json FROM current_state_events c JOIN events e ON e.event_id = c.event_id
-            WHERE c.room_id = %s AND c.type = 'm.room.power_levels' AND c.state_key = '')
-        UNION ALL
-        SELECT 'user', l.user_id, l.display_name, a.content FROM locals l
-        LEFT JOIN account_data a ON a.user_id = l.user_id AND a.room_id IS NULL
-             AND a.account_data_type = 'm.push_rules'
-        """,
-        (room_id, server_name, sorted(extra_users), room_id),
-    )
+    txn.execute(_PUSH_CONTEXT, (room_id, server_name, sorted(extra_users), room_id))
     count, levels = 0, None
     recipients: dict[str, tuple[str | None, str | None]] = {}
-    for kind, user_id, display_name, value in txn.fetchall():
+    pushers: set[str] = set()
+    for kind, user_id, display_name, value, has_pusher in txn.fetchall():
         if kind == "count":
             count = int(value)
         elif kind == "levels":
@@ -151,7 +162,9 @@ def get_push_context_txn(txn: Transaction, room_id: str, server_name: str,
             known = recipients.get(str(user_id))
             name = display_name if display_name is not None else (known[0] if known else None)
             recipients[str(user_id)] = (None if name is None else str(name), None if value is None else str(value))
-    return PushContextRow(count, levels, recipients)
+            if has_pusher:
+                pushers.add(str(user_id))
+    return PushContextRow(count, levels, recipients, frozenset(pushers))
 
 
 # The user's notifications in the rooms that are not yet read, as the spec's threaded read

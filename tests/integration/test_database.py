@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred, gatherResults
 
-from storage.database import Database, DatabaseError, Transaction
+from storage.database import Database, DatabaseError, Prepared, Transaction
 from storage.metrics import StorageMetrics
 from tests.twisted_plugin import reactor
 
@@ -184,3 +184,98 @@ async def test_autocommit_runs_statements_and_after_callbacks(database: Database
 
     assert await database.run_autocommit("work", work) == 1
     assert ran == ["after"]
+
+
+async def test_a_failing_statement_rolls_back_the_statements_before_it(database: Database) -> None:
+    """BEGIN goes in front of a transaction's first statement rather than in a round trip of its
+    own: the first statement is still inside the transaction, and the isolation level is named."""
+
+    def setup(txn: Transaction) -> None:
+        txn.execute("CREATE TABLE t (v INT)")
+
+    await database.run_interaction("setup", setup)
+
+    def insert_then_fail(txn: Transaction) -> None:
+        txn.execute_statements([("INSERT INTO t VALUES (%s)", (1,))])
+        txn.execute("INSERT INTO t VALUES (%s)", (2,))
+        txn.execute("SELECT 1 / 0")
+
+    with pytest.raises(psycopg2.errors.DivisionByZero):
+        await database.run_interaction("insert_then_fail", insert_then_fail)
+
+    def state(txn: Transaction) -> tuple[int, str, bool]:
+        txn.execute("SELECT count(*), current_setting('transaction_isolation'), "
+                    "now() < statement_timestamp() OR now() = statement_timestamp() FROM t")
+        row = txn.fetchone()
+        assert row is not None
+        return int(row[0]), str(row[1]), bool(row[2])
+
+    assert await database.run_interaction("state", state) == (0, "read committed", True)
+
+    def in_transaction(txn: Transaction) -> bool:
+        txn.execute_values("INSERT INTO t VALUES %s", [(3,), (4,)])
+        txn.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
+        row = txn.fetchone()
+        assert row is not None
+        return bool(row[0])
+
+    assert await database.run_interaction("in_transaction", in_transaction) is True
+
+
+def test_prepared_sql_numbers_its_placeholders() -> None:
+    sql = Prepared("SELECT %s::int, 'a%%' LIKE %s, %s")
+    assert sql == "SELECT %s::int, 'a%%' LIKE %s, %s"  # still the SQL itself
+    assert sql.server_sql == "SELECT $1::int, 'a%' LIKE $2, $3"
+    assert sql.execute_sql == f"EXECUTE {sql.name} (%s, %s, %s)"
+    assert Prepared("SELECT 1").execute_sql == f"EXECUTE {Prepared('SELECT 1').name}"
+    with pytest.raises(ValueError, match="only %s placeholders"):
+        Prepared("SELECT %(name)s")
+
+
+async def test_prepared_statements_survive_rollbacks_and_lost_connections(database: Database) -> None:
+    """A Prepared statement is prepared once per connection. PREPARE outlives the rollback of
+    the transaction it ran in, so a failed transaction must not make the next one prepare it
+    again; a new connection (the old one was lost) prepares it afresh."""
+    insert = Prepared("INSERT INTO t (v, label) SELECT %s::int, %s::text RETURNING v * 10")
+
+    def setup(txn: Transaction) -> None:
+        txn.execute("CREATE TABLE t (v INT PRIMARY KEY, label TEXT)")
+
+    await database.run_interaction("setup", setup)
+
+    def add(txn: Transaction, v: int, fail: bool) -> int:
+        txn.execute(insert, (v, f"label {v}"))
+        row = txn.fetchone()
+        assert row is not None
+        if fail:
+            raise ValueError("boom")
+        return int(row[0])
+
+    with pytest.raises(ValueError):
+        await database.run_interaction("add", add, 1, True)
+    for v in range(2, 30):  # more rounds than the pool has connections, each in a transaction
+        assert await database.run_interaction("add", add, v, False) == v * 10
+
+    def batch(txn: Transaction) -> int:
+        txn.execute_statements([(insert, (100, "x")), (insert, (101, "y"))])
+        row = txn.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert await database.run_interaction("batch", batch) == 1010
+
+    def lose_others(txn: Transaction) -> None:
+        txn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+    await database.run_interaction("lose_others", lose_others)
+    for v in range(200, 230):
+        assert await database.run_interaction("add", add, v, False) == v * 10
+
+    def rows(txn: Transaction) -> list[tuple[int, str]]:
+        txn.execute("SELECT v, label FROM t ORDER BY v")
+        return [(int(r[0]), str(r[1])) for r in txn.fetchall()]
+
+    stored = await database.run_interaction("rows", rows)
+    assert [v for v, _ in stored] == [*range(2, 30), 100, 101, *range(200, 230)]
+    assert stored[0] == (2, "label 2")
