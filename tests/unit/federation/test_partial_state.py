@@ -1,0 +1,65 @@
+"""The pure parts of partial-state joins: checking ``servers_in_room``, and what /sync hides."""
+
+# tests of: homeserver/federation/partial_state.py, homeserver/handlers/partial_state.py
+
+from __future__ import annotations
+
+import pytest
+
+from homeserver.federation.partial_state import MAX_SERVERS_IN_ROOM, BadPartialAnswer, parse_servers_in_room
+from homeserver.handlers.partial_state import sync_view
+from storage.room_tokens import RoomPosition
+from storage.stores.partial_state import PartialStateRow
+
+
+def test_servers_in_room_puts_the_answering_server_first_once_and_drops_our_own() -> None:
+    servers = parse_servers_in_room(["b.example", "a.example", "us.example", "b.example", "[::1]:8448"],
+                                    answered_by="a.example", own="us.example")
+    assert servers == ["a.example", "b.example", "[::1]:8448"]
+
+
+def test_an_empty_servers_in_room_still_names_the_answering_server() -> None:
+    assert parse_servers_in_room([], answered_by="a.example", own="us.example") == ["a.example"]
+
+
+@pytest.mark.parametrize("raw", [
+    None, "a.example", {"a.example": True}, 5,
+    ["a.example", 5], ["a.example", ""], ["not a server"], ["a.example/path"], ["x" * 300],
+    ["ok.example"] * (MAX_SERVERS_IN_ROOM + 1),
+])
+def test_servers_in_room_that_is_not_a_bounded_list_of_server_names_is_refused(raw: object) -> None:
+    with pytest.raises(BadPartialAnswer):
+        parse_servers_in_room(raw, answered_by="a.example", own="us.example")
+
+
+def _row(room_id: str, completed: tuple[str, int] | None) -> PartialStateRow:
+    return PartialStateRow(room_id, "$join", ("a.example",), 0, completed)
+
+
+def test_a_partial_room_is_hidden_from_a_client_not_lazy_loading_members_until_it_is_whole() -> None:
+    """!p is partial: hidden. !w was made whole at master position 15: hidden from a sync that
+    ends before 15, sent as newly joined by one from before 15 to after, unchanged for one
+    from after 15. A lazy-loading client sees every room as usual."""
+    rows = {"!p": _row("!p", None), "!w": _row("!w", ("master", 15))}
+    joined = {"!p", "!w", "!other"}
+    before = sync_view(rows, joined, lazy_members=False, since=RoomPosition.at(5), upto=RoomPosition.at(10))
+    assert before.hidden == {"!p", "!w"} and not before.newly_whole
+    across = sync_view(rows, joined, lazy_members=False, since=RoomPosition.at(10), upto=RoomPosition.at(20))
+    assert across.hidden == {"!p"} and across.newly_whole == {"!w"}
+    after = sync_view(rows, joined, lazy_members=False, since=RoomPosition.at(15), upto=RoomPosition.at(20))
+    assert after.hidden == {"!p"} and not after.newly_whole
+    initial = sync_view(rows, joined, lazy_members=False, since=None, upto=RoomPosition.at(20))
+    assert initial.hidden == {"!p"} and not initial.newly_whole
+    lazy = sync_view(rows, joined, lazy_members=True, since=RoomPosition.at(10), upto=RoomPosition.at(20))
+    assert not lazy.hidden and not lazy.newly_whole
+
+
+def test_sync_view_reads_the_completing_writers_own_position() -> None:
+    """Made whole by writer p2 at 30: covered only once p2's position reaches it, whatever
+    the other writers' positions are."""
+    rows = {"!w": _row("!w", ("p2", 30))}
+    since = RoomPosition.of(10, {"p2": 25})
+    upto = RoomPosition.of(10, {"p2": 31})
+    assert sync_view(rows, {"!w"}, lazy_members=False, since=since, upto=upto).newly_whole == {"!w"}
+    behind = RoomPosition.of(10, {"p1": 50, "p2": 29})
+    assert sync_view(rows, {"!w"}, lazy_members=False, since=since, upto=behind).hidden == {"!w"}
