@@ -46,7 +46,7 @@ from homeserver.events import (
 )
 from homeserver.events import constants as C
 from homeserver.events.canonical import thaw
-from homeserver.events.errors import AuthError, EventsError, InvalidEvent, SignatureError
+from homeserver.events.errors import AuthError, EventsError, InvalidEvent, MissingEventsError, SignatureError
 from homeserver.events.identifiers import is_valid_user_id, server_name_of
 from homeserver.events.restricted import (
     allowed_room_ids,
@@ -484,8 +484,16 @@ class MembershipHandler:
         joined_state = await self._check_join_state(room_version, room_id, server, response)
         checked = time.perf_counter()
         try:
-            await check_against_state(self._loader, room_version, join, joined_state.state, known=joined_state.events)
-        except AuthError as e:
+            if partial_servers is None:
+                await check_against_state(self._loader, room_version, join, joined_state.state,
+                                          known=joined_state.events)
+            else:
+                # The partial state may lack member events the join's auth needs (a restricted
+                # join's authoriser's: a resident may send it in the auth chain only), so the
+                # join is checked against its own auth events, which the answer must hold.
+                accepted = {i: e for i, e in joined_state.events.items() if i not in joined_state.rejected}
+                await check_against_auth_events(self._loader, room_version, join, accepted)
+        except (AuthError, MissingEventsError) as e:
             raise JoinError(f"our join does not pass auth against {server}'s state: {e}") from None
         members = (joined_state.events[i] for k, i in joined_state.state.items() if k[0] == C.MEMBER)
         joined = {server_name_of(e.state_key) for e in members if e.membership == C.JOIN and e.state_key}

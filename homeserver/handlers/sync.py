@@ -341,8 +341,9 @@ class SyncHandler:
         to_device_upto = _stream_position(now, SyncStreamKey.TO_DEVICE)
         # Rooms joined with partial state, hidden from a client that does not lazy-load members
         # until their state is whole (``homeserver/handlers/partial_state.py``).
-        partial_rows = (await self._partial_state.get_rows()
-                        if self._partial_state is not None and not sync_filter.state.lazy_load_members else {})
+        partial_rows = {}
+        if self._partial_state is not None and not sync_filter.state.lazy_load_members:
+            partial_rows = await self._partial_state.get_rows_for_sync((upto if initial else since_pos).minimum)
         partial_hidden: set[str] = set()
         rooms_read = _start(self._timeline.get_sync_rooms(
             user_id, since=since_pos if since is not None else None, upto=upto, limit=limit + 1, full_rooms=full_rooms

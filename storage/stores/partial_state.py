@@ -168,6 +168,18 @@ class PartialStateStore:
         return await self._db.run_interaction("get_partial_state_rows", get_partial_state_rows_txn,
                                               None if room_ids is None else list(room_ids))
 
+    async def get_rows_for_sync(self, after: int) -> dict[str, PartialStateRow]:
+        """The rows /sync needs: the rooms partial now, and those made whole at an events stream
+        position after ``after`` (the smallest position of the sync's ``since``, or of its end
+        for an initial sync); older ones change nothing for it."""
+
+        def txn_fn(txn: Transaction) -> dict[str, PartialStateRow]:
+            txn.execute(f"SELECT {_COLUMNS} FROM partial_state_rooms "
+                        "WHERE completed_stream IS NULL OR completed_stream > %s", (after,))
+            return {str(r[0]): _row(r) for r in txn.fetchall()}
+
+        return await self._db.run_interaction("get_partial_state_rows_for_sync", txn_fn)
+
     async def partial_rooms(self) -> dict[str, PartialStateRow]:
         """The rooms whose state is partial now."""
         return {r: row for r, row in (await self.get_rows()).items() if row.partial}

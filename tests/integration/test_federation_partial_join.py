@@ -75,9 +75,10 @@ async def test_partial_join_answers_at_once_then_resyncs(database_dsn: str, seco
     shows the room, a non-lazy one does not; messages go both ways (one from a member B has
     no member event of is accepted, checked against its own auth events; Bob's reaches A).
     A /joined_members asked meanwhile waits; once the resync runs it answers with all 401
-    joined members (@m1's state is only the forbidden ban, rejected), the room is no longer partial, the non-lazy /sync (from its earlier token) wakes
-    up with the room as newly joined, the forbidden ban of A's state is stored rejected and
-    the join with a broken signature not stored at all."""
+    joined members (@m1's state is only the forbidden ban, rejected), the room is no longer
+    partial, the non-lazy /sync (from its earlier token) wakes up with the room as newly
+    joined, the forbidden ban of A's state is stored rejected and the join with a broken
+    signature not stored at all."""
     async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
         assert b.process.federation is not None and a.process.room_events is not None
         room_id, alice, added = await _big_room(a)
