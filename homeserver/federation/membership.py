@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -149,7 +149,11 @@ class MembershipHandler:
         run_in_thread: RunInThread | None = None,
         partial_joins: bool = False,
         on_partial_join: Callable[[str], None] | None = None,
+        is_partial: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
+        # Whether a room is joined with partial state here: we then make no membership
+        # templates for it (our state lacks its members), as Synapse.
+        self._is_partial = is_partial
         self._server_name = server_name
         # Ask for partial state (``omit_members``) when joining over federation; each room so
         # joined is handed to ``on_partial_join`` (the resync, partial_state.py).
@@ -207,6 +211,9 @@ class MembershipHandler:
             )
         if self._server_name not in await self._store.get_joined_servers(room_id):
             raise not_found(f"this server is not in room {room_id}")
+        if self._is_partial is not None and await self._is_partial(room_id):
+            raise not_found(f"this server is still fetching the state of room {room_id} (a partial-state join); "
+                            "ask another server")
         content: dict[str, Any] = {"membership": membership}
         if membership == C.JOIN and room_version.restricted_join_rule:
             authoriser = await self._restricted_authoriser(room_version, room_id, user_id)

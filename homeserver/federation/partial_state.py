@@ -31,6 +31,7 @@ from homeserver.events.identifiers import is_valid_server_name
 from homeserver.federation.client import FederationClient, FederationClientError
 from homeserver.federation.join_state import RunInThread, order_and_check, run_inline, state_map, verify_batch
 from homeserver.federation.keys import Keyring
+from homeserver.federation.metrics import FederationMetrics
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
 from storage.kernel.background import run_in_background
@@ -94,9 +95,11 @@ class PartialStateResyncer:
         keyring: Keyring,
         client: FederationClient,
         clock: Any,
+        metrics: FederationMetrics,
         run_in_thread: RunInThread | None = None,
         backoff: BackoffPolicy = RESYNC_BACKOFF,
     ) -> None:
+        self._metrics = metrics
         self._server_name = server_name
         self._partial = partial
         self._store = store
@@ -154,6 +157,7 @@ class PartialStateResyncer:
         self._running.clear()
 
     async def _resync(self, room_id: str) -> None:
+        started = self._clock.seconds()
         try:
             attempt = 0
             while not self._stopped:
@@ -165,9 +169,13 @@ class PartialStateResyncer:
                         return
                     try:
                         await self.resync_from(row, server)
-                        return
                     except (ResyncFailed, FederationClientError, EventsError) as e:
                         logger.warning("[%s] resyncing the room's state from %s failed: %s", room_id, server, e)
+                        self._metrics.partial_state_resyncs.labels(outcome="failed").inc()
+                        continue
+                    self._metrics.partial_state_resyncs.labels(outcome="completed").inc()
+                    self._metrics.partial_state_resync_duration.observe(self._clock.seconds() - started)
+                    return
                 attempt += 1
                 delay = self._backoff.delay(attempt)
                 logger.info("[%s] no server gave the room's state (round %d); trying again in %.0fs", room_id,

@@ -140,7 +140,7 @@ class FederationServices:
         run_in_thread = _thread_runner(reactor)
         resyncer = PartialStateResyncer(server_name=server_name, partial=partial_state, store=store, loader=loader,
                                         persister=persister, keyring=keyring, client=client, clock=reactor,
-                                        run_in_thread=run_in_thread)
+                                        metrics=metrics, run_in_thread=run_in_thread)
         partial_rooms = PartialRooms(partial_state, reactor)
         resyncer.on_complete.append(partial_rooms.invalidate)
 
@@ -162,8 +162,9 @@ class FederationServices:
                                              config.rc_invites, lambda: float(reactor.seconds())),
                                          run_in_thread=run_in_thread,
                                          partial_joins=config.federation.partial_state_joins,
-                                         on_partial_join=on_partial_join),
-            history=HistoryHandler(server_name=server_name, store=store, loader=loader, clock_ms=clock_ms),
+                                         on_partial_join=on_partial_join, is_partial=partial_rooms.is_partial),
+            history=HistoryHandler(server_name=server_name, store=store, loader=loader, clock_ms=clock_ms,
+                                   is_partial=partial_rooms.is_partial),
             backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                      keyring=keyring,
                                      client=client),

@@ -24,6 +24,7 @@ import pytest
 
 from homeserver.app import HomeServer
 from homeserver.events import EventTemplate, get_room_version, parse_create_room_request, sign_pdu
+from homeserver.federation.client import HttpResponseError
 from homeserver.http.server import EncodedJson
 from tests.big_room import add_members, add_members_to_process
 from tests.conftest import scratch_database
@@ -74,8 +75,9 @@ async def test_partial_join_answers_at_once_then_resyncs(database_dsn: str, seco
     stays partial: the join answered with the state minus the members; a lazy-loading /sync
     shows the room, a non-lazy one does not; messages go both ways (one from a member B has
     no member event of is accepted, checked against its own auth events; Bob's reaches A).
-    A /joined_members asked meanwhile waits; once the resync runs it answers with all 401
-    joined members (@m1's state is only the forbidden ban, rejected), the room is no longer
+    @m8 leaves meanwhile. A /joined_members asked then waits; once the resync runs it answers
+    with the 400 joined members (@m1's state is only the forbidden ban, rejected; @m8's
+    leave, newer than the state at the join, wins over its join), the room is no longer
     partial, the non-lazy /sync (from its earlier token) wakes up with the room as newly
     joined, the forbidden ban of A's state is stored rejected and the join with a broken
     signature not stored at all."""
@@ -120,6 +122,21 @@ async def test_partial_join_answers_at_once_then_resyncs(database_dsn: str, seco
         assert sent.status == 200, sent
         on_a = await eventually(lambda: stored(a, sent.body["event_id"]), timeout=30)
         assert on_a.rejection_reason is None
+        # B serves no state of the room while partial: not /state_ids, not a make_join template.
+        assert a.process.federation is not None
+        for path, query in ((f"/_matrix/federation/v1/state_ids/{q(room_id)}", {"event_id": m7.event_id}),
+                            (f"/_matrix/federation/v1/make_join/{q(room_id)}/{q('@zoe:' + name(a))}",
+                             {"ver": ["12"]})):
+            with pytest.raises(HttpResponseError) as refused:
+                await a.process.federation.client.get_json(name(b), path, query=query)
+            assert refused.value.code == 404, path
+
+        # @m8 leaves while B is partial: B has no member event of @m8 in its state; after the
+        # resync, the leave (newer than the state at the join) must stay, not the join.
+        m8_leave = await a.process.room_events.send(
+            room_id, EventTemplate("m.room.member", {"membership": "leave"}, f"@m8:{name(a)}"), f"@m8:{name(a)}")
+        row = await eventually(lambda: stored(b, m8_leave.event_id), timeout=30)
+        assert not row.outlier and row.rejection_reason is None
         assert await _partial(b, room_id)
 
         # A members read waits for the resync, which starts now.
@@ -128,11 +145,14 @@ async def test_partial_join_answers_at_once_then_resyncs(database_dsn: str, seco
         resync.unpause()
         answer = await waiting
         assert answer.status == 200, answer
-        assert len(answer.body["joined"]) == MEMBERS + 1 and alice in answer.body["joined"]
+        assert len(answer.body["joined"]) == MEMBERS and alice in answer.body["joined"]
+        assert f"@m8:{name(a)}" not in answer.body["joined"] and f"@m9:{name(a)}" in answer.body["joined"]
         assert not await _partial(b, room_id)
+        assert b.registry.get_sample_value("tributary_federation_partial_state_resyncs_total",
+                                           {"outcome": "completed"}) == 1.0
         members_list = await cb.request("GET", f"rooms/{q(room_id)}/members", token=token)
         assert members_list.status == 200
-        assert len([e for e in members_list.body["chunk"] if e["content"]["membership"] == "join"]) == MEMBERS + 1
+        assert len([e for e in members_list.body["chunk"] if e["content"]["membership"] == "join"]) == MEMBERS
 
         synced = await woken
         assert synced.status == 200 and room_id in synced.body["rooms"]["join"], synced.body["rooms"]
