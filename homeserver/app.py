@@ -337,8 +337,10 @@ class HomeServer:
         for listener in self.listeners:
             self._listen(listener)
         if self.layout.is_main:
-            # Rooms joined with partial state before a restart: their resync starts again here.
+            # Rooms joined with partial state before a restart: their resync starts again here,
+            # and, every ten minutes, that of rooms still partial after ten minutes.
             run_in_background("partial_state_resume", services.federation.partial_resync.resume())
+            services.federation.partial_resync.sweep()
         self.ready = True
         self.started_at = time.monotonic()
         logger.info(

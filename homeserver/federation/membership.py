@@ -11,10 +11,13 @@ Calling: ``join_remote`` asks each candidate server in turn; the state and auth
 chain that come back are checked in bulk (``join_state.py``: keys fetched once per
 server, auth in one pass in auth order, off the reactor thread), then stored with
 our join in bulk by ``EventPersister.persist_join`` (docs/federation.md, "Joining
-big rooms").
+big rooms"). Joins ask for partial state (``omit_members``) unless configured not to: the
+room is then marked partial with the join, and ``partial_state.py`` fetches the rest
+(docs/federation.md, "Partial-state joins").
 """
 
-# tests: tests/integration/test_federation.py, tests/integration/test_federation_big_join.py
+# tests: tests/integration/test_federation.py, tests/integration/test_federation_big_join.py,
+#        tests/integration/test_federation_partial_join.py
 
 from __future__ import annotations
 

@@ -49,6 +49,9 @@ MAX_SERVERS_IN_ROOM: Final = 10_000
 MAX_STATE_EVENTS: Final = 500_000
 MAX_STATE_RESPONSE_BYTES: Final = 500 * 1024 * 1024
 
+# How often the main process looks for rooms partial for longer than this (their resync lost).
+SWEEP_INTERVAL_S: Final = 600.0
+
 # Waits between rounds over the servers of a room whose resync failed on each of them.
 RESYNC_BACKOFF: Final = BackoffPolicy(initial=2.0, multiplier=2.0, maximum=600.0, jitter=(0.8, 1.2))
 
@@ -114,6 +117,7 @@ class PartialStateResyncer:
         self._stopped = False
         self._paused = False
         self._waiting: set[str] = set()
+        self._sweep_call: Any = None
         # Called with each room made whole here (tests and waiters in this process).
         self.on_complete: list[Callable[[str], None]] = []
 
@@ -142,16 +146,36 @@ class PartialStateResyncer:
     async def is_partial(self, room_id: str) -> bool:
         return await self._partial.is_partial(room_id)
 
-    async def resume(self) -> None:
-        """Start the resync of every room still marked partial (at start-up)."""
+    async def resume(self, *, joined_before_ms: int | None = None) -> None:
+        """Start the resync of every room still marked partial (at start-up), or of those joined
+        before ``joined_before_ms`` (the sweep)."""
         rooms = await self._partial.partial_rooms()
+        if joined_before_ms is not None:
+            rooms = {r: row for r, row in rooms.items() if row.joined_ts < joined_before_ms}
+        rooms = {r: row for r, row in rooms.items() if r not in self._running}
         if rooms:
             logger.info("resuming the state resync of %d partial-state rooms", len(rooms))
         for room_id in sorted(rooms):
             self.start(room_id)
 
+    def sweep(self, interval: float = SWEEP_INTERVAL_S) -> None:
+        """Every ``interval`` seconds, resume the rooms partial for longer than that: a resync
+        whose process died (a worker's: only the main process resumes them at its start) is
+        taken up here, at the cost of a second fetch should that process be merely slow."""
+        async def once() -> None:
+            try:
+                await self.resume(joined_before_ms=int((self._clock.seconds() - interval) * 1000))
+            finally:
+                self.sweep(interval)
+
+        if not self._stopped:
+            self._sweep_call = self._clock.callLater(
+                interval, lambda: run_in_background("partial_state_sweep", once()))
+
     def stop(self) -> None:
         self._stopped = True
+        if self._sweep_call is not None and self._sweep_call.active():
+            self._sweep_call.cancel()
         for done in list(self._running.values()):
             done.cancel()
         self._running.clear()

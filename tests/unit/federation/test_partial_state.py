@@ -63,3 +63,47 @@ def test_sync_view_reads_the_completing_writers_own_position() -> None:
     assert sync_view(rows, {"!w"}, lazy_members=False, since=since, upto=upto).newly_whole == {"!w"}
     behind = RoomPosition.of(10, {"p1": 50, "p2": 29})
     assert sync_view(rows, {"!w"}, lazy_members=False, since=since, upto=behind).hidden == {"!w"}
+
+
+class _Rows:
+    """The partial-state rows as ``PartialStateStore`` would read them (in memory)."""
+
+    def __init__(self, rows: dict[str, PartialStateRow]) -> None:
+        self.rows = rows
+
+    async def partial_rooms(self) -> dict[str, PartialStateRow]:
+        return {r: row for r, row in self.rows.items() if row.partial}
+
+
+def test_the_sweep_resumes_only_rooms_partial_for_longer_than_its_interval() -> None:
+    """Every 600 s the sweep takes up rooms joined more than 600 s ago and still partial (their
+    resync was lost with a worker); a room joined recently is left to its own resync, and a
+    room made whole is not touched. (The resyncer is paused: the rooms it would start wait.)"""
+    from typing import Any, cast
+
+    from prometheus_client import CollectorRegistry
+    from twisted.internet.task import Clock
+
+    from homeserver.federation.metrics import FederationMetrics
+    from homeserver.federation.partial_state import PartialStateResyncer
+
+    clock = Clock()
+    clock.advance(1000)
+    rows = _Rows({"!old": PartialStateRow("!old", "$j", ("a",), 100_000, None),
+                  "!new": PartialStateRow("!new", "$j", ("a",), 1_200_000, None),
+                  "!done": PartialStateRow("!done", "$j", ("a",), 0, ("master", 5))})
+    unused = cast(Any, None)
+    resyncer = PartialStateResyncer(server_name="us", partial=cast(Any, rows), store=unused, loader=unused,
+                                    persister=unused, keyring=unused, client=unused, clock=clock,
+                                    metrics=FederationMetrics.create(CollectorRegistry()))
+    resyncer.pause()
+    resyncer.sweep(600)
+    clock.advance(599)
+    assert resyncer._waiting == set()
+    clock.advance(1)  # t = 1600 s: joined before 1000 s
+    assert resyncer._waiting == {"!old"}
+    clock.advance(600)  # t = 2200 s: joined before 1600 s
+    assert resyncer._waiting == {"!old", "!new"}
+    resyncer.stop()
+    clock.advance(600)
+    assert not clock.getDelayedCalls()
