@@ -179,7 +179,8 @@ async def test_hostile_partial_answers(database_dsn: str, second_database_dsn: s
     names: B asks A again for the full state, and the join is complete at once (no partial
     row). Then, on a partial join of another room, A's /state answer holds forgeries: a join
     of one of B's users signed by A alone, and a copy of a member's join given another
-    state key after signing. Neither is stored; the room is made whole with the genuine members."""
+    state key after signing. Neither is stored; the room is made whole with the genuine members.
+    Then a /state answer that is garbage: the resync tries again after its backoff."""
     async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
         assert a.process.federation is not None and b.process.federation is not None
         assert a.process.signing_key is not None
@@ -237,6 +238,26 @@ async def test_hostile_partial_answers(database_dsn: str, second_database_dsn: s
         assert forged == [other]
         assert len(members) == 30 + 1 and mallory not in members and f"@m20-evil:{name(a)}" not in members
         assert not await _partial(b, other)
+
+        # A third room, whose first /state answer is not a /state answer at all: that attempt
+        # fails (counted), and the resync asks again after its backoff and succeeds.
+        third, _, _ = await _big_room(a, members=20)
+        answers: list[str] = []
+
+        async def garbage_then_honest(origin: str, room: str, event_id: str) -> dict[str, Any]:
+            answers.append(room)
+            if len(answers) == 1:
+                return {"pdus": "not a list", "auth_chain": [{"type": 5}]}
+            return await honest_state(origin, room, event_id)
+
+        history.state = garbage_then_honest  # type: ignore[method-assign]
+        dave = await cb.register_ok("dave")
+        joined = await cb.request("POST", f"join/{q(third)}?server_name={q(name(a))}", {}, token=dave["access_token"])
+        assert joined.status == 200, joined
+        members = await _joined_members(cb, third, dave["access_token"])
+        assert len(members) == 20 + 1 and answers == [third, third]
+        assert b.registry.get_sample_value("tributary_federation_partial_state_resyncs_total",
+                                           {"outcome": "failed"}) == 1.0
 
 
 @pytest.mark.timeout(240)
