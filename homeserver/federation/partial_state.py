@@ -23,6 +23,7 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
 
 from homeserver.events import RoomVersion, get_room_version
 from homeserver.events import constants as C
@@ -52,6 +53,9 @@ MAX_STATE_RESPONSE_BYTES: Final = 500 * 1024 * 1024
 # How often the main process looks for rooms partial for longer than this (their resync lost).
 SWEEP_INTERVAL_S: Final = 600.0
 
+# The servers asked in one round of a resync (then a backoff, then the next ones).
+SERVERS_PER_ROUND: Final = 10
+
 # Waits between rounds over the servers of a room whose resync failed on each of them.
 RESYNC_BACKOFF: Final = BackoffPolicy(initial=2.0, multiplier=2.0, maximum=600.0, jitter=(0.8, 1.2))
 
@@ -73,6 +77,21 @@ def parse_servers_in_room(raw: object, *, answered_by: str, own: str) -> list[st
             shown = repr(item)[:100]
             raise BadPartialAnswer(f"servers_in_room[{i}] is not a server name: {shown}")
     return [s for s in dict.fromkeys([answered_by, *raw]) if s != own]
+
+
+def servers_for_round(servers: Sequence[str], attempt: int, per_round: int = SERVERS_PER_ROUND) -> list[str]:
+    """The servers a resync asks in round ``attempt`` (0-based): the one that answered the join
+    (first of ``servers``) every round, then ``per_round - 1`` of the others, taking the next
+    ones each round, so a long (or hostile) ``servers_in_room`` costs a bounded round."""
+    if not servers:
+        return []
+    first, others = servers[0], list(servers[1:])
+    if not others:
+        return [first]
+    size = per_round - 1
+    start = (attempt * size) % len(others)
+    rotated = others[start:] + others[:start]
+    return [first, *rotated[: min(size, len(others))]]
 
 
 class ResyncFailed(Exception):
@@ -185,10 +204,13 @@ class PartialStateResyncer:
         try:
             attempt = 0
             while not self._stopped:
+                # Read again each round: a later partial join of the room (after a leave) makes
+                # another row, whose resync this task then does.
                 row = (await self._partial.get_rows([room_id])).get(room_id)
                 if row is None or not row.partial:
                     return
-                for server in row.servers:
+                stored = False
+                for server in servers_for_round(row.servers, attempt):
                     if self._stopped:
                         return
                     try:
@@ -199,12 +221,15 @@ class PartialStateResyncer:
                         continue
                     self._metrics.partial_state_resyncs.labels(outcome="completed").inc()
                     self._metrics.partial_state_resync_duration.observe(self._clock.seconds() - started)
-                    return
+                    stored = True
+                    break
+                if stored:
+                    continue
                 attempt += 1
                 delay = self._backoff.delay(attempt)
                 logger.info("[%s] no server gave the room's state (round %d); trying again in %.0fs", room_id,
                             attempt, delay)
-                await _sleep(self._clock, delay)
+                await deferLater(self._clock, delay, lambda: None)
         finally:
             self._running.pop(room_id, None)
 
@@ -257,10 +282,3 @@ class PartialStateResyncer:
                 listener(room_id)
             except Exception:
                 logger.exception("partial-state listener %r failed for %s", listener, room_id)
-
-
-async def _sleep(clock: Any, seconds: float) -> None:
-    d: Deferred[None] = Deferred()
-    call = clock.callLater(seconds, d.callback, None)
-    d.addErrback(lambda f: (call.cancel() if call.active() else None, f)[1])
-    await d

@@ -13,11 +13,11 @@ costs one indexed read. ``sync_view`` is the pure rule /sync applies.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
 
 from storage.kernel.errors import MatrixError
 from storage.room_tokens import RoomPosition
@@ -30,28 +30,34 @@ POLL_INTERVAL_S: Final = 0.25
 
 
 class PartialStateWaiter:
-    def __init__(self, store: PartialStateStore, clock: Any, *, timeout: float = DEFAULT_WAIT_S,
-                 interval: float = POLL_INTERVAL_S) -> None:
+    """``seen(instance, position)``: whether this process has seen the events stream of writer
+    ``instance`` reach ``position``. A read waits for that too, once the room is whole, so a
+    /sync the client makes next on this process already shows the room (it is sent from that
+    position on)."""
+
+    def __init__(self, store: PartialStateStore, clock: Any, *, seen: Callable[[str, int], bool] | None = None,
+                 timeout: float = DEFAULT_WAIT_S, interval: float = POLL_INTERVAL_S) -> None:
         self._store = store
         self._clock = clock
+        self._seen = seen
         self._timeout = timeout
         self._interval = interval
+
+    async def _whole(self, room_id: str) -> bool:
+        row = (await self._store.get_rows([room_id])).get(room_id)
+        if row is None:
+            return True
+        return row.completed is not None and (self._seen is None or self._seen(*row.completed))
 
     async def wait_for_full_state(self, room_id: str) -> None:
         """Return once ``room_id``'s state is whole (at once when it never was partial); a 503
         ``M_UNKNOWN`` when it still is after the bounded wait."""
         deadline = self._clock.seconds() + self._timeout
-        while await self._store.is_partial(room_id):
+        while not await self._whole(room_id):
             if self._clock.seconds() >= deadline:
                 raise MatrixError(503, "M_UNKNOWN", f"the members of {room_id} are still being fetched from the "
                                   "servers in the room; try again shortly")
-            d: Deferred[None] = Deferred()
-            call = self._clock.callLater(self._interval, d.callback, None)
-            d.addErrback(lambda f: (call.cancel() if call.active() else None, f)[1])
-            await d
-
-    async def rows(self) -> dict[str, PartialStateRow]:
-        return await self._store.get_rows()
+            await deferLater(self._clock, self._interval, lambda: None)
 
 
 @attrs.frozen

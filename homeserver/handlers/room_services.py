@@ -167,7 +167,9 @@ class RoomServices:
             app_services=accounts.auth.app_services,
             ask_services_alias=accounts.app_service_queries.query_alias if accounts.auth.app_services else None,
             is_blocked=blocked_rooms,
-            partial_state=PartialStateWaiter(partial_state, reactor),
+            partial_state=PartialStateWaiter(
+                partial_state, reactor,
+                seen=lambda instance, position: streams[StreamName.EVENTS].get_position(instance) >= position),
         )
         accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
         room_tokens = RoomTokens(streams[StreamName.EVENTS], InstanceMap(db))

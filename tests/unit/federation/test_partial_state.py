@@ -107,3 +107,56 @@ def test_the_sweep_resumes_only_rooms_partial_for_longer_than_its_interval() -> 
     resyncer.stop()
     clock.advance(600)
     assert not clock.getDelayedCalls()
+
+
+def test_each_round_asks_the_answering_server_then_the_next_few_others() -> None:
+    from homeserver.federation.partial_state import servers_for_round
+
+    servers = ["a", "b", "c", "d", "e"]
+    assert servers_for_round(servers, 0, per_round=3) == ["a", "b", "c"]
+    assert servers_for_round(servers, 1, per_round=3) == ["a", "d", "e"]
+    assert servers_for_round(servers, 2, per_round=3) == ["a", "b", "c"]
+    assert servers_for_round(["a", "b"], 7, per_round=10) == ["a", "b"]
+    assert servers_for_round(["a"], 3) == ["a"] and servers_for_round([], 0) == []
+    many = [f"s{i}" for i in range(10_000)]
+    assert len(servers_for_round(many, 123)) == 10
+
+
+def test_a_members_read_waits_for_the_room_to_be_whole_and_seen_here_then_gives_up_with_503() -> None:
+    """The read waits while the row is partial, and then until this process's events stream has
+    reached the completing write (so the next /sync here shows the room); past its bound it is
+    a 503, never an incomplete answer."""
+    from typing import Any, cast
+
+    from twisted.internet.defer import Deferred
+    from twisted.internet.task import Clock
+
+    from homeserver.handlers.partial_state import PartialStateWaiter
+    from storage.kernel.errors import MatrixError
+
+    class Rows:
+        def __init__(self) -> None:
+            self.row = _row("!r", None)
+
+        async def get_rows(self, room_ids: Any = None) -> dict[str, PartialStateRow]:
+            return {"!r": self.row}
+
+    clock, rows, position = Clock(), Rows(), [0]
+    waiter = PartialStateWaiter(cast(Any, rows), clock, seen=lambda instance, at: position[0] >= at,
+                                timeout=10, interval=1)
+    done = Deferred.fromCoroutine(waiter.wait_for_full_state("!r"))
+    clock.advance(3)
+    assert not done.called
+    rows.row = _row("!r", ("p1", 7))  # whole, but this process has not seen position 7 yet
+    clock.advance(1)
+    assert not done.called
+    position[0] = 7
+    clock.advance(1)
+    assert done.called and done.result is None
+
+    rows.row = _row("!r", None)
+    late = Deferred.fromCoroutine(waiter.wait_for_full_state("!r"))
+    clock.advance(11)
+    failures: list[Any] = []
+    late.addErrback(failures.append)
+    assert failures and isinstance(failures[0].value, MatrixError) and failures[0].value.status == 503
