@@ -119,6 +119,7 @@ from storage.embedded import EmbeddedPostgres, find_binaries
 from storage.id_generators import StreamIdGenerator
 from storage.kernel.background import register_metrics as register_background_metrics
 from storage.kernel.background import run_in_background
+from storage.stores.partial_state import PartialStateStore
 from storage.kernel.written_events import WrittenEvents
 from storage.metrics import StorageMetrics, StreamMetrics
 from storage.notifier import Notifier
@@ -337,6 +338,11 @@ class HomeServer:
                                 internal_client=internal_client, jobs=jobs)
         for listener in self.listeners:
             self._listen(listener)
+        if self.layout.is_main:
+            # Rooms joined with partial state before a restart: their resync starts again here,
+            # and, every ten minutes, that of rooms still partial after ten minutes.
+            run_in_background("partial_state_resume", services.federation.partial_resync.resume())
+            services.federation.partial_resync.sweep()
         self.ready = True
         self.started_at = time.monotonic()
         logger.info(
@@ -522,7 +528,7 @@ class HomeServer:
         federation = FederationServices.build(
             config, reactor, client=client, signing_key=storage.signing_key, store=events_store,
             persister=persister, loader=loader, federation_store=FederationStore(db), room_state=RoomStateStore(db),
-            metrics=federation_metrics,
+            partial_state=PartialStateStore(db), metrics=federation_metrics,
             invites=remote_invites, invite_writer=invite_writer, forward=outbound.forward, on_remote_up=on_remote_up,
         )
         rooms = RoomServices.build(
@@ -782,7 +788,8 @@ class HomeServer:
         # a big room's state handed to its events writer (only over the internal API, behind its secret).
         site = make_site(root, large_bodies=(
             ((b"/_matrix/media/",), self.config.media.max_upload_size),
-            ((f"{INTERNAL_PREFIX}/persist_join".encode("ascii"),), MAX_INTERNAL_JOIN_BYTES),
+            ((f"{INTERNAL_PREFIX}/persist_join".encode("ascii"),
+              f"{INTERNAL_PREFIX}/complete_partial_state".encode("ascii")), MAX_INTERNAL_JOIN_BYTES),
         ))
         for address in listener.bind_addresses:
             if listener.tls:

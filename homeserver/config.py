@@ -288,6 +288,9 @@ class FederationConfig:
     ip_range_whitelist: tuple[str, ...] = ()
     # Notaries asked for a server's keys when the server itself does not answer.
     trusted_key_servers: tuple[str, ...] = ()
+    # Joins of rooms over federation ask for partial state (send_join's ``omit_members``) and
+    # fetch the members afterwards (docs/federation.md, "Partial-state joins").
+    partial_state_joins: bool = True
 
 
 def _cidrs(p: str, v: object) -> tuple[str, ...]:
@@ -343,6 +346,7 @@ def _federation(path: str, raw: object) -> FederationConfig:
         verify_certificates=s.get("verify_certificates", _expect_bool, True),
         ip_range_whitelist=s.get("ip_range_whitelist", cidrs, ()),
         trusted_key_servers=s.get("trusted_key_servers", server_names, ()),
+        partial_state_joins=s.get("partial_state_joins", _expect_bool, True),
     )
     s.finish()
     return result

@@ -306,6 +306,20 @@ class GapFiller:
             raise GapFillError(f"{origin}'s state at {prev_id} has no create event")
         return state
 
+    async def fetch_missing_auth_events(self, origin: str, room_version: RoomVersion, room_id: str,
+                                        events: Sequence[FrozenEvent]) -> None:
+        """Fetch from ``origin`` the auth events of ``events`` that are neither among them nor
+        stored here, and store them as outliers (``_fetch_outliers``). For a room joined with
+        partial state, whose members' events we lack and most events cite."""
+        if not events:
+            return
+        listed = {e.event_id for e in events}
+        wanted = {a for e in events for a in e.auth_event_ids} - listed
+        loaded = await self._loader.load_events(wanted) if wanted else {}
+        missing = wanted - set(loaded)
+        if missing:
+            await self._fetch_outliers(origin, room_version, room_id, events[-1].event_id, missing)
+
     async def _fetch_outliers(self, origin: str, room_version: RoomVersion, room_id: str, prev_id: str,
                               wanted: set[str]) -> dict[str, FrozenEvent]:
         """``wanted`` events: those stored here (not rejected), and the others fetched from

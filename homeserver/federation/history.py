@@ -13,7 +13,7 @@ hold no state at it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 from homeserver.events import FrozenEvent, get_room_version
@@ -27,7 +27,9 @@ MAX_MISSING: Final = 20
 
 class HistoryHandler:
     def __init__(self, *, server_name: str, store: EventsStore, loader: EventLoader,
-                 clock_ms: Callable[[], int]) -> None:
+                 clock_ms: Callable[[], int], is_partial: Callable[[str], Awaitable[bool]] | None = None) -> None:
+        # Whether a room is joined with partial state here: its state is not served until whole.
+        self._is_partial = is_partial
         self._server_name = server_name
         self._store = store
         self._loader = loader
@@ -53,6 +55,8 @@ class HistoryHandler:
 
     async def _state_at(self, origin: str, room_id: str, event_id: str) -> tuple[set[str], set[str]]:
         await self._check_in_room(origin, room_id)
+        if self._is_partial is not None and await self._is_partial(room_id):
+            raise not_found(f"this server is still fetching the state of room {room_id} (a partial-state join)")
         row = (await self._store.get_events([event_id])).get(event_id)
         if row is None or row.room_id != room_id:
             raise not_found(f"Event {event_id} is not known in room {room_id}")

@@ -7,9 +7,10 @@ is what we serve: ``EventPersister`` stores ``get_pdu_json()`` as compact JSON),
 bulk, into one ``bytes`` body.
 
 With ``omit_members`` (MSC3706, in the spec since v1.? as send_join v2's
-``omit_members``), the state leaves out member events except those of the room's heroes
-when it has neither a name nor a canonical alias (the members a client would name the
-room after: ``choose_heroes``), the auth chain is that of what is sent, without the
+``omit_members``), the state leaves out member events except the joining user's own and
+those among the join's auth events (so the joining server can check the join), and those
+of the room's heroes when it has neither a name nor a canonical alias (the members a
+client would name the room after: ``choose_heroes``), the auth chain is that of what is sent, without the
 events already in the state, and the answer says ``members_omitted`` and
 ``servers_in_room`` (the servers of the members joined in the state before the join).
 """
@@ -47,11 +48,19 @@ def choose_heroes(members: Iterable[tuple[str, str, int]], joining: str, limit: 
 
 def partial_state(
     state: Mapping[StateKey, str], members: Mapping[str, tuple[str, str, int]], joining: str,
+    join_auth_ids: Collection[str] = (),
 ) -> dict[StateKey, str]:
-    """The state a resident sends with ``omit_members``: every non-member event, plus the heroes'
-    member events when the room has no name or canonical alias. ``members``: member event ID
-    -> (user ID, membership, stream ordering) of the member events of ``state``."""
+    """The state a resident sends with ``omit_members``: every non-member event; the member
+    events the join needs (the joining user's own, such as an invite, and any other among its
+    auth events ``join_auth_ids``, such as a restricted join's authoriser's), without which the
+    joining server cannot check the join; plus the heroes' member events when the room has no
+    name or canonical alias. ``members``: member event ID -> (user ID, membership, stream
+    ordering) of the member events of ``state``."""
     kept = {key: event_id for key, event_id in state.items() if key[0] != C.MEMBER}
+    needed = set(join_auth_ids)
+    for key, event_id in state.items():
+        if key[0] == C.MEMBER and (key[1] == joining or event_id in needed):
+            kept[key] = event_id
     if not any(key in state for key in NAMING_KEYS):
         in_state = [members[i] for key, i in state.items() if key[0] == C.MEMBER and i in members]
         for hero in choose_heroes(in_state, joining):
@@ -78,7 +87,7 @@ async def encode_send_join_response(
     if omit_members:
         member_ids = [i for key, i in state_before.items() if key[0] == C.MEMBER]
         members = await room_state.get_member_states(member_ids)
-        state = partial_state(state_before, members, join.state_key or join.sender)
+        state = partial_state(state_before, members, join.state_key or join.sender, join.auth_event_ids)
         head["servers_in_room"] = sorted(joined_servers(members.values()) | {server_name_of(join.sender)})
     state_ids = set(state.values())
     chain_ids = await store.get_auth_chain_ids(state_ids | set(join.auth_event_ids))

@@ -11,16 +11,19 @@ Calling: ``join_remote`` asks each candidate server in turn; the state and auth
 chain that come back are checked in bulk (``join_state.py``: keys fetched once per
 server, auth in one pass in auth order, off the reactor thread), then stored with
 our join in bulk by ``EventPersister.persist_join`` (docs/federation.md, "Joining
-big rooms").
+big rooms"). Joins ask for partial state (``omit_members``) unless configured not to: the
+room is then marked partial with the join, and ``partial_state.py`` fetches the rest
+(docs/federation.md, "Partial-state joins").
 """
 
-# tests: tests/integration/test_federation.py, tests/integration/test_federation_big_join.py
+# tests: tests/integration/test_federation.py, tests/integration/test_federation_big_join.py,
+#        tests/integration/test_federation_partial_join.py
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -46,7 +49,7 @@ from homeserver.events import (
 )
 from homeserver.events import constants as C
 from homeserver.events.canonical import thaw
-from homeserver.events.errors import AuthError, EventsError, InvalidEvent, SignatureError
+from homeserver.events.errors import AuthError, EventsError, InvalidEvent, MissingEventsError, SignatureError
 from homeserver.events.identifiers import is_valid_user_id, server_name_of
 from homeserver.events.restricted import (
     allowed_room_ids,
@@ -67,6 +70,7 @@ from homeserver.federation.join_state import (
 from homeserver.federation.join_response import encode_send_join_response
 from homeserver.http.server import EncodedJson
 from homeserver.federation.keys import Keyring
+from homeserver.federation.partial_state import BadPartialAnswer, parse_servers_in_room
 from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
@@ -146,8 +150,18 @@ class MembershipHandler:
         forward: Callable[[FrozenEvent, str], None] | None,
         invite_limits: InviteLimits | None = None,
         run_in_thread: RunInThread | None = None,
+        partial_joins: bool = False,
+        on_partial_join: Callable[[str], None] | None = None,
+        is_partial: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
+        # Whether a room is joined with partial state here: we then make no membership
+        # templates for it (our state lacks its members), as Synapse.
+        self._is_partial = is_partial
         self._server_name = server_name
+        # Ask for partial state (``omit_members``) when joining over federation; each room so
+        # joined is handed to ``on_partial_join`` (the resync, partial_state.py).
+        self._partial_joins = partial_joins
+        self._on_partial_join = on_partial_join
         self._invite_limits = invite_limits
         self._signing_key = signing_key
         self._store = store
@@ -200,6 +214,9 @@ class MembershipHandler:
             )
         if self._server_name not in await self._store.get_joined_servers(room_id):
             raise not_found(f"this server is not in room {room_id}")
+        if self._is_partial is not None and await self._is_partial(room_id):
+            raise not_found(f"this server is still fetching the state of room {room_id} (a partial-state join); "
+                            "ask another server")
         content: dict[str, Any] = {"membership": membership}
         if membership == C.JOIN and room_version.restricted_join_rule:
             authoriser = await self._restricted_authoriser(room_version, room_id, user_id)
@@ -449,13 +466,22 @@ class MembershipHandler:
             pdu.pop(field, None)
         join = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
         asked = time.perf_counter()
-        response = await self._client.put_json(
-            server,
-            f"/_matrix/federation/v2/send_join/{quote_path(room_id)}/{quote_path(join.event_id)}",
-            join.get_pdu_json(), max_bytes=MAX_SEND_JOIN_RESPONSE_BYTES,
-        )
-        if not isinstance(response, dict):
-            raise JoinError(f"{server} sent a send_join response that is not an object")
+        response = await self._send_join(server, join, omit_members=self._partial_joins)
+        partial_servers: list[str] | None = None
+        if response.get("members_omitted") is True and self._partial_joins:
+            try:
+                partial_servers = parse_servers_in_room(response.get("servers_in_room"), answered_by=server,
+                                                        own=self._server_name)
+            except BadPartialAnswer as e:
+                # Unusable as a partial join: ask the same server for the whole state (our join
+                # is the same event; the resident stored it already and answers again).
+                logger.warning("[%s] %s's partial-state answer is unusable (%s); asking for the full state",
+                               room_id, server, e)
+                response = await self._send_join(server, join, omit_members=False)
+                if response.get("members_omitted") is True:
+                    raise JoinError(f"{server} left the members out of a send_join that asked for them") from None
+        elif response.get("members_omitted") is True:
+            raise JoinError(f"{server} left the members out of a send_join that asked for them")
         returned = response.get("event")
         if isinstance(returned, dict):
             try:
@@ -468,17 +494,41 @@ class MembershipHandler:
         joined_state = await self._check_join_state(room_version, room_id, server, response)
         checked = time.perf_counter()
         try:
-            await check_against_state(self._loader, room_version, join, joined_state.state, known=joined_state.events)
-        except AuthError as e:
+            if partial_servers is None:
+                await check_against_state(self._loader, room_version, join, joined_state.state,
+                                          known=joined_state.events)
+            else:
+                # The partial state may lack member events the join's auth needs (a restricted
+                # join's authoriser's: a resident may send it in the auth chain only), so the
+                # join is checked against its own auth events, which the answer must hold.
+                accepted = {i: e for i, e in joined_state.events.items() if i not in joined_state.rejected}
+                await check_against_auth_events(self._loader, room_version, join, accepted)
+        except (AuthError, MissingEventsError) as e:
             raise JoinError(f"our join does not pass auth against {server}'s state: {e}") from None
         members = (joined_state.events[i] for k, i in joined_state.state.items() if k[0] == C.MEMBER)
         joined = {server_name_of(e.state_key) for e in members if e.membership == C.JOIN and e.state_key}
+        joined |= set(partial_servers or ())
         await self._persister.persist_join(room_version, join, joined_state.order, joined_state.rejected,
-                                           joined_state.state, frozenset(joined | {server}) - {self._server_name})
-        logger.info("[%s] %s joined via %s (%d state events, %d rejected): send_join %.2fs, checks %.2fs, "
-                    "storing %.2fs", room_id, user_id, server, len(joined_state.state), len(joined_state.rejected),
-                    received - asked, checked - received, time.perf_counter() - checked)
+                                           joined_state.state, frozenset(joined | {server}) - {self._server_name},
+                                           partial_servers)
+        logger.info("[%s] %s joined via %s (%d state events%s, %d rejected): send_join %.2fs, checks %.2fs, "
+                    "storing %.2fs", room_id, user_id, server, len(joined_state.state),
+                    "" if partial_servers is None else f", members omitted, {len(partial_servers)} servers",
+                    len(joined_state.rejected), received - asked, checked - received, time.perf_counter() - checked)
+        if partial_servers is not None and self._on_partial_join is not None:
+            self._on_partial_join(room_id)
         return join
+
+    async def _send_join(self, server: str, join: FrozenEvent, *, omit_members: bool) -> dict[str, Any]:
+        response = await self._client.request(
+            "PUT", server,
+            f"/_matrix/federation/v2/send_join/{quote_path(join.room_id)}/{quote_path(join.event_id)}",
+            content=join.get_pdu_json(), max_bytes=MAX_SEND_JOIN_RESPONSE_BYTES,
+            query={"omit_members": "true"} if omit_members else None,
+        )
+        if not isinstance(response, dict):
+            raise JoinError(f"{server} sent a send_join response that is not an object")
+        return response
 
     async def _check_join_state(self, room_version: RoomVersion, room_id: str, server: str,
                                 response: Mapping[str, Any]) -> CheckedState:

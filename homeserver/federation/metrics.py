@@ -1,4 +1,5 @@
-"""Federation metrics: inbound transactions and PDUs by outcome, outbound requests by outcome, gaps filled."""
+"""Federation metrics: inbound transactions and PDUs by outcome, outbound requests by outcome, gaps filled,
+partial-state resyncs."""
 
 # tests: tests/unit/federation/test_metrics.py
 
@@ -7,13 +8,15 @@ from __future__ import annotations
 from typing import Final
 
 import attrs
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 TRANSACTION_OUTCOMES: Final = ("processed", "repeat", "refused")
 PDU_OUTCOMES: Final = ("accepted", "rejected", "soft_failed", "invalid", "missing_events")
 REQUEST_OUTCOMES: Final = ("ok", "http_error", "network_error", "timeout")
 METHODS: Final = ("GET", "PUT", "POST")
 GAP_METHODS: Final = ("get_missing_events", "state_ids")
+# A room's state resync after a partial-state join, per server asked: stored, or that server failed.
+RESYNC_OUTCOMES: Final = ("completed", "failed")
 
 
 @attrs.frozen
@@ -22,6 +25,8 @@ class FederationMetrics:
     pdus: Counter
     requests: Counter
     gaps_filled: Counter
+    partial_state_resyncs: Counter
+    partial_state_resync_duration: Histogram
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> FederationMetrics:
@@ -47,6 +52,19 @@ class FederationMetrics:
                 "reached our timeline, or the state before an event taken from /state_ids.",
                 ["method"], registry=registry,
             ),
+            partial_state_resyncs=Counter(
+                "tributary_federation_partial_state_resyncs_total",
+                "Attempts to fetch and store the full state of a room joined with partial state, one per "
+                "server asked, by outcome (completed, or that server failed and the next is asked).",
+                ["outcome"], registry=registry,
+            ),
+            partial_state_resync_duration=Histogram(
+                "tributary_federation_partial_state_resync_duration_seconds",
+                "Time from a partial-state join (or the process's start, for a resumed room) to the room's "
+                "full state stored.",
+                buckets=(0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0),
+                registry=registry,
+            ),
         )
         for outcome in TRANSACTION_OUTCOMES:
             metrics.transactions.labels(outcome=outcome)
@@ -57,4 +75,6 @@ class FederationMetrics:
                 metrics.requests.labels(method=method, outcome=outcome)
         for method in GAP_METHODS:
             metrics.gaps_filled.labels(method=method)
+        for outcome in RESYNC_OUTCOMES:
+            metrics.partial_state_resyncs.labels(outcome=outcome)
         return metrics

@@ -31,12 +31,14 @@ from homeserver.federation.history import HistoryHandler
 from homeserver.federation.keys import Keyring, Notary, NotaryLimits, server_key_response
 from homeserver.federation.membership import InviteLimits, MembershipHandler
 from homeserver.federation.metrics import FederationMetrics
+from homeserver.federation.partial_state import PartialStateResyncer
 from homeserver.federation.queries import RemoteQueries
 from homeserver.federation.transaction import TransactionHandler
 from homeserver.handlers.auth import client_ip
 from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.partial_state import PartialRooms
 from homeserver.handlers.remote_invites import RemoteInvites
 from homeserver.routing.writers import InviteWriter
 from homeserver.events.identifiers import is_valid_event_id, is_valid_key_id, is_valid_room_alias, is_valid_user_id
@@ -56,6 +58,7 @@ from storage.kernel.errors import invalid_param, missing_param, not_found
 from homeserver.http.server import FEDERATION_JSON, Routes, parse_json_body, parse_json_object
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
+from storage.stores.partial_state import PartialStateStore
 from storage.stores.room_state import RoomStateStore
 
 FED_V1 = "/_matrix/federation/v1"
@@ -81,6 +84,8 @@ class FederationServices:
     history: HistoryHandler
     backfill: BackfillHandler
     acl: ServerAcls
+    # Fetches the full state of rooms joined with partial state (partial_state.py).
+    partial_resync: PartialStateResyncer
     # Called with the origin of every authenticated inbound request: the server is up
     # (the federation sender clears its backoff and wakes its queue).
     on_remote_up: Callable[[str], None]
@@ -98,6 +103,7 @@ class FederationServices:
         loader: EventLoader,
         federation_store: FederationStore,
         room_state: RoomStateStore,
+        partial_state: PartialStateStore,
         metrics: FederationMetrics,
         invites: RemoteInvites,
         invite_writer: InviteWriter,
@@ -131,28 +137,44 @@ class FederationServices:
                          clock=lambda: float(reactor.seconds()),
                          limits=GapLimits(max_events=limits.missing_events_max,
                                           concurrency=limits.max_concurrent_fetches))
+        run_in_thread = _thread_runner(reactor)
+        resyncer = PartialStateResyncer(server_name=server_name, partial=partial_state, store=store, loader=loader,
+                                        persister=persister, keyring=keyring, client=client, clock=reactor,
+                                        metrics=metrics, run_in_thread=run_in_thread)
+        partial_rooms = PartialRooms(partial_state, reactor)
+        resyncer.on_complete.append(partial_rooms.invalidate)
+
+        def on_partial_join(room_id: str) -> None:
+            partial_rooms.invalidate()
+            resyncer.start(room_id)
         return cls(
             server_name=server_name, signing_key=signing_key, clock_ms=clock_ms, client=client, keyring=keyring,
             notary=notary, key_query_limiter=Ratelimiter.from_config(limits.rc_key_query),
             transactions=TransactionHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                             keyring=keyring, client=client, txn_store=federation_store,
-                                            clock_ms=clock_ms, metrics=metrics, gaps=gaps, acl=acl),
+                                            clock_ms=clock_ms, metrics=metrics, gaps=gaps, acl=acl,
+                                            partial_rooms=partial_rooms.is_partial),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
                                          room_state=room_state,
                                          persister=persister, loader=loader, keyring=keyring, client=client,
                                          clock_ms=clock_ms, invites=invites, invite_writer=invite_writer,
                                          forward=forward, invite_limits=InviteLimits.from_config(
                                              config.rc_invites, lambda: float(reactor.seconds())),
-                                         run_in_thread=_thread_runner(reactor)),
-            history=HistoryHandler(server_name=server_name, store=store, loader=loader, clock_ms=clock_ms),
+                                         run_in_thread=run_in_thread,
+                                         partial_joins=config.federation.partial_state_joins,
+                                         on_partial_join=on_partial_join, is_partial=partial_rooms.is_partial),
+            history=HistoryHandler(server_name=server_name, store=store, loader=loader, clock_ms=clock_ms,
+                                   is_partial=partial_rooms.is_partial),
             backfill=BackfillHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                      keyring=keyring,
                                      client=client),
             acl=acl,
+            partial_resync=resyncer,
             on_remote_up=on_remote_up,
         )
 
     async def stop(self) -> None:
+        self.partial_resync.stop()
         await self.client.close()
 
     # --- key server --------------------------------------------------------------------

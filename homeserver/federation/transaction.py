@@ -78,8 +78,12 @@ class TransactionHandler:
         metrics: FederationMetrics,
         gaps: GapFiller,
         acl: ServerAcls | None = None,
+        partial_rooms: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self._gaps = gaps
+        # Whether a room is joined with partial state: its PDUs are then checked against their
+        # own auth events only (docs/federation.md, "Partial-state joins").
+        self._partial_rooms = partial_rooms
         self._metrics = metrics
         # Server ACLs: PDUs and EDUs of rooms whose ACL denies the origin are dropped.
         self._acl = acl
@@ -248,6 +252,9 @@ class TransactionHandler:
             # Their auth events, read in one go (those among them are checked from memory).
             listed = {e.event_id for e in sequence}
             await self._loader.load_events({a for e in sequence for a in e.auth_event_ids} - listed)
+            if await self._is_partial(room_id):
+                # Our state lacks the members' events these cite: fetched, as outliers.
+                await self._gaps.fetch_missing_auth_events(origin, room_version, room_id, sequence)
             i = 0
             while i < len(sequence):
                 i, one_next = await self._persist_batch(origin, room_version, sequence, i, ours, outcomes)
@@ -268,6 +275,7 @@ class TransactionHandler:
         async with self._persister.room_lock(room_id):
             start = await self._store.get_batch_start(room_id, [e.event_id for e in rest], wanted_prevs(rest))
             planner = BatchPlanner(start)
+            partial = await self._is_partial(room_id)
             known: dict[str, FrozenEvent] = {}
             stop = len(sequence)
             for j, event in enumerate(rest, start=i):
@@ -276,8 +284,9 @@ class TransactionHandler:
                     stop = j
                     break
                 try:
-                    rejection = await self._rejection(origin, room_version, event, plan.state_before, known)
-                    soft_failed = rejection is None and await self._soft_fails(
+                    rejection = await self._rejection(origin, room_version, event, plan.state_before, known,
+                                                      partial=partial)
+                    soft_failed = rejection is None and not partial and await self._soft_fails(
                         origin, room_version, event, planner.current_state, known)
                 except EventsError as e:  # its auth events are unknown: nothing is stored
                     verdicts.append((event, str(e), _outcome(e)))
@@ -335,16 +344,21 @@ class TransactionHandler:
 
     async def _rejection(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
                          state_before: Mapping[StateKey, str],
-                         known: Mapping[str, FrozenEvent] | None = None) -> str | None:
+                         known: Mapping[str, FrozenEvent] | None = None, *, partial: bool = False) -> str | None:
         """Why the event is rejected (auth against its auth events, then against the state before
-        it), or None. ``known``: events of the batch not stored yet."""
+        it), or None. ``known``: events of the batch not stored yet. ``partial``: the room's state
+        lacks its members (a partial-state join), so only the auth events are checked."""
         try:
             await check_against_auth_events(self._loader, room_version, event, known)
-            await check_against_state(self._loader, room_version, event, state_before, known)
+            if not partial:
+                await check_against_state(self._loader, room_version, event, state_before, known)
         except AuthError as e:
             logger.warning("[%s] rejecting %s from %s: %s", event.room_id, event.event_id, origin, e)
             return str(e)
         return None
+
+    async def _is_partial(self, room_id: str) -> bool:
+        return self._partial_rooms is not None and await self._partial_rooms(room_id)
 
     async def _soft_fails(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
                           current: Mapping[StateKey, str], known: Mapping[str, FrozenEvent] | None = None) -> bool:
@@ -375,9 +389,10 @@ class TransactionHandler:
         else:
             state_before = given_state
         # A MissingEventsError (auth events unknown; not an AuthError) propagates: nothing is stored.
-        rejection = await self._rejection(origin, room_version, event, state_before)
+        partial = await self._is_partial(event.room_id)
+        rejection = await self._rejection(origin, room_version, event, state_before, partial=partial)
         soft_failed = False
-        if rejection is None:
+        if rejection is None and not partial:
             current = await self._store.get_current_state_ids(event.room_id)
             soft_failed = await self._soft_fails(origin, room_version, event, current)
         await self._persister.persist(

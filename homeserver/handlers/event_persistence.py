@@ -59,6 +59,7 @@ from storage.stores.events import (
     persist_events_txn,
 )
 from storage.stores.push import PushAction, PushContextRow, any_http_pusher_txn, get_push_context_txn
+from storage.stores.partial_state import CompletedState, complete_partial_state_txn, mark_partial_state_txn
 from storage.stores.room_state import BulkEventRow, store_join_state_txn
 
 PushContextReader = Callable[[Transaction, str, str, Collection[str]], PushContextRow]
@@ -583,21 +584,31 @@ class EventPersister:
         rejected: Mapping[str, str],
         state_before: Mapping[StateKey, str],
         destinations: frozenset[str],
+        partial_servers: Sequence[str] | None = None,
     ) -> PersistResult:
         """Our join of a room over federation, with what ``send_join`` brought: ``events`` (its
         state and auth chain, checked by the caller; ``rejected``: why, for those that failed)
         stored as outliers in bulk, ``state_before`` stored once (one state group, and the
-        room's current state) in the same transaction, then the join on that state."""
+        room's current state) in the same transaction, then the join on that state.
+        ``partial_servers``: the answer left the members out (``members_omitted``); the room is
+        marked partial-state in the same transaction, with these servers to fetch it from."""
         rows = [_bulk_row(e, rejected.get(e.event_id)) for e in events]
         memberships = {e.event_id: e.membership for e in events if e.type == C.MEMBER}
         create = next((e for e in events if e.type == C.CREATE and e.state_key == ""), None)
         room = None if create is None else (room_version.identifier, create.sender, create.origin_server_ts)
+
+        def store(txn: Transaction) -> int:
+            group = store_join_state_txn(
+                txn, join.room_id, rows, self._stream_ids.get_next_mult_txn, instance_name=self._instance_name,
+                room=room, state=state_before, memberships=memberships,
+            )
+            if partial_servers is not None:
+                mark_partial_state_txn(txn, join.room_id, join.event_id, list(partial_servers), int(time.time() * 1000))
+            return group
+
         async with self.room_lock(join.room_id):
             start = time.perf_counter()
-            group = await self._stream_ids.run_interaction(
-                "persist_join_state", store_join_state_txn, join.room_id, rows, self._stream_ids.get_next_mult_txn,
-                instance_name=self._instance_name, room=room, state=state_before, memberships=memberships,
-            )
+            group = await self._stream_ids.run_interaction("persist_join_state", store)
             for event in events:
                 if event.type != C.MEMBER:  # the few events auth reads; members are read when needed
                     self._loader.prime(event)
@@ -609,6 +620,29 @@ class EventPersister:
         logger.info("[%s] join state stored: %d events and %d state entries in %.2fs, then the join in %.2fs",
                     join.room_id, len(rows), len(state_before), stored - start, time.perf_counter() - stored)
         return result
+
+    async def complete_partial_state(
+        self, room_version: RoomVersion, room_id: str, join_event_id: str, events: Sequence[FrozenEvent],
+        rejected: Mapping[str, str], state: Mapping[StateKey, str],
+    ) -> CompletedState:
+        """Make a partial-state room's state whole (``complete_partial_state_txn``): ``events``
+        (the full state before our join ``join_event_id`` and its auth chain, checked by the caller;
+        ``rejected``: why, for those that failed) and ``state``, that state. Under the room lock,
+        so no event of the room is persisted on the partial state meanwhile."""
+        rows = [_bulk_row(e, rejected.get(e.event_id)) for e in events]
+        memberships = {e.event_id: e.membership for e in events if e.type == C.MEMBER}
+        async with self.room_lock(room_id):
+            self._snapshots.pop(room_id, None)
+            start = time.perf_counter()
+            done = await self._stream_ids.run_interaction(
+                "complete_partial_state", complete_partial_state_txn, room_id, join_event_id, rows,
+                self._stream_ids.get_next_mult_txn, self._stream_ids.get_next_txn, instance_name=self._instance_name,
+                state=state, memberships=memberships,
+            )
+            self._snapshots.pop(room_id, None)
+        logger.info("[%s] full state stored: %d new events, %d state entries filled in (%d in current state) in %.2fs",
+                    room_id, done.new_events, done.group_entries, done.current_entries, time.perf_counter() - start)
+        return done
 
     async def persist_backfilled(
         self,

@@ -16,6 +16,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from homeserver.events import constants as C
+from homeserver.handlers.partial_state import PartialStateWaiter
 from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.aggregations import Aggregator
 from homeserver.handlers.client_events import ClientEvents
@@ -41,6 +42,7 @@ from homeserver.handlers.sync import SyncHandler
 from homeserver.handlers.typing import TypingHandler
 from homeserver.routing.writers import Writers
 from storage.database import Database
+from storage.stores.partial_state import PartialStateStore
 from storage.stores.admin import AdminStore
 from storage.id_generators import StreamIdGenerator
 from storage.notifier import Notifier
@@ -123,6 +125,7 @@ class RoomServices:
 
         timeline = TimelineStore(db)
         relations_store = RelationsStore(db)
+        partial_state = PartialStateStore(db)
 
         client_events = ClientEvents(
             loader=loader, events_store=events_store, timeline=timeline, clock_ms=clock_ms,
@@ -164,6 +167,9 @@ class RoomServices:
             app_services=accounts.auth.app_services,
             ask_services_alias=accounts.app_service_queries.query_alias if accounts.auth.app_services else None,
             is_blocked=blocked_rooms,
+            partial_state=PartialStateWaiter(
+                partial_state, reactor,
+                seen=lambda instance, position: streams[StreamName.EVENTS].get_position(instance) >= position),
         )
         accounts.profiles.profile_changed_hooks.append(rooms.on_profile_changed)
         room_tokens = RoomTokens(streams[StreamName.EVENTS], InstanceMap(db))
@@ -232,6 +238,7 @@ class RoomServices:
             presence=presence,
             room_tokens=room_tokens,
             push=PushStore(db),
+            partial_state=partial_state,
         )
         sliding_sync = SlidingSyncHandler(
             store=SlidingSyncStore(db), sync=sync, notifier=notifier, clock=reactor, room_tokens=room_tokens,

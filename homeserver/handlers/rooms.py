@@ -39,6 +39,7 @@ from homeserver.events.restricted import (
     choose_authoriser,
     needs_authorisation,
 )
+from homeserver.handlers.partial_state import PartialStateWaiter
 from homeserver.handlers.auth import Requester
 from homeserver.handlers.client_events import ClientEvents
 from homeserver.handlers.event_loader import EventLoader
@@ -180,7 +181,10 @@ class RoomHandler:
         publish: Callable[[str], Awaitable[None]] | None = None,
         app_services: AppServiceRegistry | None = None,
         ask_services_alias: Callable[[str], Awaitable[bool]] | None = None,
+        partial_state: PartialStateWaiter | None = None,
     ) -> None:
+        # Reads needing the room's members wait while it is joined with partial state.
+        self._partial_state = partial_state
         # Asks application services about an unknown alias of their namespaces (they may make it).
         self._ask_services_alias = ask_services_alias
         # Lists a room created with ``visibility: public`` in the room directory.
@@ -796,7 +800,13 @@ class RoomHandler:
             return await self._events_store.get_current_state_ids(room_id)
         raise forbidden("You are not in this room")
 
+    async def _wait_for_members(self, room_id: str) -> None:
+        """While ``room_id`` is joined with partial state, wait (bounded) for its members."""
+        if self._partial_state is not None:
+            await self._partial_state.wait_for_full_state(room_id)
+
     async def get_state(self, requester: Requester, room_id: str) -> list[dict[str, Any]]:
+        await self._wait_for_members(room_id)
         ids = await self.visible_state_ids(requester, room_id)
         events = await self._client_events.load(sorted(ids.values()))
         return await self._client_events.serialize(events)
@@ -805,6 +815,8 @@ class RoomHandler:
         self, requester: Requester, room_id: str, event_type: str, state_key: str
     ) -> dict[str, Any]:
         """The state event as clients see it (the servlet answers its content unless ``format=event``)."""
+        if event_type == C.MEMBER and state_key != requester.user_id:
+            await self._wait_for_members(room_id)
         ids = await self.visible_state_ids(requester, room_id)
         event_id = ids.get((event_type, state_key))
         if event_id is None:
@@ -818,6 +830,7 @@ class RoomHandler:
     async def get_members(
         self, requester: Requester, room_id: str, *, membership: str | None, not_membership: str | None
     ) -> list[dict[str, Any]]:
+        await self._wait_for_members(room_id)
         ids = await self.visible_state_ids(requester, room_id)
         member_ids = sorted(eid for (etype, _), eid in ids.items() if etype == C.MEMBER)
         events = await self._client_events.load(member_ids)
@@ -833,6 +846,7 @@ class RoomHandler:
         entry = rooms.get(room_id)
         if entry is None or entry[0] != C.JOIN:
             raise forbidden("You are not in this room")
+        await self._wait_for_members(room_id)
         profiles = await self._timeline.get_joined_profiles(room_id)
         return {
             "joined": {

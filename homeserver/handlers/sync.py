@@ -32,6 +32,7 @@ from homeserver.handlers.client_events import ClientEvents, strip_event
 from homeserver.handlers.remote_invites import event_of
 from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.metrics import SyncMetrics
+from homeserver.handlers.partial_state import sync_view
 from homeserver.handlers.messages import EventFilter, parse_event_filter, room_token
 from homeserver.handlers.presence import PresenceHandler
 from homeserver.handlers.push_rules import effective_rules
@@ -42,6 +43,7 @@ from storage.notifier import Notifier
 from storage.caches import DictCache
 from storage.stores.account_data import AccountDataStore, UserAccountData
 from storage.stores.events import EventsStore, StateKey
+from storage.stores.partial_state import PartialStateStore
 from storage.stores.push import PushStore
 from storage.stores.timeline import MembershipRow, TimelineStore
 from storage.streams import StreamName
@@ -151,8 +153,10 @@ class SyncHandler:
         presence: PresenceHandler | None = None,
         room_tokens: RoomTokens,
         push: PushStore,
+        partial_state: PartialStateStore | None = None,
     ) -> None:
         self._push = push
+        self._partial_state = partial_state
         self._presence = presence
         self._room_tokens = room_tokens
         self._e2e = e2e
@@ -314,6 +318,14 @@ class SyncHandler:
             at_since: Mapping[str, str],
         ) -> set[str]:
             joined = {r for r, (m, _, _) in rooms_at.items() if m == C.JOIN}
+            if partial_rows:
+                view = sync_view(partial_rows, joined, lazy_members=sync_filter.state.lazy_load_members,
+                                 since=since_pos if since is not None else None, upto=upto)
+                partial_hidden.update(view.hidden)
+                joined -= view.hidden
+                if not initial:
+                    # Made whole since ``since``: sent as a newly joined room (docs/federation.md).
+                    late = late | view.newly_whole
             if initial:
                 return joined
             # A membership that changed after the snapshot (a race with this request: ``late``)
@@ -327,6 +339,12 @@ class SyncHandler:
         devices_range = moved(SyncStreamKey.DEVICE_LISTS) if since is not None else None
         to_device_after = _stream_position(since, SyncStreamKey.TO_DEVICE) if since is not None else 0
         to_device_upto = _stream_position(now, SyncStreamKey.TO_DEVICE)
+        # Rooms joined with partial state, hidden from a client that does not lazy-load members
+        # until their state is whole (``homeserver/handlers/partial_state.py``).
+        partial_rows = {}
+        if self._partial_state is not None and not sync_filter.state.lazy_load_members:
+            partial_rows = await self._partial_state.get_rows_for_sync((upto if initial else since_pos).minimum)
+        partial_hidden: set[str] = set()
         rooms_read = _start(self._timeline.get_sync_rooms(
             user_id, since=since_pos if since is not None else None, upto=upto, limit=limit + 1, full_rooms=full_rooms
         ))
@@ -353,7 +371,7 @@ class SyncHandler:
         key_counts_read = _start(self._e2e.key_counts(requester))
         try:
             snapshot = await rooms_read
-            joined_ids = [r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN]
+            joined_ids = [r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN and r not in partial_hidden]
             receipts_range = moved(SyncStreamKey.RECEIPTS)
             receipts = (
                 await self._receipts.ephemeral_for(user_id, joined_ids, *receipts_range) if receipts_range else {}

@@ -38,6 +38,7 @@ from homeserver.handlers.rooms import send_error
 from storage.kernel.errors import MatrixError, bad_json
 from homeserver.events.errors import EventsError
 from storage.stores.events import DuplicateTxnId, PersistResult, SendTxn, StateKey
+from storage.stores.partial_state import CompletedState
 from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
 from homeserver.routing.layout import Layout
 
@@ -111,17 +112,35 @@ class RoutedPersister(EventPersister):
 
     async def persist_join(self, room_version: RoomVersion, join: FrozenEvent, events: Sequence[FrozenEvent],
                            rejected: Mapping[str, str], state_before: Mapping[StateKey, str],
-                           destinations: frozenset[str]) -> PersistResult:
+                           destinations: frozenset[str], partial_servers: Sequence[str] | None = None) -> PersistResult:
         owner = self._layout.events_writer_for_room(join.room_id)
         if owner == self._layout.instance_name:
-            return await super().persist_join(room_version, join, events, rejected, state_before, destinations)
+            return await super().persist_join(room_version, join, events, rejected, state_before, destinations,
+                                              partial_servers)
         body = {
             "join": event_to_json(join), "events": [event_to_json(e) for e in events], "rejected": dict(rejected),
             "state_before": [[t, k, e] for (t, k), e in state_before.items()], "destinations": sorted(destinations),
+            "partial_servers": None if partial_servers is None else list(partial_servers),
         }
         result = _result_from_json(await self._client.call(owner, "persist_join", body))
         self._loader.prime(join)
         return result
+
+    async def complete_partial_state(
+        self, room_version: RoomVersion, room_id: str, join_event_id: str, events: Sequence[FrozenEvent],
+        rejected: Mapping[str, str], state: Mapping[StateKey, str],
+    ) -> CompletedState:
+        owner = self._layout.events_writer_for_room(room_id)
+        if owner == self._layout.instance_name:
+            return await super().complete_partial_state(room_version, room_id, join_event_id, events, rejected, state)
+        body = {
+            "room_version": room_version.identifier, "room_id": room_id, "join_event_id": join_event_id,
+            "events": [event_to_json(e) for e in events], "rejected": dict(rejected),
+            "state": [[t, k, e] for (t, k), e in state.items()],
+        }
+        answer = await self._client.call(owner, "complete_partial_state", body)
+        return CompletedState(int(answer["new_events"]), int(answer["group_entries"]), int(answer["current_entries"]),
+                              None if answer["position"] is None else int(answer["position"]))
 
     async def persist_remote_batch(
         self, room_version: RoomVersion, batch: Sequence[RemoteBatchEvent]
@@ -282,11 +301,24 @@ def register_event_operations(
         check_owner(join.room_id)
         events = [event_from_json(e)[1] for e in body["events"]]
         state = {(t, k): e for t, k, e in body["state_before"]}
+        partial = body.get("partial_servers")
         result = await persister.persist_join(room_version, join, events, body["rejected"], state,
-                                              frozenset(body["destinations"]))
+                                              frozenset(body["destinations"]),
+                                              None if partial is None else [str(s) for s in partial])
         return _result_to_json(result)
+
+    async def complete_partial_state(body: dict[str, Any]) -> dict[str, Any]:
+        room_id = str(body["room_id"])
+        check_owner(room_id)
+        events = [event_from_json(e)[1] for e in body["events"]]
+        state = {(t, k): e for t, k, e in body["state"]}
+        done = await persister.complete_partial_state(get_room_version(str(body["room_version"])), room_id,
+                                                      str(body["join_event_id"]), events, body["rejected"], state)
+        return {"new_events": done.new_events, "group_entries": done.group_entries,
+                "current_entries": done.current_entries, "position": done.position}
 
     server.register("send_event", send_event)
     server.register("persist_join", persist_join)
+    server.register("complete_partial_state", complete_partial_state)
     server.register("persist_event", persist_event)
     server.register("persist_backfilled", persist_backfilled)

@@ -444,14 +444,18 @@ def get_current_state_for_keys_txn(txn: Transaction, room_id: str, keys: Collect
 
 
 def get_joined_servers_txn(txn: Transaction, room_id: str) -> set[str]:
-    """Servers of the joined members: the part of each user ID after the first colon."""
+    """Servers of the joined members: the part of each user ID after the first colon; while
+    the room's state is partial (``partial_state_rooms``), also the servers the join's answer
+    named (our member list lacks most of them until the resync)."""
     txn.execute(
         """
         SELECT DISTINCT substring(state_key FROM position(':' IN state_key) + 1)
         FROM current_state_events
         WHERE room_id = %s AND type = 'm.room.member' AND membership = 'join'
+        UNION
+        SELECT unnest(servers) FROM partial_state_rooms WHERE room_id = %s AND completed_stream IS NULL
         """,
-        (room_id,),
+        (room_id, room_id),
     )
     return {row[0] for row in txn.fetchall()}
 

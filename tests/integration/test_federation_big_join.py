@@ -24,7 +24,7 @@ from homeserver.federation.client import HttpResponseError
 from tests.big_room import add_members, add_members_to_process
 from tests.conftest import scratch_database
 from tests.harness import TributaryProcess, configure_workers
-from tests.integration.test_federation import eventually, name, stored, two_servers
+from tests.integration.test_federation import FED, eventually, name, stored, two_servers
 
 MEMBERS = 3000
 
@@ -63,7 +63,9 @@ async def test_join_of_a_room_with_thousands_of_members(database_dsn: str, secon
     message from A arrives). Then a server asking A with ``omit_members`` gets the state
     without member events but the heroes', an auth chain without what the state holds, and
     the servers in the room."""
-    async with two_servers(database_dsn, second_database_dsn, tmp_path) as (a, b):
+    # The whole state in the send_join answer (partial-state joins: test_federation_partial_join.py).
+    full_joins = {"federation": {**FED, "partial_state_joins": False}}
+    async with two_servers(database_dsn, second_database_dsn, tmp_path, extra=full_joins) as (a, b):
         assert a.process.room_events is not None and a.process.signing_key is not None
         assert b.process.federation is not None and b.process.events_store is not None
         alice, bob = f"@alice:{name(a)}", f"@bob:{name(b)}"
@@ -140,7 +142,9 @@ def test_join_from_a_worker_layout_stores_through_the_rooms_persister(
     """B runs as workers (main, an event persister p1, a generic worker g1); A is one process
     whose room has 2,000 members. Bob's /join on g1 checks A's send_join answer there and
     hands it all to p1, the room's events writer (``persist_join``, a body far over the
-    default 1 MB limit): B's current state holds every member and Bob's /sync shows the room."""
+    default 1 MB limit). The join is partial (``omit_members``): g1 resyncs the state and p1
+    stores it (``complete_partial_state``); /joined_members waits for it, then B's current
+    state holds every member and Bob's /sync shows the room."""
     with scratch_database(postgres_template) as dsn_a, scratch_database(postgres_template) as dsn_b:
         resident = TributaryProcess.configure_federating(tmp_path / "a", database_url=dsn_a)
         main, workers, generic_port = configure_workers(tmp_path / "b", dsn_b, redis_url, persisters=1, senders=0)
@@ -167,6 +171,9 @@ def test_join_from_a_worker_layout_stores_through_the_rooms_persister(
             assert "joined via" in workers["g1"].log_path.read_text(encoding="utf-8")
             assert "join state stored" in workers["p1"].log_path.read_text(encoding="utf-8")
             assert "join state stored" not in workers["g1"].log_path.read_text(encoding="utf-8")
+            # The partial join's resync: fetched and checked on g1, stored by p1.
+            assert "resynced the room's state" in workers["g1"].log_path.read_text(encoding="utf-8")
+            assert "full state stored" in workers["p1"].log_path.read_text(encoding="utf-8")
         finally:
             for process in reversed(processes):
                 process.kill()

@@ -243,6 +243,9 @@ def fan_out_with_kills(layout: Layout, messages: int, kills: list[Kill], label: 
     alice, bob = layout.alice, layout.bob
     room_id = alice.ok("POST", "createRoom", {"preset": "public_chat"})["room_id"]
     bob.ok("POST", f"join/{quote(room_id, safe='')}?via={quote(layout.main.server_name)}", {})
+    # A Tributary destination joins with partial state; its member list waits for the resync,
+    # after which a non-lazy /sync would send the room once more as newly joined (limited).
+    bob.ok("GET", f"rooms/{quote(room_id, safe='')}/joined_members")
     since = bob.ok("GET", f"sync?timeout=0&filter={TIMELINE}")["next_batch"]
     follower = RoomFollower(bob, room_id, since)
     follower.start()

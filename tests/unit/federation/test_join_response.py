@@ -24,9 +24,22 @@ def test_partial_state_keeps_non_member_events_and_the_heroes_only_when_the_room
     members = _members(("@a:a", "join", 1), ("@b:b", "join", 2), ("@c:c", "leave", 3))
     state = {CREATE: "$create", PL: "$pl", **{("m.room.member", user): event_id
                                               for event_id, (user, _, _) in members.items()}}
-    assert partial_state(state, members, "@b:b") == {CREATE: "$create", PL: "$pl", ("m.room.member", "@a:a"): "$m1"}
+    # @b:b's own (earlier) membership is kept too: the joining server checks the join with it.
+    assert partial_state(state, members, "@b:b") == {CREATE: "$create", PL: "$pl", ("m.room.member", "@a:a"): "$m1",
+                                                     ("m.room.member", "@b:b"): "$m2"}
     named = {**state, NAME: "$name"}
-    assert partial_state(named, members, "@b:b") == {CREATE: "$create", PL: "$pl", NAME: "$name"}
+    assert partial_state(named, members, "@z:z") == {CREATE: "$create", PL: "$pl", NAME: "$name"}
+
+
+def test_partial_state_keeps_the_joiners_own_membership_and_the_member_events_the_join_cites() -> None:
+    """@b:b was invited by @a:a (an invite-only room with a name): the joining server needs the
+    invite, and a restricted join's authoriser's membership (@c:c here), to check the join."""
+    members = _members(("@a:a", "join", 1), ("@b:b", "invite", 2), ("@c:c", "join", 3), ("@d:d", "join", 4))
+    state = {CREATE: "$create", PL: "$pl", NAME: "$name",
+             **{("m.room.member", user): event_id for event_id, (user, _, _) in members.items()}}
+    assert partial_state(state, members, "@b:b", ["$create", "$pl", "$m2", "$m3"]) == {
+        CREATE: "$create", PL: "$pl", NAME: "$name", ("m.room.member", "@b:b"): "$m2",
+        ("m.room.member", "@c:c"): "$m3"}
 
 
 def test_servers_in_room_are_those_of_joined_members() -> None:
