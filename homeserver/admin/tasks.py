@@ -2,7 +2,7 @@
 tracked here, so ``delete_status``, ``purge_history_status`` and
 ``/_synapse/admin/v1/scheduled_tasks`` can report them.
 
-Tasks are rows of ``admin_tasks`` (schema 0024): the action, what it works on, the
+Tasks are rows of ``admin_tasks`` (schema 0025): the action, what it works on, the
 parameters it needs to run again, its status and its result. Shutdown waits for running
 tasks within its grace period; a task the process stopped (or crashed) under is run again
 from its row when the main process starts (``resume``): both actions are idempotent (a room

@@ -526,7 +526,7 @@ class AdminStore:
         await self._db.run_interaction("admin_set_notice_room", write)
 
 
-# --- admin tasks (schema 0024) --------------------------------------------------------------
+# --- admin tasks (schema 0025) --------------------------------------------------------------
 
 
 @attrs.frozen
