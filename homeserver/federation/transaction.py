@@ -38,7 +38,12 @@ from homeserver.federation.edus import EduRejected
 from homeserver.federation.gaps import GapFiller, topological_order
 from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
-from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.federation.pdus import (
+    auth_state_ids,
+    check_against_auth_events,
+    check_against_state,
+    parse_and_verify,
+)
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
 from storage.kernel.errors import MatrixError, bad_json
@@ -278,7 +283,7 @@ class TransactionHandler:
                 try:
                     rejection = await self._rejection(origin, room_version, event, plan.state_before, known)
                     soft_failed = rejection is None and await self._soft_fails(
-                        origin, room_version, event, planner.current_state, known)
+                        origin, room_version, event, planner.current_state, known, passed_on=plan.state_before)
                 except EventsError as e:  # its auth events are unknown: nothing is stored
                     verdicts.append((event, str(e), _outcome(e)))
                     continue
@@ -339,16 +344,24 @@ class TransactionHandler:
         """Why the event is rejected (auth against its auth events, then against the state before
         it), or None. ``known``: events of the batch not stored yet."""
         try:
-            await check_against_auth_events(self._loader, room_version, event, known)
-            await check_against_state(self._loader, room_version, event, state_before, known)
+            passed = await check_against_auth_events(self._loader, room_version, event, known)
+            await check_against_state(self._loader, room_version, event, state_before, known, passed=passed)
         except AuthError as e:
             logger.warning("[%s] rejecting %s from %s: %s", event.room_id, event.event_id, origin, e)
             return str(e)
         return None
 
     async def _soft_fails(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
-                          current: Mapping[StateKey, str], known: Mapping[str, FrozenEvent] | None = None) -> bool:
-        """Whether the event fails auth against the room's current state (it is soft-failed)."""
+                          current: Mapping[StateKey, str], known: Mapping[str, FrozenEvent] | None = None,
+                          *, passed_on: Mapping[StateKey, str] | None = None) -> bool:
+        """Whether the event fails auth against the room's current state (it is soft-failed).
+        ``passed_on``: a state it passed auth against; where the current state agrees with it on
+        every key the rules read (always, on the room's one line of history), the verdict is the
+        same and is not worked out again."""
+        if passed_on is not None and (
+                passed_on is current
+                or auth_state_ids(room_version, event, passed_on) == auth_state_ids(room_version, event, current)):
+            return False
         try:
             await check_against_state(self._loader, room_version, event, current, known)
         except AuthError as e:
