@@ -26,7 +26,6 @@ homeserver/handlers/push.py).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -550,7 +549,7 @@ class EventPersister:
             origin_server_ts=event.origin_server_ts,
             prev_event_ids=event.prev_event_ids,
             auth_event_ids=event.auth_event_ids,
-            pdu_json=json.dumps(event.get_pdu_json(), ensure_ascii=False, separators=(",", ":")),
+            pdu_json=encode_compact(event.pdu),  # as json.dumps of a thawed copy writes it, without the copy
             instance_name=self._instance_name,
             membership=membership,
             display_name=display_name if isinstance(display_name, str) else None,
