@@ -12,10 +12,12 @@ state. Keys come from the ``Keyring``; events from the ``EventLoader``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from homeserver.events import (
     FrozenEvent,
+    KeyRing,
+    ReceivedPdu,
     RoomVersion,
     StateKey,
     auth_types_for_event,
@@ -37,6 +39,13 @@ async def parse_and_verify(keyring: Keyring, room_version: RoomVersion, pdu: obj
 
     Raises ``InvalidEvent`` or ``SignatureError``.
     """
+    received, keys = await parse_with_keys(keyring, room_version, pdu)
+    return verify_received(received, keys)
+
+
+async def parse_with_keys(keyring: Keyring, room_version: RoomVersion, pdu: object) -> tuple[ReceivedPdu, KeyRing]:
+    """The first half of ``parse_and_verify``: the validated PDU and the keys of the servers that
+    must have signed it (``verify_received`` does the rest, on any thread). Raises ``InvalidEvent``."""
     if not isinstance(pdu, Mapping):
         raise InvalidEvent("a PDU must be a JSON object")
     received = receive_pdu(room_version, pdu)
@@ -49,7 +58,20 @@ async def parse_and_verify(keyring: Keyring, room_version: RoomVersion, pdu: obj
     keys = keyring.cached_keyring(wanted, at_ms=event.origin_server_ts)
     if keys is None:
         keys = await keyring.keyring_for(wanted, at_ms=event.origin_server_ts)
-    return verify_received(received, keys)
+    return received, keys
+
+
+def verify_each(items: Sequence[tuple[ReceivedPdu, KeyRing]]) -> list[FrozenEvent | EventsError]:
+    """``verify_received`` of each item: its event, or the error it raised. Pure and thread-safe
+    (frozen events, read-only keys), so a caller may run it on a thread: the ed25519 checks
+    release the GIL."""
+    checked: list[FrozenEvent | EventsError] = []
+    for received, keys in items:
+        try:
+            checked.append(verify_received(received, keys))
+        except EventsError as e:
+            checked.append(e)
+    return checked
 
 
 def _create_id(room_version: RoomVersion, event: FrozenEvent) -> str | None:

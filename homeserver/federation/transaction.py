@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol
 
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 
-from homeserver.events import FrozenEvent, RoomVersion, get_room_version
+from homeserver.events import FrozenEvent, KeyRing, ReceivedPdu, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.events.identifiers import is_valid_room_id
 from homeserver.federation.acl import ServerAcls
@@ -42,7 +42,8 @@ from homeserver.federation.pdus import (
     auth_state_ids,
     check_against_auth_events,
     check_against_state,
-    parse_and_verify,
+    parse_with_keys,
+    verify_each,
 )
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
@@ -54,6 +55,11 @@ logger = logging.getLogger(__name__)
 MAX_PDUS: Final = 50
 MAX_EDUS: Final = 100
 REMEMBERED_TRANSACTIONS: Final = 10_000
+MIN_PDUS_TO_SPLIT: Final = 8
+"""A room's PDUs in one transaction from which half their signatures are checked on a thread."""
+
+RunInThread = Callable[..., Coroutine[Any, Any, Any]]
+"""``(func, *args)``: ``func(*args)`` run on a thread pool, awaited."""
 
 class TransactionStore(Protocol):
     """Where answered transactions are kept (``storage.stores.federation.FederationStore``)."""
@@ -83,7 +89,10 @@ class TransactionHandler:
         metrics: FederationMetrics,
         gaps: GapFiller,
         acl: ServerAcls | None = None,
+        run_in_thread: RunInThread | None = None,
     ) -> None:
+        # Where half of a transaction's signature checks run (None: all on the reactor thread).
+        self._run_in_thread = run_in_thread
         self._gaps = gaps
         self._metrics = metrics
         # Server ACLs: PDUs and EDUs of rooms whose ACL denies the origin are dropped.
@@ -185,18 +194,26 @@ class TransactionHandler:
                     if event_id is not None:
                         results[event_id] = {"error": "M_FORBIDDEN: the room's server ACL denies this server"}
                 return
-            # Independent of one another: verified side by side (the keys they need are fetched
-            # at once, each server's once), in the order they came.
-            checked = await gatherResults(
-                [Deferred.fromCoroutine(self._verify_pdu(origin, room_version, pdu)) for pdu in room_pdus],
+            # Independent of one another: parsed side by side (the keys they need are fetched
+            # at once, each server's once), then their signatures checked, in the order they came.
+            parsed = await gatherResults(
+                [Deferred.fromCoroutine(self._parse_pdu(origin, room_version, pdu)) for pdu in room_pdus],
                 consumeErrors=True,
             )
+            verdicts = iter(await self._verify_all([item for item in parsed if not isinstance(item, str)]))
             events = []
-            for event_id, error, event in checked:
-                if event is not None:
-                    events.append(event)
-                elif event_id is not None:
-                    results[event_id] = {"error": error} if error else {}
+            for pdu, item in zip(room_pdus, parsed):
+                if isinstance(item, str):
+                    error = item
+                else:
+                    verdict = next(verdicts)
+                    if isinstance(verdict, FrozenEvent):
+                        events.append(verdict)
+                        continue
+                    error = self._refused(origin, verdict)
+                event_id = _event_id_guess(room_version, pdu)
+                if event_id is not None:
+                    results[event_id] = {"error": error}
             if events:
                 verified[room_id] = (room_version, events)
 
@@ -217,18 +234,30 @@ class TransactionHandler:
             await self._handle_edu(origin, edu)
         return {"pdus": results}
 
-    async def _verify_pdu(
-        self, origin: str, room_version: RoomVersion, pdu: dict[str, Any]
-    ) -> tuple[str | None, str | None, FrozenEvent | None]:
-        """(event ID, error, None) for a PDU refused here, or (ID, None, event) for one that is
-        well-formed and correctly signed (its room is known and lets the origin in)."""
+    async def _parse_pdu(self, origin: str, room_version: RoomVersion,
+                         pdu: dict[str, Any]) -> tuple[ReceivedPdu, KeyRing] | str:
+        """The PDU validated, with the keys its signatures need; or why it is refused."""
         try:
-            event = await parse_and_verify(self._keyring, room_version, pdu)
+            return await parse_with_keys(self._keyring, room_version, pdu)
         except EventsError as e:
-            logger.warning("TX [%s] PDU failed verification: %s", origin, e)
-            self._metrics.pdus.labels(outcome="invalid").inc()
-            return _event_id_guess(room_version, pdu), f"verification failed: {e}", None
-        return event.event_id, None, event
+            return self._refused(origin, e)
+
+    def _refused(self, origin: str, error: EventsError) -> str:
+        logger.warning("TX [%s] PDU failed verification: %s", origin, error)
+        self._metrics.pdus.labels(outcome="invalid").inc()
+        return f"verification failed: {error}"
+
+    async def _verify_all(self, items: Sequence[tuple[ReceivedPdu, KeyRing]]) -> list[FrozenEvent | EventsError]:
+        """``verify_each`` of the items, in order. With a thread to run on and enough of them, the
+        first half is checked there while this thread checks the second: the ed25519 checks
+        release the GIL, so on two free cores they run side by side."""
+        if self._run_in_thread is None or len(items) < MIN_PDUS_TO_SPLIT:
+            return verify_each(items)
+        half = len(items) // 2
+        first: Deferred[list[FrozenEvent | EventsError]] = Deferred.fromCoroutine(
+            self._run_in_thread(verify_each, items[:half]))
+        second = verify_each(items[half:])
+        return [*(await first), *second]
 
     async def _handle_room_events(self, origin: str, room_version: RoomVersion, events: list[FrozenEvent],
                                   in_timeline: Collection[str] = frozenset()) -> dict[str, str | None]:
