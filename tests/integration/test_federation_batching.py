@@ -16,6 +16,7 @@ from urllib.parse import quote
 import attrs
 import psycopg2
 import pytest
+from twisted.internet.defer import Deferred, gatherResults
 
 from homeserver.events import EventTemplate
 from tests.federation_peer import FederationPeer
@@ -280,3 +281,58 @@ async def test_in_the_worker_layout_a_batch_of_a_persisters_room_is_written_by_t
         await peer.stop()
         for process in reversed(processes):
             process.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_two_servers_sending_to_one_room_at_once_store_each_pdu_once_in_order(
+        server: Server, make_peer: list[FederationPeer]) -> None:
+    """Servers A and B each send a line of 15 messages, both built on the same event (so the room
+    forks), in transactions that arrive at the same time. Every PDU is accepted and stored once,
+    each line's stream orderings follow its order, and the room ends with the two lines' last
+    events as its forward extremities. Both transactions are then sent again at once (the stored
+    answers), and again under new IDs (the PDUs are stored already): the same answers, nothing
+    stored twice or moved."""
+    peer, [a, b] = await started_peer(make_peer, 2)
+    client = server.tributary.client
+    destination = server.tributary.server_name
+    token = (await client.register_ok("twolines"))["access_token"]
+    created = await client.request("POST", "createRoom", {"preset": "public_chat"}, token=token)
+    assert created.status == 200, created
+    room_id = str(created.body["room_id"])
+    for remote in (a, b):
+        await peer.join(remote, f"@u:{remote}", room_id, via=destination)
+    fork = await _send(server, token, room_id, "m.room.message", {"msgtype": "m.text", "body": "fork here"})
+    now = int(reactor.seconds() * 1000)
+    lines = {remote: await chain_builder(peer, remote, destination, room_id, fork, now) for remote in (a, b)}
+    pdus = {remote: [line.message(f"@u:{remote}", f"{remote} {i}") for i in range(15)]
+            for remote, line in lines.items()}
+    ids = {remote: event_ids(peer, p) for remote, p in pdus.items()}
+    every = ids[a] + ids[b]
+
+    async def both(suffix: str) -> list[Any]:
+        return list(await gatherResults([
+            Deferred.fromCoroutine(peer.send_transaction(remote, destination, f"line-{suffix}", pdus[remote]))
+            for remote in (a, b)]))
+
+    first = await both("1")
+    for remote, answer in zip((a, b), first):
+        assert set(answer["pdus"]) == set(ids[remote])
+        assert all(not result.get("error") for result in answer["pdus"].values()), answer
+    orderings = _orderings(server.dsn, every)
+    assert set(orderings) == set(every)
+    for remote in (a, b):
+        line_orderings = [orderings[event_id] for event_id in ids[remote]]
+        assert line_orderings == sorted(line_orderings), f"{remote}'s line is out of order"
+    with psycopg2.connect(server.dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*), count(DISTINCT event_id) FROM events WHERE event_id = ANY(%s)", (every,))
+        assert cur.fetchone() == (30, 30)
+        cur.execute("SELECT count(*) FROM event_edges WHERE event_id = ANY(%s)", (every,))
+        assert cur.fetchone() == (30,)
+        cur.execute("SELECT event_id FROM event_forward_extremities WHERE room_id = %s", (room_id,))
+        assert {row[0] for row in cur.fetchall()} == {ids[a][-1], ids[b][-1]}
+    conn.close()
+
+    assert await both("1") == first  # the stored answers
+    again = await both("2")  # new transaction IDs, PDUs stored already
+    assert [answer["pdus"] for answer in again] == [answer["pdus"] for answer in first]
+    assert _orderings(server.dsn, every) == orderings
