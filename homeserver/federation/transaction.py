@@ -256,7 +256,11 @@ class TransactionHandler:
         half = len(items) // 2
         first: Deferred[list[FrozenEvent | EventsError]] = Deferred.fromCoroutine(
             self._run_in_thread(verify_each, items[:half]))
-        second = verify_each(items[half:])
+        try:
+            second = verify_each(items[half:])
+        except BaseException:
+            first.addErrback(lambda _: None)  # this failure is the one reported
+            raise
         return [*(await first), *second]
 
     async def _handle_room_events(self, origin: str, room_version: RoomVersion, events: list[FrozenEvent],
