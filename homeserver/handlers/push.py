@@ -127,7 +127,7 @@ def _power_levels_content(power_levels_json: str | None) -> Mapping[str, Any]:
     if power_levels_json is None:
         return MappingProxyType({})
     content = json.loads(power_levels_json).get("content")
-    return content if isinstance(content, Mapping) else MappingProxyType({})
+    return MappingProxyType(content) if isinstance(content, dict) else MappingProxyType({})  # shared: read-only
 
 
 @lru_cache(maxsize=1024)

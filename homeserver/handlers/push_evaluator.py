@@ -103,7 +103,7 @@ def compile_ruleset(ruleset: Mapping[str, Sequence[Mapping[str, Any]]]) -> Compi
     return CompiledRuleset(tuple(compiled))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)  # each entry: about 40 compiled rules (tens of kB)
 def compiled_rules(user_id: str, stored_json: str | None,
                    effective: Callable[[Any, str], Mapping[str, Sequence[Mapping[str, Any]]]]) -> CompiledRuleset:
     """The compiled ``effective(stored, user_id)`` of a user whose ``m.push_rules`` account data is
