@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Final
 
 import attrs
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 TRANSACTION_OUTCOMES: Final = ("processed", "repeat", "refused")
 PDU_OUTCOMES: Final = ("accepted", "rejected", "soft_failed", "invalid", "missing_events")
 REQUEST_OUTCOMES: Final = ("ok", "http_error", "network_error", "timeout")
 METHODS: Final = ("GET", "PUT", "POST")
 GAP_METHODS: Final = ("get_missing_events", "state_ids")
+ROUND_SIZES: Final = ("one", "several")
 
 
 @attrs.frozen
@@ -22,6 +23,8 @@ class FederationMetrics:
     pdus: Counter
     requests: Counter
     gaps_filled: Counter
+    room_rounds: Counter
+    room_round_waiting: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> FederationMetrics:
@@ -47,6 +50,17 @@ class FederationMetrics:
                 "reached our timeline, or the state before an event taken from /state_ids.",
                 ["method"], registry=registry,
             ),
+            room_rounds=Counter(
+                "tributary_federation_room_rounds_total",
+                "Rounds in which received PDUs of one room were checked and persisted, by how many inbound "
+                "transactions they took together (one, or several that reached the room while a round ran).",
+                ["transactions"], registry=registry,
+            ),
+            room_round_waiting=Gauge(
+                "tributary_federation_room_round_waiting",
+                "Inbound transactions waiting for a room's next round (another round of the room is running).",
+                registry=registry,
+            ),
         )
         for outcome in TRANSACTION_OUTCOMES:
             metrics.transactions.labels(outcome=outcome)
@@ -57,4 +71,6 @@ class FederationMetrics:
                 metrics.requests.labels(method=method, outcome=outcome)
         for method in GAP_METHODS:
             metrics.gaps_filled.labels(method=method)
+        for transactions in ROUND_SIZES:
+            metrics.room_rounds.labels(transactions=transactions)
         return metrics

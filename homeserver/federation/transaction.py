@@ -26,7 +26,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any, Final, Protocol
 
-from twisted.internet.defer import Deferred, FirstError, gatherResults
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, FirstError, gatherResults
+from twisted.python.failure import Failure
 
 from homeserver.events import FrozenEvent, KeyRing, ReceivedPdu, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
@@ -109,6 +111,9 @@ class TransactionHandler:
         # (origin, txnId) -> response: the recent ones in memory, all of them in the database.
         self._responses: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
         self._in_flight: dict[tuple[str, str], list[Deferred[dict[str, Any]]]] = {}
+        # Room ID -> the transactions waiting for the room's next round; present while a round
+        # runs (``_handle_room_coalesced``).
+        self._room_rounds: dict[str, list[_RoomEntry]] = {}
 
     def register_edu_handler(self, edu_type: str, handler: EduHandler) -> None:
         self._edu_handlers[edu_type] = handler
@@ -225,7 +230,7 @@ class TransactionHandler:
 
         async def handle_room(room_id: str) -> None:
             room_version, events = verified[room_id]
-            outcomes = await self._handle_room_events(origin, room_version, events, in_timeline)
+            outcomes = await self._handle_room_coalesced(origin, room_version, events, in_timeline)
             for event_id, error in outcomes.items():
                 results[event_id] = {"error": error} if error else {}
 
@@ -263,39 +268,132 @@ class TransactionHandler:
             raise
         return [*(await first), *second]
 
-    async def _handle_room_events(self, origin: str, room_version: RoomVersion, events: list[FrozenEvent],
-                                  in_timeline: Collection[str] = frozenset()) -> dict[str, str | None]:
-        """Check and persist one transaction's verified PDUs of one room; event ID -> error.
+    async def _handle_room_coalesced(self, origin: str, room_version: RoomVersion, events: list[FrozenEvent],
+                                     in_timeline: Collection[str]) -> dict[str, str | None]:
+        """``_handle_room_events`` of one transaction's PDUs of a room, coalesced with those of
+        the transactions (from any server) that reach the same room meanwhile.
+
+        A room has at most one round running. A transaction that finds one running waits for
+        the next; when the round ends, the first transaction waiting leads the next round, which
+        takes every transaction waiting by then, so concurrent transactions for a busy room are
+        checked and persisted together (one walk per origin, one batch where their PDUs make
+        one line) and no transaction leads more than the one round its own PDUs are in."""
+        room_id = events[0].room_id
+        entry = _RoomEntry(origin, events, in_timeline)
+        waiting = self._room_rounds.get(room_id)
+        if waiting is not None:
+            waiting.append(entry)
+            self._metrics.room_round_waiting.inc()
+            try:
+                handed = await entry.done
+            except BaseException:
+                # Cancelled while waiting (its request went away): it leaves the queue.
+                queued = self._room_rounds.get(room_id)
+                if queued is not None and entry in queued:
+                    queued.remove(entry)
+                raise
+            finally:
+                self._metrics.room_round_waiting.dec()
+            if handed is not _LEAD:
+                outcomes: dict[str, str | None] = handed
+                return outcomes
+        else:
+            self._room_rounds[room_id] = [entry]
+        taken = self._room_rounds[room_id]
+        self._room_rounds[room_id] = []  # whoever comes now waits for the next round
+        self._metrics.room_rounds.labels(transactions="one" if len(taken) == 1 else "several").inc()
+        try:
+            results = await self._handle_room_events(room_version, taken)
+        except BaseException as e:
+            failure = Failure(MatrixError(500, "M_UNKNOWN", "the transaction handling this room was cancelled")
+                              if isinstance(e, CancelledError) else e)
+            for other in taken:
+                if other is not entry and not other.done.called:
+                    other.done.errback(failure)
+            raise
+        finally:
+            after = self._room_rounds[room_id]
+            if after:
+                after[0].done.callback(_LEAD)
+            else:
+                del self._room_rounds[room_id]
+        mine: dict[str, str | None] | None = None
+        for other, result in zip(taken, results):
+            if other is entry:
+                if isinstance(result, BaseException):
+                    raise result
+                mine = result
+            elif other.done.called:  # its request went away meanwhile
+                continue
+            elif isinstance(result, BaseException):
+                other.done.errback(Failure(result))
+            else:
+                other.done.callback(result)
+        assert mine is not None
+        return mine
+
+    async def _handle_room_events(self, room_version: RoomVersion,
+                                  entries: Sequence[_RoomEntry]) -> list[dict[str, str | None] | BaseException]:
+        """Check and persist the verified PDUs of one room that one or more transactions
+        (``entries``) carry; for each entry, event ID -> error, or what failed it alone.
 
         The PDUs are taken parents first whatever order they came in, so a transaction that
         carries a child before its parent is accepted whole. PDUs whose prev events are
-        neither in our timeline nor in the transaction are the gap's edge: one
-        ``get_missing_events`` walk covers all of them, and what it brings is persisted
-        oldest first. A PDU (or fetched event) whose prev events are still unknown after
-        that gets the state it was sent on from ``/state_ids`` (``GapFiller.state_before``).
+        neither in our timeline nor among the round's PDUs are the gap's edge: one
+        ``get_missing_events`` walk per transaction (from its origin) covers all of them, and
+        what it brings is persisted oldest first. A PDU (or fetched event) whose prev events are
+        still unknown after that gets the state it was sent on from its origin's ``/state_ids``
+        (``GapFiller.state_before``). A PDU two transactions carry is taken once; both get its
+        result. A walk that fails (the origin's budget is spent) fails its transaction alone.
         """
-        room_id = events[0].room_id
-        ordered = topological_order(events)
+        room_id = entries[0].events[0].room_id
         outcomes: dict[str, str | None] = {}
+        results: list[dict[str, str | None] | BaseException] = []
         async with self._gaps.room_lock(room_id):
-            fetched = await self._gaps.walk(origin, room_version, room_id, ordered, known=in_timeline)
-            ours = {e.event_id for e in ordered}
-            # The fetched events and the transaction's interleave (a fetched event may follow one
-            # of the transaction's): all of them are taken parents first, together.
-            sequence = topological_order([*fetched, *ordered]) if fetched else ordered
-            # Their auth events, read in one go (those among them are checked from memory).
-            listed = {e.event_id for e in sequence}
-            await self._loader.load_events({a for e in sequence for a in e.auth_event_ids} - listed)
+            listed_ids = {e.event_id for entry in entries for e in entry.events}
+            origins: dict[str, str] = {}
+            taken: list[FrozenEvent] = []
+            walked: list[bool] = []
+            for entry in entries:
+                ordered = topological_order(entry.events)
+                try:
+                    fetched = await self._gaps.walk(entry.origin, room_version, room_id, ordered,
+                                                    known={*entry.in_timeline, *listed_ids} if len(entries) > 1
+                                                    else entry.in_timeline)
+                except (MatrixError, EventsError) as e:
+                    if len(entries) == 1:
+                        raise
+                    walked.append(False)
+                    results.append(e)
+                    continue
+                walked.append(True)
+                results.append({})
+                for event in [*fetched, *ordered]:
+                    origins.setdefault(event.event_id, entry.origin)
+                taken.extend(fetched)
+                taken.extend(ordered)
+            ours = {e.event_id for entry, ok in zip(entries, walked) if ok for e in entry.events}
+            # The fetched events and the transactions' interleave (a fetched event may follow one
+            # of a transaction's): all of them are taken parents first, together, once each.
+            sequence = topological_order(taken) if len(entries) > 1 or len(taken) > len(ours) else taken
+            if sequence:
+                # Their auth events, read in one go (those among them are checked from memory).
+                listed = {e.event_id for e in sequence}
+                await self._loader.load_events({a for e in sequence for a in e.auth_event_ids} - listed)
             i = 0
             while i < len(sequence):
-                i, one_next = await self._persist_batch(origin, room_version, sequence, i, ours, outcomes)
+                i, one_next = await self._persist_batch(origins, room_version, sequence, i, ours, outcomes)
                 if one_next:
-                    await self._persist_one(origin, room_version, sequence[i], ours, outcomes)
+                    await self._persist_one(origins[sequence[i].event_id], room_version, sequence[i], ours, outcomes)
                     i += 1
-        return outcomes
+        for entry, result in zip(entries, results):
+            if isinstance(result, dict):
+                result.update((e.event_id, outcomes[e.event_id]) for e in entry.events if e.event_id in outcomes)
+        return results
 
-    async def _persist_batch(self, origin: str, room_version: RoomVersion, sequence: Sequence[FrozenEvent],
-                             i: int, ours: Collection[str], outcomes: dict[str, str | None]) -> tuple[int, bool]:
+    async def _persist_batch(self, origins: Mapping[str, str], room_version: RoomVersion,
+                             sequence: Sequence[FrozenEvent], i: int, ours: Collection[str],
+                             outcomes: dict[str, str | None]) -> tuple[int, bool]:
         """Check ``sequence[i:]`` and persist it in one transaction as far as ``BatchPlanner`` lets
         it (docs/federation.md, "Inbound batching"). Returns where it stopped and whether the
         event there must take the one-event path (else it stopped at the end)."""
@@ -309,6 +407,7 @@ class TransactionHandler:
             known: dict[str, FrozenEvent] = {}
             stop = len(sequence)
             for j, event in enumerate(rest, start=i):
+                origin = origins[event.event_id]  # the server whose transaction (or walk) brought it
                 plan = planner.plan(event)
                 if plan is None:
                     stop = j
@@ -461,6 +560,20 @@ async def _each(handle: Callable[[str], Coroutine[Any, Any, None]], room_ids: li
         await gatherResults([Deferred.fromCoroutine(handle(r)) for r in room_ids], consumeErrors=True)
     except FirstError as e:
         e.subFailure.raiseException()
+
+
+@attrs.define
+class _RoomEntry:
+    """One transaction's verified PDUs of a room, waiting for (or in) a round of the room."""
+
+    origin: str
+    events: list[FrozenEvent]
+    in_timeline: Collection[str]
+    # Fired with the entry's outcomes, its failure, or ``_LEAD``: it leads the next round.
+    done: Deferred[Any] = attrs.Factory(Deferred)
+
+
+_LEAD: Final = object()
 
 
 class SoftFailed(AuthError):
