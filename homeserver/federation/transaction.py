@@ -14,10 +14,12 @@ walk, then ``/state_ids`` for what the walk could not reach), one fill per room 
 a time. A room's PDUs are checked on state planned in memory and persisted in one
 database transaction per batch (``batching.BatchPlanner``; docs/federation.md,
 "Inbound batching"); what a batch cannot take goes through the one-event path.
+A room runs one round of this at a time; transactions (from any server) that reach
+it meanwhile are taken together by its next round (``_handle_room_coalesced``).
 EDUs go to hooks registered by type; types nobody handles are dropped.
 """
 
-# tests: tests/integration/test_federation.py
+# tests: tests/integration/test_federation.py, tests/integration/test_federation_batching.py
 
 from __future__ import annotations
 
