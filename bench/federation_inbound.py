@@ -13,7 +13,7 @@ when the last PDU is in ``/messages``.
 
 Needs PostgreSQL on 127.0.0.1:5432 (trust auth for ``postgres``), as the tests do. Run by hand:
 
-    .venv/bin/python bench/federation_inbound.py [--pdus 5000] [--synapse [--synapse-pdus 500]]
+    .venv/bin/python bench/federation_inbound.py [--pdus 5000] [--py-spy FILE] [--synapse [--synapse-pdus 500]]
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.twisted_plugin import reactor, run_sync  # noqa: E402  (installs the reactor first)
+
+from bench.profiling import start_py_spy, stop_py_spy  # noqa: E402
 
 from twisted.internet import task  # noqa: E402
 
@@ -58,17 +60,22 @@ def db_transactions(proc: TributaryProcess) -> dict[str, float]:
         for s in family.samples:
             if s.name == "tributary_storage_txn_total" and s.labels.get("outcome") == "ok":
                 found[s.labels["txn"]] = s.value
+            elif s.name == "tributary_storage_txn_duration_seconds_sum":
+                found["db seconds"] = found.get("db seconds", 0.0) + s.value
+                found["db seconds " + s.labels["txn"]] = s.value
             elif s.name == "tributary_http_request_duration_seconds_sum" and s.labels.get("servlet") == "federation_send":
                 found["/send"] = s.value
     return found
 
 
 async def measure(peer: FederationPeer, server: str, destination: str, client: Client, pid: int | None,
-                  n: int, label: str, metrics_of: TributaryProcess | None = None, timeout: float = 300, paced: bool = False) -> float:
+                  n: int, label: str, metrics_of: TributaryProcess | None = None, timeout: float = 300, paced: bool = False,
+                  profile: str | None = None) -> float:
     """Join, build ``n`` PDUs, send them in 50-PDU transactions; print and return PDUs/s.
 
     ``paced``: send a transaction only once the one before is in /messages, for a server that
-    answers before it persists and drops a room's queue past a bound (Synapse: 100 events)."""
+    answers before it persists and drops a room's queue past a bound (Synapse: 100 events).
+    ``profile``: record the server with py-spy into this file while the PDUs are sent."""
     token = (await client.register_ok(f"bench{int(time.time())}"))["access_token"]
     created = await client.request("POST", "createRoom", {"preset": "public_chat"}, token=token)
     assert created.status == 200, created
@@ -86,6 +93,7 @@ async def measure(peer: FederationPeer, server: str, destination: str, client: C
     # that drops a backlog (Synapse prunes a room's inbound queue past 100 events) fetches it back.
     peer.serve_history(server, pdus)
     txns0 = db_transactions(metrics_of) if metrics_of is not None else {}
+    spy = start_py_spy(pid, profile)
     cpu0 = cpu_seconds(pid) if pid is not None else 0.0
     t0 = time.perf_counter()
     errors = 0
@@ -113,6 +121,7 @@ async def measure(peer: FederationPeer, server: str, destination: str, client: C
     await visible(ids[-1])
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds(pid) - cpu0 if pid is not None else None
+    stop_py_spy(spy, profile)
     rate = n / elapsed
     # Every PDU must be in the room's timeline, in order, for the figure to count.
     messages = await client.request("GET", f"rooms/{room}/messages?dir=b&limit={min(n, 1000)}", token=token)
@@ -124,8 +133,13 @@ async def measure(peer: FederationPeer, server: str, destination: str, client: C
         txns = db_transactions(metrics_of)
         spent = {name: count - txns0.get(name, 0) for name, count in txns.items()}
         answering = spent.pop("/send", 0.0)
+        in_db = spent.pop("db seconds", 0.0)
+        db_by_txn = sorted(((spent.pop(name), name[len("db seconds "):]) for name in list(spent)
+                            if name.startswith("db seconds ")), reverse=True)[:5]
         print(f"  {label}: time the server spent answering each /send: {1000 * answering / (n / TXN_SIZE):.1f} ms "
-              f"(of {1000 * elapsed / (n / TXN_SIZE):.1f} ms per transaction seen by the peer)")
+              f"(of {1000 * elapsed / (n / TXN_SIZE):.1f} ms per transaction seen by the peer; "
+              f"{1000 * in_db / (n / TXN_SIZE):.1f} ms in database transactions, the longest: "
+              + ", ".join(f"{name} {1000 * t / (n / TXN_SIZE):.1f}" for t, name in db_by_txn) + ")")
         busiest = sorted(((c, name) for name, c in spent.items() if c), reverse=True)[:8]
         per_send = ", ".join(f"{name} {c / (n / TXN_SIZE):.1f}" for c, name in busiest)
         print(f"  {label}: database transactions per 50-PDU /send: {per_send}")
@@ -149,7 +163,7 @@ async def main(args: argparse.Namespace) -> None:
             pid = tributary.process.process.pid  # type: ignore[union-attr]
             print(f"load average before: {os.getloadavg()[0]:.2f}")
             ours = await measure(peer, server, tributary.server_name, tributary.client, pid, args.pdus, "tributary",
-                                 tributary.process)
+                                 tributary.process, profile=args.py_spy)
             if args.synapse:
                 theirs = await synapse_figure(stack, tmp, peer, server, args.synapse_pdus)
                 print(f"  tributary / synapse: {ours / theirs:.1f}x")
@@ -175,6 +189,7 @@ async def synapse_figure(stack: ExitStack, tmp: Path, peer: FederationPeer, serv
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pdus", type=int, default=5000, help="PDUs sent to Tributary")
+    parser.add_argument("--py-spy", metavar="FILE", help="profile Tributary while it takes the PDUs, into FILE")
     parser.add_argument("--synapse", action="store_true", help="measure Synapse too (.venv-synapse)")
     parser.add_argument("--synapse-pdus", type=int, default=500, help="PDUs sent to Synapse")
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]

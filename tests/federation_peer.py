@@ -196,6 +196,8 @@ class VirtualServer:
     history: dict[str, dict[str, Any]] = attrs.Factory(dict)
     state_ids: dict[str, dict[str, list[str]]] = attrs.Factory(dict)
     serves_missing_events: bool = False
+    # When set, get_missing_events answers only once it fires (``hold_missing_events``).
+    missing_events_gate: Deferred[None] | None = None
 
 
 async def _stop_listening(listening: IListeningPort) -> None:
@@ -440,6 +442,12 @@ class FederationPeer:
         """Requests held open under ``HANG`` whose clients are still connected."""
         return sum(1 for item in self._server(server_name).held if not item.disconnected)
 
+    def hold_missing_events(self, server_name: str) -> Deferred[None]:
+        """Hold ``server_name``'s get_missing_events answers until the returned Deferred is fired."""
+        gate: Deferred[None] = Deferred()
+        self._server(server_name).missing_events_gate = gate
+        return gate
+
     async def wait_for_pdus(self, server_name: str, event_ids: Iterable[str], *, timeout: float = 30.0) -> None:
         """Return once ``server_name`` received every one of ``event_ids``; TimeoutError after ``timeout``.
         Woken by arrivals, not polling, so it adds no latency to a measurement."""
@@ -576,6 +584,8 @@ class FederationPeer:
         if kind == "get_missing_events" and method == "POST" and server.serves_missing_events:
             content = self._json_body(request)
             await self._authenticate(server, request, content)
+            if server.missing_events_gate is not None:
+                await server.missing_events_gate
             return 200, self._missing_events(server, content)
         if kind == "event" and method == "GET" and len(segments) == 6 and segments[5] in server.history:
             await self._authenticate(server, request, None)

@@ -44,7 +44,7 @@ from homeserver.events.errors import (
     SignatureError,
     UnsupportedRoomVersion,
 )
-from homeserver.events.event import FrozenEvent, StateKey, make_event, parse_pdu
+from homeserver.events.event import FrozenEvent, ReceivedPdu, StateKey, make_event, parse_pdu, receive_pdu
 from homeserver.events.hashing import (
     compute_content_hash,
     assign_event_id,
@@ -75,6 +75,7 @@ from homeserver.events.signing import (
     required_signers,
     verify_event,
     verify_event_signatures,
+    verify_received,
 )
 from homeserver.events.state_res import auth_chain, resolve_state
 from homeserver.events.visibility import can_see_event
@@ -85,6 +86,7 @@ __all__ = [
     "DEFAULT_ROOM_VERSION",
     "KNOWN_ROOM_VERSIONS",
     "AuthError",
+    "ReceivedPdu",
     "CreateRoomRequest",
     "EdgeHashes",
     "EventTemplate",
@@ -130,6 +132,7 @@ __all__ = [
     "get_user_power_level",
     "initial_room_events",
     "make_event",
+    "receive_pdu",
     "parse_create_room_request",
     "parse_pdu",
     "prune_event_dict",
@@ -142,5 +145,6 @@ __all__ = [
     "select_prev_events",
     "sign_pdu",
     "verify_event",
+    "verify_received",
     "verify_event_signatures",
 ]

@@ -11,6 +11,7 @@ check hashes, signatures or the auth rules: see ``signing`` and ``auth``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -30,7 +31,12 @@ from homeserver.events.canonical import (
     thaw,
 )
 from homeserver.events.errors import EventTooLarge, InvalidEvent
-from homeserver.events.hashing import compute_event_id, room_id_from_create_event_id
+from homeserver.events.hashing import (
+    compute_event_id,
+    event_id_from_reference_bytes,
+    redacted_bytes,
+    room_id_from_create_event_id,
+)
 from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_user_id
 from homeserver.events.room_versions import RoomVersion
 
@@ -96,7 +102,7 @@ class FrozenEvent:
     @property
     def content(self) -> JsonMapping:
         content = self.pdu["content"]
-        assert isinstance(content, Mapping)
+        assert type(content) is MappingProxyType or isinstance(content, Mapping)  # frozen by make_event
         return content
 
     @property
@@ -139,13 +145,13 @@ class FrozenEvent:
     @property
     def hashes(self) -> JsonMapping:
         hashes = self.pdu["hashes"]
-        assert isinstance(hashes, Mapping)
+        assert type(hashes) is MappingProxyType or isinstance(hashes, Mapping)  # frozen by make_event
         return hashes
 
     @property
     def signatures(self) -> JsonMapping:
         signatures = self.pdu["signatures"]
-        assert isinstance(signatures, Mapping)
+        assert type(signatures) is MappingProxyType or isinstance(signatures, Mapping)  # frozen by make_event
         return signatures
 
     @property
@@ -309,6 +315,48 @@ def make_event(
     frozen = freeze(pdu)
     assert isinstance(frozen, Mapping)
     return FrozenEvent(room_version=room_version, event_id=event_id, pdu=frozen)
+
+
+@attrs.frozen(slots=True)
+class ReceivedPdu:
+    """A PDU from another server, validated, with the two encodings its checks need, each made
+    once: ``signed_bytes``, the canonical JSON of its redacted form without ``signatures`` (what
+    the signatures cover, and what the reference hash, hence a v3+ event ID, hashes), and
+    ``content_hash``, the SHA-256 of its canonical JSON without ``unsigned``, ``signatures`` and
+    ``hashes``. ``signing.verify_received`` checks them."""
+
+    event: FrozenEvent
+    signed_bytes: bytes = attrs.field(repr=False)
+    content_hash: bytes = attrs.field(repr=False)
+
+
+_UNHASHED = ("unsigned", "signatures", "hashes")
+
+
+def receive_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> ReceivedPdu:
+    """``make_event`` for a PDU received from another server (same checks, same errors, in the
+    same order), encoding it twice rather than four times: the PDU without its unhashed keys
+    gives the content hash and, with the sizes of those keys' values, the PDU's size; the
+    redacted form gives the event ID and the bytes the signatures cover."""
+    if not isinstance(pdu, Mapping):
+        raise InvalidEvent(f"a PDU must be a JSON object, got {type(pdu).__name__}")
+    validate_pdu(room_version, pdu)
+    check_edge_caps(pdu)
+    hashed = encode_canonical({k: v for k, v in pdu.items() if k not in _UNHASHED})
+    # An object's canonical JSON is its members' ``"key":value`` joined by commas in braces, so
+    # each unhashed key adds a comma, its quoted name, a colon and its value's encoding.
+    size = len(hashed) + sum(len(k) + 4 + len(encode_canonical(pdu[k])) for k in _UNHASHED if k in pdu)
+    if size > C.MAX_PDU_SIZE:
+        raise EventTooLarge(f"event is {size} bytes of canonical JSON; the limit is {C.MAX_PDU_SIZE}")
+    signed_bytes = redacted_bytes(room_version, pdu)
+    if room_version.event_ids_are_origin_assigned:
+        event_id = compute_event_id(room_version, pdu)
+    else:
+        event_id = event_id_from_reference_bytes(room_version, signed_bytes)
+    frozen = freeze(pdu)
+    assert isinstance(frozen, Mapping)
+    event = FrozenEvent(room_version=room_version, event_id=event_id, pdu=frozen)
+    return ReceivedPdu(event, signed_bytes, hashlib.sha256(hashed).digest())
 
 
 def parse_pdu(room_version: RoomVersion, raw: bytes | str) -> FrozenEvent:

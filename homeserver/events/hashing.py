@@ -30,12 +30,24 @@ def compute_content_hash(pdu: Mapping[str, object]) -> bytes:
     return hashlib.sha256(encode_canonical(stripped)).digest()
 
 
-def compute_reference_hash(room_version: RoomVersion, pdu: Mapping[str, object]) -> bytes:
-    """SHA-256 over the redacted event minus signatures, age_ts and unsigned."""
+def redacted_bytes(room_version: RoomVersion, pdu: Mapping[str, object]) -> bytes:
+    """Canonical JSON of the redacted event minus signatures, age_ts and unsigned: what the
+    reference hash hashes and what signatures cover (redaction never keeps age_ts or unsigned)."""
     pruned = prune_event_dict(room_version, pdu, deep_copy=False)
     for key in ("signatures", "age_ts", "unsigned"):
         pruned.pop(key, None)
-    return hashlib.sha256(encode_canonical(pruned)).digest()
+    return encode_canonical(pruned)
+
+
+def compute_reference_hash(room_version: RoomVersion, pdu: Mapping[str, object]) -> bytes:
+    """SHA-256 over the redacted event minus signatures, age_ts and unsigned."""
+    return hashlib.sha256(redacted_bytes(room_version, pdu)).digest()
+
+
+def event_id_from_reference_bytes(room_version: RoomVersion, reference_bytes: bytes) -> str:
+    """A v3+ event ID from ``redacted_bytes`` of the event."""
+    urlsafe = room_version.event_format is EventFormat.URL_SAFE_REFERENCE_HASH
+    return "$" + encode_base64(hashlib.sha256(reference_bytes).digest(), urlsafe=urlsafe)
 
 
 def compute_event_id(room_version: RoomVersion, pdu: Mapping[str, object]) -> str:

@@ -22,8 +22,8 @@ from unpaddedbase64 import decode_base64
 from homeserver.events import constants as C
 from homeserver.events.canonical import JsonDict, encode_canonical, thaw
 from homeserver.events.errors import SignatureError
-from homeserver.events.event import FrozenEvent, make_event
-from homeserver.events.hashing import compute_content_hash, decode_hash, encode_hash
+from homeserver.events.event import FrozenEvent, ReceivedPdu, make_event
+from homeserver.events.hashing import compute_content_hash, decode_hash, encode_hash, redacted_bytes
 from homeserver.events.identifiers import is_valid_user_id, server_name_of
 from homeserver.events.redaction import prune_event_dict
 from homeserver.events.room_versions import RoomVersion
@@ -99,20 +99,18 @@ def required_signers(event: FrozenEvent) -> frozenset[str]:
 
 
 def _signed_bytes(room_version: RoomVersion, event: FrozenEvent) -> bytes:
-    redacted = prune_event_dict(room_version, event.pdu, deep_copy=False)
-    redacted.pop("signatures", None)
-    redacted.pop("unsigned", None)
-    return encode_canonical(redacted)
+    return redacted_bytes(room_version, event.pdu)
 
 
-def verify_event_signatures(event: FrozenEvent, keys: KeyRing) -> None:
+def verify_event_signatures(event: FrozenEvent, keys: KeyRing, *, signed_bytes: bytes | None = None) -> None:
     """Raise ``SignatureError`` unless every required server validly signed ``event``.
 
     For each server in ``required_signers(event)``: its ed25519 signatures for which
     ``keys`` has a key (from v5 on: valid at the event's ``origin_server_ts``) are checked; at least
     one must exist and all of them must verify. Works on full and redacted copies alike.
+    ``signed_bytes``: the event's ``redacted_bytes`` when the caller has them.
     """
-    message = _signed_bytes(event.room_version, event)
+    message = signed_bytes if signed_bytes is not None else _signed_bytes(event.room_version, event)
     ts = event.origin_server_ts
     for server in sorted(required_signers(event)):
         sigs = event.signatures.get(server)
@@ -173,6 +171,16 @@ def verify_event(event: FrozenEvent, keys: KeyRing) -> FrozenEvent:
     """
     verify_event_signatures(event, keys)
     return check_content_hash(event)
+
+
+def verify_received(received: ReceivedPdu, keys: KeyRing) -> FrozenEvent:
+    """``verify_event`` of a ``receive_pdu`` result, on the encodings it made."""
+    event = received.event
+    verify_event_signatures(event, keys, signed_bytes=received.signed_bytes)
+    claimed = event.hashes.get("sha256")
+    if isinstance(claimed, str) and decode_hash(claimed) == received.content_hash:
+        return event
+    return redact_event(event)
 
 
 def verify_third_party_signed(signed: Mapping[str, object], public_keys: Iterable[str]) -> bool:

@@ -233,6 +233,21 @@ class Keyring:
                 return True
         return False
 
+    def cached_keyring(self, wanted: Mapping[str, Iterable[str]], *, at_ms: int) -> dict[str, dict[str, ServerKey]] | None:
+        """What ``keyring_for`` answers when it needs to fetch nothing (every server's wanted keys
+        are cached and valid), else None."""
+        now = self._clock_ms()
+        found: dict[str, dict[str, ServerKey]] = {}
+        for server, key_ids in wanted.items():
+            if server == self._server_name:
+                found[server] = self._own()
+                continue
+            entry = self._cache.get(server)
+            if entry is None or not _has_valid(entry.keys, set(key_ids), at_ms, now):
+                return None
+            found[server] = {k: v for k, v in entry.keys.items() if v.valid_until_ts >= at_ms}
+        return found
+
     async def keyring_for(self, wanted: Mapping[str, Iterable[str]], *, at_ms: int) -> dict[str, dict[str, ServerKey]]:
         """A ``KeyRing`` (server -> key ID -> key) for verifying an event signed at ``at_ms``;
         the servers are asked concurrently, ``concurrency`` at a time."""

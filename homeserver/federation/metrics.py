@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Final
 
 import attrs
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 TRANSACTION_OUTCOMES: Final = ("processed", "repeat", "refused")
 PDU_OUTCOMES: Final = ("accepted", "rejected", "soft_failed", "invalid", "missing_events")
@@ -17,6 +17,7 @@ METHODS: Final = ("GET", "PUT", "POST")
 GAP_METHODS: Final = ("get_missing_events", "state_ids")
 # A room's state resync after a partial-state join, per server asked: stored, or that server failed.
 RESYNC_OUTCOMES: Final = ("completed", "failed")
+ROUND_SIZES: Final = ("one", "several")
 
 
 @attrs.frozen
@@ -27,6 +28,8 @@ class FederationMetrics:
     gaps_filled: Counter
     partial_state_resyncs: Counter
     partial_state_resync_duration: Histogram
+    room_rounds: Counter
+    room_round_waiting: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> FederationMetrics:
@@ -65,6 +68,17 @@ class FederationMetrics:
                 buckets=(0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0),
                 registry=registry,
             ),
+            room_rounds=Counter(
+                "tributary_federation_room_rounds_total",
+                "Rounds in which received PDUs of one room were checked and persisted, by how many inbound "
+                "transactions they took together (one, or several that reached the room while a round ran).",
+                ["transactions"], registry=registry,
+            ),
+            room_round_waiting=Gauge(
+                "tributary_federation_room_round_waiting",
+                "Inbound transactions waiting for a room's next round (another round of the room is running).",
+                registry=registry,
+            ),
         )
         for outcome in TRANSACTION_OUTCOMES:
             metrics.transactions.labels(outcome=outcome)
@@ -77,4 +91,6 @@ class FederationMetrics:
             metrics.gaps_filled.labels(method=method)
         for outcome in RESYNC_OUTCOMES:
             metrics.partial_state_resyncs.labels(outcome=outcome)
+        for transactions in ROUND_SIZES:
+            metrics.room_rounds.labels(transactions=transactions)
         return metrics

@@ -12,17 +12,19 @@ state. Keys come from the ``Keyring``; events from the ``EventLoader``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from homeserver.events import (
     FrozenEvent,
+    KeyRing,
+    ReceivedPdu,
     RoomVersion,
     StateKey,
     auth_types_for_event,
     check_auth_rules,
-    make_event,
+    receive_pdu,
     required_signers,
-    verify_event,
+    verify_received,
 )
 from homeserver.events import constants as C
 from homeserver.events.auth import auth_state_from_auth_events, check_auth_events_list
@@ -37,15 +39,39 @@ async def parse_and_verify(keyring: Keyring, room_version: RoomVersion, pdu: obj
 
     Raises ``InvalidEvent`` or ``SignatureError``.
     """
+    received, keys = await parse_with_keys(keyring, room_version, pdu)
+    return verify_received(received, keys)
+
+
+async def parse_with_keys(keyring: Keyring, room_version: RoomVersion, pdu: object) -> tuple[ReceivedPdu, KeyRing]:
+    """The first half of ``parse_and_verify``: the validated PDU and the keys of the servers that
+    must have signed it (``verify_received`` does the rest, on any thread). Raises ``InvalidEvent``."""
     if not isinstance(pdu, Mapping):
         raise InvalidEvent("a PDU must be a JSON object")
-    event = make_event(room_version, pdu)
+    received = receive_pdu(room_version, pdu)
+    event = received.event
     wanted: dict[str, list[str]] = {}
     for server in required_signers(event):
         sigs = event.signatures.get(server)
         wanted[server] = [k for k in sigs] if isinstance(sigs, Mapping) else []
-    keys = await keyring.keyring_for(wanted, at_ms=event.origin_server_ts)
-    return verify_event(event, keys)
+    # Known keys (every PDU after a server's first) are taken without a round of awaits.
+    keys = keyring.cached_keyring(wanted, at_ms=event.origin_server_ts)
+    if keys is None:
+        keys = await keyring.keyring_for(wanted, at_ms=event.origin_server_ts)
+    return received, keys
+
+
+def verify_each(items: Sequence[tuple[ReceivedPdu, KeyRing]]) -> list[FrozenEvent | EventsError]:
+    """``verify_received`` of each item: its event, or the error it raised. Pure and thread-safe
+    (frozen events, read-only keys), so a caller may run it on a thread: the ed25519 checks
+    release the GIL."""
+    checked: list[FrozenEvent | EventsError] = []
+    for received, keys in items:
+        try:
+            checked.append(verify_received(received, keys))
+        except EventsError as e:
+            checked.append(e)
+    return checked
 
 
 def _create_id(room_version: RoomVersion, event: FrozenEvent) -> str | None:
@@ -63,13 +89,14 @@ async def _load(loader: EventLoader, ids: set[str],
 
 
 async def check_against_auth_events(loader: EventLoader, room_version: RoomVersion, event: FrozenEvent,
-                                    known: Mapping[str, FrozenEvent] | None = None) -> None:
+                                    known: Mapping[str, FrozenEvent] | None = None) -> dict[StateKey, str]:
     """Auth rules against the event's own auth events; raises AuthError or MissingEventsError.
+    Returns the state it passed on (key -> event ID), for ``check_against_state``'s ``passed``.
 
     ``known``: events not stored yet that the auth events may be among (a backfill batch)."""
     if event.type == C.CREATE:
         check_auth_rules(room_version, event, {})
-        return
+        return {}
     wanted = set(event.auth_event_ids)
     create_id = _create_id(room_version, event)
     if create_id is not None:
@@ -83,16 +110,30 @@ async def check_against_auth_events(loader: EventLoader, room_version: RoomVersi
         room_version, [loaded[e] for e in event.auth_event_ids], create_event=create
     )
     check_auth_rules(room_version, event, state)
+    return {k: e.event_id for k, e in state.items()}
+
+
+def auth_state_ids(room_version: RoomVersion, event: FrozenEvent,
+                   state_ids: Mapping[StateKey, str]) -> dict[StateKey, str]:
+    """The part of a state map the auth rules read for ``event``: all ``check_against_state``
+    depends on, so two maps that agree on it give the same verdict."""
+    keys = set(auth_types_for_event(room_version, event))
+    keys.add((C.CREATE, ""))
+    return {k: state_ids[k] for k in keys if k in state_ids}
 
 
 async def check_against_state(
     loader: EventLoader, room_version: RoomVersion, event: FrozenEvent, state_ids: Mapping[StateKey, str],
-    known: Mapping[str, FrozenEvent] | None = None,
+    known: Mapping[str, FrozenEvent] | None = None, *, passed: Mapping[StateKey, str] | None = None,
 ) -> None:
-    """Auth rules against a state map (the state before the event, or the current state)."""
-    keys = set(auth_types_for_event(room_version, event))
-    keys.add((C.CREATE, ""))
-    ids = {k: state_ids[k] for k in keys if k in state_ids}
+    """Auth rules against a state map (the state before the event, or the current state).
+
+    ``passed``: a state the event passed the rules on (``check_against_auth_events``' answer). When
+    the part of ``state_ids`` the rules read is that same map, create event included, the rules
+    would read the same events and give the same verdict: it is not worked out twice."""
+    ids = auth_state_ids(room_version, event, state_ids)
+    if passed is not None and (C.CREATE, "") in ids and ids == passed:
+        return
     loaded = await _load(loader, set(ids.values()), known)
     auth_state = {k: loaded[i] for k, i in ids.items() if i in loaded}
     if (C.CREATE, "") not in auth_state:

@@ -10,7 +10,7 @@ any failure) and calls a handler with the origin.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import attrs
@@ -153,7 +153,8 @@ class FederationServices:
             transactions=TransactionHandler(server_name=server_name, store=store, persister=persister, loader=loader,
                                             keyring=keyring, client=client, txn_store=federation_store,
                                             clock_ms=clock_ms, metrics=metrics, gaps=gaps, acl=acl,
-                                            partial_rooms=partial_rooms.is_partial),
+                                            partial_rooms=partial_rooms.is_partial,
+                                            run_in_thread=_thread_runner(reactor)),
             membership=MembershipHandler(server_name=server_name, signing_key=signing_key, store=store,
                                          room_state=room_state,
                                          persister=persister, loader=loader, keyring=keyring, client=client,
@@ -363,7 +364,7 @@ def register_federation_servlets(router: Routes, fed: FederationServices, *,
            has_body=True)
 
 
-def _thread_runner(reactor: Any) -> Callable[..., Awaitable[Any]]:
+def _thread_runner(reactor: Any) -> Callable[..., Coroutine[Any, Any, Any]]:
     """Runs a function on the reactor's thread pool (CPU-bound checks, off the reactor thread)."""
 
     async def run(func: Callable[..., Any], *args: Any) -> Any:

@@ -14,10 +14,12 @@ walk, then ``/state_ids`` for what the walk could not reach), one fill per room 
 a time. A room's PDUs are checked on state planned in memory and persisted in one
 database transaction per batch (``batching.BatchPlanner``; docs/federation.md,
 "Inbound batching"); what a batch cannot take goes through the one-event path.
+A room runs one round of this at a time; transactions (from any server) that reach
+it meanwhile are taken together by its next round (``_handle_room_coalesced``).
 EDUs go to hooks registered by type; types nobody handles are dropped.
 """
 
-# tests: tests/integration/test_federation.py
+# tests: tests/integration/test_federation.py, tests/integration/test_federation_batching.py
 
 from __future__ import annotations
 
@@ -26,9 +28,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from typing import Any, Final, Protocol
 
-from twisted.internet.defer import Deferred, FirstError, gatherResults
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, FirstError, gatherResults
+from twisted.python.failure import Failure
 
-from homeserver.events import FrozenEvent, RoomVersion, get_room_version
+from homeserver.events import FrozenEvent, KeyRing, ReceivedPdu, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.events.identifiers import is_valid_room_id
 from homeserver.federation.acl import ServerAcls
@@ -38,7 +42,13 @@ from homeserver.federation.edus import EduRejected
 from homeserver.federation.gaps import GapFiller, topological_order
 from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
-from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
+from homeserver.federation.pdus import (
+    auth_state_ids,
+    check_against_auth_events,
+    check_against_state,
+    parse_with_keys,
+    verify_each,
+)
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
 from storage.kernel.errors import MatrixError, bad_json
@@ -49,6 +59,11 @@ logger = logging.getLogger(__name__)
 MAX_PDUS: Final = 50
 MAX_EDUS: Final = 100
 REMEMBERED_TRANSACTIONS: Final = 10_000
+MIN_PDUS_TO_SPLIT: Final = 8
+"""A room's PDUs in one transaction from which half their signatures are checked on a thread."""
+
+RunInThread = Callable[..., Coroutine[Any, Any, Any]]
+"""``(func, *args)``: ``func(*args)`` run on a thread pool, awaited."""
 
 class TransactionStore(Protocol):
     """Where answered transactions are kept (``storage.stores.federation.FederationStore``)."""
@@ -79,7 +94,10 @@ class TransactionHandler:
         gaps: GapFiller,
         acl: ServerAcls | None = None,
         partial_rooms: Callable[[str], Awaitable[bool]] | None = None,
+        run_in_thread: RunInThread | None = None,
     ) -> None:
+        # Where half of a transaction's signature checks run (None: all on the reactor thread).
+        self._run_in_thread = run_in_thread
         self._gaps = gaps
         # Whether a room is joined with partial state: its PDUs are then checked against their
         # own auth events only (docs/federation.md, "Partial-state joins").
@@ -99,6 +117,9 @@ class TransactionHandler:
         # (origin, txnId) -> response: the recent ones in memory, all of them in the database.
         self._responses: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
         self._in_flight: dict[tuple[str, str], list[Deferred[dict[str, Any]]]] = {}
+        # Room ID -> the transactions waiting for the room's next round; present while a round
+        # runs (``_handle_room_coalesced``).
+        self._room_rounds: dict[str, list[_RoomEntry]] = {}
 
     def register_edu_handler(self, edu_type: str, handler: EduHandler) -> None:
         self._edu_handlers[edu_type] = handler
@@ -184,18 +205,26 @@ class TransactionHandler:
                     if event_id is not None:
                         results[event_id] = {"error": "M_FORBIDDEN: the room's server ACL denies this server"}
                 return
-            # Independent of one another: verified side by side (the keys they need are fetched
-            # at once, each server's once), in the order they came.
-            checked = await gatherResults(
-                [Deferred.fromCoroutine(self._verify_pdu(origin, room_version, pdu)) for pdu in room_pdus],
+            # Independent of one another: parsed side by side (the keys they need are fetched
+            # at once, each server's once), then their signatures checked, in the order they came.
+            parsed = await gatherResults(
+                [Deferred.fromCoroutine(self._parse_pdu(origin, room_version, pdu)) for pdu in room_pdus],
                 consumeErrors=True,
             )
+            verdicts = iter(await self._verify_all([item for item in parsed if not isinstance(item, str)]))
             events = []
-            for event_id, error, event in checked:
-                if event is not None:
-                    events.append(event)
-                elif event_id is not None:
-                    results[event_id] = {"error": error} if error else {}
+            for pdu, item in zip(room_pdus, parsed):
+                if isinstance(item, str):
+                    error = item
+                else:
+                    verdict = next(verdicts)
+                    if isinstance(verdict, FrozenEvent):
+                        events.append(verdict)
+                        continue
+                    error = self._refused(origin, verdict)
+                event_id = _event_id_guess(room_version, pdu)
+                if event_id is not None:
+                    results[event_id] = {"error": error}
             if events:
                 verified[room_id] = (room_version, events)
 
@@ -207,7 +236,7 @@ class TransactionHandler:
 
         async def handle_room(room_id: str) -> None:
             room_version, events = verified[room_id]
-            outcomes = await self._handle_room_events(origin, room_version, events, in_timeline)
+            outcomes = await self._handle_room_coalesced(origin, room_version, events, in_timeline)
             for event_id, error in outcomes.items():
                 results[event_id] = {"error": error} if error else {}
 
@@ -216,55 +245,169 @@ class TransactionHandler:
             await self._handle_edu(origin, edu)
         return {"pdus": results}
 
-    async def _verify_pdu(
-        self, origin: str, room_version: RoomVersion, pdu: dict[str, Any]
-    ) -> tuple[str | None, str | None, FrozenEvent | None]:
-        """(event ID, error, None) for a PDU refused here, or (ID, None, event) for one that is
-        well-formed and correctly signed (its room is known and lets the origin in)."""
+    async def _parse_pdu(self, origin: str, room_version: RoomVersion,
+                         pdu: dict[str, Any]) -> tuple[ReceivedPdu, KeyRing] | str:
+        """The PDU validated, with the keys its signatures need; or why it is refused."""
         try:
-            event = await parse_and_verify(self._keyring, room_version, pdu)
+            return await parse_with_keys(self._keyring, room_version, pdu)
         except EventsError as e:
-            logger.warning("TX [%s] PDU failed verification: %s", origin, e)
-            self._metrics.pdus.labels(outcome="invalid").inc()
-            return _event_id_guess(room_version, pdu), f"verification failed: {e}", None
-        return event.event_id, None, event
+            return self._refused(origin, e)
 
-    async def _handle_room_events(self, origin: str, room_version: RoomVersion, events: list[FrozenEvent],
-                                  in_timeline: Collection[str] = frozenset()) -> dict[str, str | None]:
-        """Check and persist one transaction's verified PDUs of one room; event ID -> error.
+    def _refused(self, origin: str, error: EventsError) -> str:
+        logger.warning("TX [%s] PDU failed verification: %s", origin, error)
+        self._metrics.pdus.labels(outcome="invalid").inc()
+        return f"verification failed: {error}"
+
+    async def _verify_all(self, items: Sequence[tuple[ReceivedPdu, KeyRing]]) -> list[FrozenEvent | EventsError]:
+        """``verify_each`` of the items, in order. With a thread to run on and enough of them, the
+        first half is checked there while this thread checks the second: the ed25519 checks
+        release the GIL, so on two free cores they run side by side."""
+        if self._run_in_thread is None or len(items) < MIN_PDUS_TO_SPLIT:
+            return verify_each(items)
+        half = len(items) // 2
+        first: Deferred[list[FrozenEvent | EventsError]] = Deferred.fromCoroutine(
+            self._run_in_thread(verify_each, items[:half]))
+        try:
+            second = verify_each(items[half:])
+        except BaseException:
+            first.addErrback(lambda _: None)  # this failure is the one reported
+            raise
+        return [*(await first), *second]
+
+    async def _handle_room_coalesced(self, origin: str, room_version: RoomVersion, events: list[FrozenEvent],
+                                     in_timeline: Collection[str]) -> dict[str, str | None]:
+        """``_handle_room_events`` of one transaction's PDUs of a room, coalesced with those of
+        the transactions (from any server) that reach the same room meanwhile.
+
+        A room has at most one round running. A transaction that finds one running waits for
+        the next; when the round ends, the first transaction waiting leads the next round, which
+        takes every transaction waiting by then, so concurrent transactions for a busy room are
+        checked and persisted together (one walk per origin, one batch where their PDUs make
+        one line) and no transaction leads more than the one round its own PDUs are in."""
+        room_id = events[0].room_id
+        entry = _RoomEntry(origin, events, in_timeline)
+        waiting = self._room_rounds.get(room_id)
+        if waiting is not None:
+            waiting.append(entry)
+            self._metrics.room_round_waiting.inc()
+            try:
+                handed = await entry.done
+            except BaseException:
+                # Cancelled while waiting (its request went away): it leaves the queue.
+                queued = self._room_rounds.get(room_id)
+                if queued is not None and entry in queued:
+                    queued.remove(entry)
+                raise
+            finally:
+                self._metrics.room_round_waiting.dec()
+            if handed is not _LEAD:
+                outcomes: dict[str, str | None] = handed
+                return outcomes
+        else:
+            self._room_rounds[room_id] = [entry]
+        taken = self._room_rounds[room_id]
+        self._room_rounds[room_id] = []  # whoever comes now waits for the next round
+        self._metrics.room_rounds.labels(transactions="one" if len(taken) == 1 else "several").inc()
+        try:
+            results = await self._handle_room_events(room_version, taken)
+        except BaseException as e:
+            failure = Failure(MatrixError(500, "M_UNKNOWN", "the transaction handling this room was cancelled")
+                              if isinstance(e, CancelledError) else e)
+            for other in taken:
+                if other is not entry and not other.done.called:
+                    other.done.errback(failure)
+            raise
+        finally:
+            after = self._room_rounds[room_id]
+            if after:
+                after[0].done.callback(_LEAD)
+            else:
+                del self._room_rounds[room_id]
+        mine: dict[str, str | None] | None = None
+        for other, result in zip(taken, results):
+            if other is entry:
+                if isinstance(result, BaseException):
+                    raise result
+                mine = result
+            elif other.done.called:  # its request went away meanwhile
+                continue
+            elif isinstance(result, BaseException):
+                other.done.errback(Failure(result))
+            else:
+                other.done.callback(result)
+        assert mine is not None
+        return mine
+
+    async def _handle_room_events(self, room_version: RoomVersion,
+                                  entries: Sequence[_RoomEntry]) -> list[dict[str, str | None] | BaseException]:
+        """Check and persist the verified PDUs of one room that one or more transactions
+        (``entries``) carry; for each entry, event ID -> error, or what failed it alone.
 
         The PDUs are taken parents first whatever order they came in, so a transaction that
         carries a child before its parent is accepted whole. PDUs whose prev events are
-        neither in our timeline nor in the transaction are the gap's edge: one
-        ``get_missing_events`` walk covers all of them, and what it brings is persisted
-        oldest first. A PDU (or fetched event) whose prev events are still unknown after
-        that gets the state it was sent on from ``/state_ids`` (``GapFiller.state_before``).
+        neither in our timeline nor among the round's PDUs are the gap's edge: one
+        ``get_missing_events`` walk per transaction (from its origin) covers all of them, and
+        what it brings is persisted oldest first. A PDU (or fetched event) whose prev events are
+        still unknown after that gets the state it was sent on from its origin's ``/state_ids``
+        (``GapFiller.state_before``). A PDU two transactions carry is taken once; both get its
+        result. A walk that fails (the origin's budget is spent) fails its transaction alone.
         """
-        room_id = events[0].room_id
-        ordered = topological_order(events)
+        room_id = entries[0].events[0].room_id
         outcomes: dict[str, str | None] = {}
+        results: list[dict[str, str | None] | BaseException] = []
         async with self._gaps.room_lock(room_id):
-            fetched = await self._gaps.walk(origin, room_version, room_id, ordered, known=in_timeline)
-            ours = {e.event_id for e in ordered}
-            # The fetched events and the transaction's interleave (a fetched event may follow one
-            # of the transaction's): all of them are taken parents first, together.
-            sequence = topological_order([*fetched, *ordered]) if fetched else ordered
-            # Their auth events, read in one go (those among them are checked from memory).
-            listed = {e.event_id for e in sequence}
-            await self._loader.load_events({a for e in sequence for a in e.auth_event_ids} - listed)
-            if await self._is_partial(room_id):
-                # Our state lacks the members' events these cite: fetched, as outliers.
-                await self._gaps.fetch_missing_auth_events(origin, room_version, room_id, sequence)
+            listed_ids = {e.event_id for entry in entries for e in entry.events}
+            origins: dict[str, str] = {}
+            taken: list[FrozenEvent] = []
+            walked: list[bool] = []
+            for entry in entries:
+                ordered = topological_order(entry.events)
+                try:
+                    fetched = await self._gaps.walk(entry.origin, room_version, room_id, ordered,
+                                                    known={*entry.in_timeline, *listed_ids} if len(entries) > 1
+                                                    else entry.in_timeline)
+                except (MatrixError, EventsError) as e:
+                    if len(entries) == 1:
+                        raise
+                    walked.append(False)
+                    results.append(e)
+                    continue
+                walked.append(True)
+                results.append({})
+                for event in [*fetched, *ordered]:
+                    origins.setdefault(event.event_id, entry.origin)
+                taken.extend(fetched)
+                taken.extend(ordered)
+            ours = {e.event_id for entry, ok in zip(entries, walked) if ok for e in entry.events}
+            # The fetched events and the transactions' interleave (a fetched event may follow one
+            # of a transaction's): all of them are taken parents first, together, once each.
+            sequence = topological_order(taken) if len(entries) > 1 or len(taken) > len(ours) else taken
+            if sequence:
+                # Their auth events, read in one go (those among them are checked from memory).
+                listed = {e.event_id for e in sequence}
+                await self._loader.load_events({a for e in sequence for a in e.auth_event_ids} - listed)
+                if await self._is_partial(room_id):
+                    # Our state lacks the members' events these cite: fetched, as outliers, from
+                    # the server that brought each.
+                    by_origin: dict[str, list[FrozenEvent]] = {}
+                    for event in sequence:
+                        by_origin.setdefault(origins[event.event_id], []).append(event)
+                    for event_origin, brought in by_origin.items():
+                        await self._gaps.fetch_missing_auth_events(event_origin, room_version, room_id, brought)
             i = 0
             while i < len(sequence):
-                i, one_next = await self._persist_batch(origin, room_version, sequence, i, ours, outcomes)
+                i, one_next = await self._persist_batch(origins, room_version, sequence, i, ours, outcomes)
                 if one_next:
-                    await self._persist_one(origin, room_version, sequence[i], ours, outcomes)
+                    await self._persist_one(origins[sequence[i].event_id], room_version, sequence[i], ours, outcomes)
                     i += 1
-        return outcomes
+        for entry, result in zip(entries, results):
+            if isinstance(result, dict):
+                result.update((e.event_id, outcomes[e.event_id]) for e in entry.events if e.event_id in outcomes)
+        return results
 
-    async def _persist_batch(self, origin: str, room_version: RoomVersion, sequence: Sequence[FrozenEvent],
-                             i: int, ours: Collection[str], outcomes: dict[str, str | None]) -> tuple[int, bool]:
+    async def _persist_batch(self, origins: Mapping[str, str], room_version: RoomVersion,
+                             sequence: Sequence[FrozenEvent], i: int, ours: Collection[str],
+                             outcomes: dict[str, str | None]) -> tuple[int, bool]:
         """Check ``sequence[i:]`` and persist it in one transaction as far as ``BatchPlanner`` lets
         it (docs/federation.md, "Inbound batching"). Returns where it stopped and whether the
         event there must take the one-event path (else it stopped at the end)."""
@@ -279,6 +422,7 @@ class TransactionHandler:
             known: dict[str, FrozenEvent] = {}
             stop = len(sequence)
             for j, event in enumerate(rest, start=i):
+                origin = origins[event.event_id]  # the server whose transaction (or walk) brought it
                 plan = planner.plan(event)
                 if plan is None:
                     stop = j
@@ -287,7 +431,7 @@ class TransactionHandler:
                     rejection = await self._rejection(origin, room_version, event, plan.state_before, known,
                                                       partial=partial)
                     soft_failed = rejection is None and not partial and await self._soft_fails(
-                        origin, room_version, event, planner.current_state, known)
+                        origin, room_version, event, planner.current_state, known, passed_on=plan.state_before)
                 except EventsError as e:  # its auth events are unknown: nothing is stored
                     verdicts.append((event, str(e), _outcome(e)))
                     continue
@@ -349,9 +493,9 @@ class TransactionHandler:
         it), or None. ``known``: events of the batch not stored yet. ``partial``: the room's state
         lacks its members (a partial-state join), so only the auth events are checked."""
         try:
-            await check_against_auth_events(self._loader, room_version, event, known)
+            passed = await check_against_auth_events(self._loader, room_version, event, known)
             if not partial:
-                await check_against_state(self._loader, room_version, event, state_before, known)
+                await check_against_state(self._loader, room_version, event, state_before, known, passed=passed)
         except AuthError as e:
             logger.warning("[%s] rejecting %s from %s: %s", event.room_id, event.event_id, origin, e)
             return str(e)
@@ -361,8 +505,16 @@ class TransactionHandler:
         return self._partial_rooms is not None and await self._partial_rooms(room_id)
 
     async def _soft_fails(self, origin: str, room_version: RoomVersion, event: FrozenEvent,
-                          current: Mapping[StateKey, str], known: Mapping[str, FrozenEvent] | None = None) -> bool:
-        """Whether the event fails auth against the room's current state (it is soft-failed)."""
+                          current: Mapping[StateKey, str], known: Mapping[str, FrozenEvent] | None = None,
+                          *, passed_on: Mapping[StateKey, str] | None = None) -> bool:
+        """Whether the event fails auth against the room's current state (it is soft-failed).
+        ``passed_on``: a state it passed auth against; where the current state agrees with it on
+        every key the rules read (always, on the room's one line of history), the verdict is the
+        same and is not worked out again."""
+        if passed_on is not None and (
+                passed_on is current
+                or auth_state_ids(room_version, event, passed_on) == auth_state_ids(room_version, event, current)):
+            return False
         try:
             await check_against_state(self._loader, room_version, event, current, known)
         except AuthError as e:
@@ -430,6 +582,20 @@ async def _each(handle: Callable[[str], Coroutine[Any, Any, None]], room_ids: li
         await gatherResults([Deferred.fromCoroutine(handle(r)) for r in room_ids], consumeErrors=True)
     except FirstError as e:
         e.subFailure.raiseException()
+
+
+@attrs.define
+class _RoomEntry:
+    """One transaction's verified PDUs of a room, waiting for (or in) a round of the room."""
+
+    origin: str
+    events: list[FrozenEvent]
+    in_timeline: Collection[str]
+    # Fired with the entry's outcomes, its failure, or ``_LEAD``: it leads the next round.
+    done: Deferred[Any] = attrs.Factory(Deferred)
+
+
+_LEAD: Final = object()
 
 
 class SoftFailed(AuthError):

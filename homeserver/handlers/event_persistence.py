@@ -566,7 +566,7 @@ class EventPersister:
             origin_server_ts=event.origin_server_ts,
             prev_event_ids=event.prev_event_ids,
             auth_event_ids=event.auth_event_ids,
-            pdu_json=encode_compact(event.pdu),
+            pdu_json=encode_compact(event.pdu),  # as json.dumps of a thawed copy writes it, without the copy
             instance_name=self._instance_name,
             membership=membership,
             display_name=display_name if isinstance(display_name, str) else None,

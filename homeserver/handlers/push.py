@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Collection, Mapping
+from functools import lru_cache
+from types import MappingProxyType
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -26,7 +28,7 @@ from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.events.identifiers import server_name_of
 from homeserver.handlers.auth import Requester
-from homeserver.handlers.push_evaluator import PushContext, evaluate
+from homeserver.handlers.push_evaluator import PushContext, compiled_rules
 from homeserver.handlers.push_rules import effective_rules
 from homeserver.handlers.validation import check_text, dump_json_object
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param
@@ -89,17 +91,16 @@ class PushActionsEvaluator:
 
 
 def evaluate_for_room(event: FrozenEvent, room: PushContextRow) -> tuple[PushAction, ...]:
-    """Pure: the notifications of ``event`` for the room's local recipients (not its sender)."""
+    """Pure: the notifications of ``event`` for the room's local recipients (not its sender).
+
+    Each recipient's rules are compiled once per text of their ``m.push_rules`` and the power
+    levels parsed once per text (both cached), and the rules read the frozen PDU as it is: an
+    event costs the matchers its recipients' rules reach, not a copy or parse per recipient."""
     recipients = {u: v for u, v in room.recipients.items() if u != event.sender}
     if not recipients:
         return ()
-    levels: Mapping[str, Any] = {}
-    if room.power_levels_json is not None:
-        content = json.loads(room.power_levels_json).get("content")
-        levels = content if isinstance(content, Mapping) else {}
-    sender_level = power_level(levels, event.sender)
-    notify_levels = notification_levels(levels)
-    pdu = event.get_pdu_json()
+    sender_level, notify_levels = _levels(room.power_levels_json, event.sender)
+    pdu = event.pdu
     relation = event.content.get("m.relates_to")
     thread_id = None
     if isinstance(relation, Mapping) and relation.get("rel_type") == "m.thread":
@@ -107,18 +108,31 @@ def evaluate_for_room(event: FrozenEvent, room: PushContextRow) -> tuple[PushAct
         thread_id = root if isinstance(root, str) and root else None
     actions: list[PushAction] = []
     for user_id, (display_name, rules_json) in sorted(recipients.items()):
-        stored = None
-        if rules_json is not None:
-            try:
-                stored = json.loads(rules_json)
-            except ValueError:
-                logger.warning("ignoring unreadable m.push_rules of %s", user_id)
         context = PushContext(user_id, display_name, room.member_count, sender_level, notify_levels)
-        outcome = evaluate(effective_rules(stored, user_id), pdu, context)
+        outcome = compiled_rules(user_id, rules_json, effective_rules).evaluate(pdu, context)
         if outcome.notify:
-            actions.append(PushAction(user_id, outcome.highlight,
-                                      json.dumps(list(outcome.actions), separators=(",", ":")), thread_id))
+            actions.append(PushAction(user_id, outcome.highlight, outcome.actions_json, thread_id))
     return tuple(actions)
+
+
+def _levels(power_levels_json: str | None, sender: str) -> tuple[int, Mapping[str, int]]:
+    """The sender's power level and the room's notification levels (``m.room.power_levels``, as
+    stored: the event's JSON, or None)."""
+    levels = _power_levels_content(power_levels_json)
+    return power_level(levels, sender), _notification_levels(power_levels_json)
+
+
+@lru_cache(maxsize=1024)
+def _power_levels_content(power_levels_json: str | None) -> Mapping[str, Any]:
+    if power_levels_json is None:
+        return MappingProxyType({})
+    content = json.loads(power_levels_json).get("content")
+    return MappingProxyType(content) if isinstance(content, dict) else MappingProxyType({})  # shared: read-only
+
+
+@lru_cache(maxsize=1024)
+def _notification_levels(power_levels_json: str | None) -> Mapping[str, int]:
+    return MappingProxyType(notification_levels(_power_levels_content(power_levels_json)))
 
 
 def _string(body: Mapping[str, Any], name: str, *, max_length: int, required: bool = True) -> str | None:

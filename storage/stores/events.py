@@ -824,20 +824,124 @@ def persist_events_txn(
     # a push-rules read): one round trip for a run of messages rather than one per event.
     held = DeferredStatements(txn)
     try:
-        for item in batch:
-            r = item.request
-            if item.state_before_of is not None:
-                r = attrs.evolve(r, state_before=groups_after[item.state_before_of])
+        i = 0
+        while i < len(batch):
+            # A run of events that change no state is written with one statement per table.
+            j = i
+            while j < len(batch) and _in_bulk_run(batch[j]):
+                j += 1
+            if j - i >= 2:
+                run: list[tuple[PersistRequest, int, int]] = []
+                for item in batch[i:j]:
+                    group = groups_after[item.state_before_of] if item.state_before_of is not None else item.request.state_before
+                    assert group is not None  # _in_bulk_run
+                    groups_after[item.request.event_id] = group  # it changes no state
+                    run.append((item.request, next(orderings), group))
+                for request, stream_ordering, group in run:
+                    results.append(PersistResult(stream_ordering, group, already_persisted=False))
+                _persist_run_txn(held, run)
+                i = j
+                continue
+            one = batch[i]
+            r = one.request
+            if one.state_before_of is not None:
+                r = attrs.evolve(r, state_before=groups_after[one.state_before_of])
             result = persist_event_txn(held, r, lambda _txn: next(orderings))
             if result.state_group_after is not None:
                 groups_after[r.event_id] = result.state_group_after
             results.append(result)
+            i += 1
         held.flush()
     except psycopg2.errors.UniqueViolation as e:
         if e.diag.table_name == "events":
             raise EventAlreadyPersisted(", ".join(item.request.event_id for item in batch)) from e
         raise
     return results
+
+
+def _in_bulk_run(item: BatchedPersist) -> bool:
+    """Whether ``persist_events_txn`` may write ``item`` with its neighbours (``_persist_run_txn``): a
+    received event new to the room's graph that changes no state (no state key, no redaction),
+    whose state group before is given or made earlier in the batch."""
+    r = item.request
+    return ((r.state_before is not None or item.state_before_of is not None) and r.state_key is None and not r.is_local and not r.outlier and not r.backfilled and not r.promote_outlier
+            and r.room_version is None and r.redacts is None and r.send_txn is None and r.state_after is None
+            and not r.state_after_delta and r.new_current_state is None and not r.current_state_delta
+            and r.expected_extremity_count is None and r.membership is None and not r.remote_servers)
+
+
+def _persist_run_txn(txn: Transaction, run: Sequence[tuple[PersistRequest, int, int]]) -> None:
+    """Write a run of one room's events as ``persist_event_txn`` writes each in turn, with one
+    statement per table: ``(request, stream ordering, state group before and after)`` in batch
+    order, each event's prev events stored or earlier in the run (parents first), none of them
+    changing state (``_in_bulk_run``).
+
+    Forward extremities end as the events one at a time leave them: an event that moves them
+    (not soft-failed) becomes one unless an event stored before the run cites it (checked before
+    the run's own edges are written, as each event's check in turn could not see the edges of
+    the events after it), and the prev events of those that move them stop being ones. Push
+    actions are evaluated first: the events change no state, so each reads the room as it is."""
+    room_id = run[0][0].room_id
+    notified: list[tuple[PushAction, str, int]] = []
+    for r, stream_ordering, _ in run:
+        if r.push_actions is not None and not r.soft_failed and r.rejection_reason is None:
+            notified.extend((action, r.event_id, stream_ordering) for action in r.push_actions(txn))
+    rows = [r for r, _, _ in run]
+    moving = [r.event_id for r in rows if not r.soft_failed]
+    statements: list[tuple[str, Sequence[object]]] = [(
+        """
+        INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender, depth,
+                            origin_server_ts, is_local, outlier, rejection_reason, json, destinations, soft_failed)
+        SELECT o, %s, e, %s, t, NULL, s, d, ts, FALSE, FALSE, rr, j, NULL, sf
+        FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::text[],
+                    %s::text[], %s::boolean[]) AS x(o, e, t, s, d, ts, rr, j, sf)
+        """,
+        (rows[0].instance_name, room_id, [o for _, o, _ in run], [r.event_id for r in rows], [r.type for r in rows],
+         [r.sender for r in rows], [r.depth for r in rows], [r.origin_server_ts for r in rows],
+         [r.rejection_reason for r in rows], [r.pdu_json for r in rows], [r.soft_failed for r in rows]),
+    )]
+    if moving:
+        statements.append((
+            """
+            INSERT INTO event_forward_extremities (room_id, event_id)
+            SELECT %s, e FROM unnest(%s::text[]) AS e
+            WHERE NOT EXISTS (SELECT 1 FROM event_edges WHERE prev_event_id = e)
+            ON CONFLICT DO NOTHING
+            """,
+            (room_id, moving),
+        ))
+    for table, column, edges in (("event_edges", "prev_event_id", [(r.event_id, p) for r in rows for p in r.prev_event_ids]),
+                                 ("event_auth", "auth_id", [(r.event_id, a) for r in rows for a in r.auth_event_ids])):
+        if edges:
+            statements.append((
+                f"INSERT INTO {table} (event_id, {column}, room_id) SELECT e, p, %s "
+                "FROM unnest(%s::text[], %s::text[]) AS x(e, p) ON CONFLICT DO NOTHING",
+                (room_id, [e for e, _ in edges], [p for _, p in edges]),
+            ))
+    statements.append((
+        "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) "
+        "SELECT e, g, g FROM unnest(%s::text[], %s::bigint[]) AS x(e, g)",
+        ([r.event_id for r in rows], [g for _, _, g in run]),
+    ))
+    if notified:
+        statements.append((
+            """
+            INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering, highlight, actions,
+                                            received_ts, thread_id)
+            SELECT u, %s, e, o, h, a, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, t
+            FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::boolean[], %s::text[], %s::text[]) AS x(u, e, o, h, a, t)
+            ON CONFLICT DO NOTHING
+            """,
+            (room_id, [a.user_id for a, _, _ in notified], [e for _, e, _ in notified], [o for _, _, o in notified],
+             [a.highlight for a, _, _ in notified], [a.actions_json for a, _, _ in notified],
+             [a.thread_id for a, _, _ in notified]),
+        ))
+    prevs = sorted({p for r in rows if not r.soft_failed for p in r.prev_event_ids})
+    if prevs:
+        statements.append((
+            "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s)", (room_id, prevs),
+        ))
+    txn.execute_statements(statements)
 
 
 def _run_batch(txn: Transaction, r: PersistRequest, batch: Sequence[tuple[str, Sequence[object]]]) -> None:

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import attrs
 import psycopg2
 import pytest
+from twisted.internet.defer import Deferred, gatherResults
 
 from homeserver.events import EventTemplate
 from tests.federation_peer import FederationPeer
@@ -128,6 +129,29 @@ def _stored(dsn: str, ids: list[str]) -> dict[str, tuple[bool, bool, bool]]:
     return rows
 
 
+def _rows(dsn: str, ids: list[str]) -> list[tuple[Any, ...]]:
+    """Per PDU, by position, what else its persistence wrote: its prev and auth edges, whether its
+    state group row says it changed state, its notifications, and its search entry."""
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(
+            """
+            SELECT e.event_id,
+                   (SELECT count(*) FROM event_edges x WHERE x.event_id = e.event_id),
+                   (SELECT count(*) FROM event_auth x WHERE x.event_id = e.event_id),
+                   (SELECT g.state_group_before <> g.state_group_after FROM event_state_groups g
+                    WHERE g.event_id = e.event_id),
+                   (SELECT array_agg(p.highlight::text || p.actions ORDER BY p.user_id) FROM event_push_actions p
+                    WHERE p.event_id = e.event_id),
+                   e.search_vector IS NOT NULL
+            FROM events e WHERE e.event_id = ANY(%s)
+            """,
+            (ids,),
+        )
+        found = {row[0]: tuple(row[1:]) for row in cur.fetchall()}
+    conn.close()
+    return [found.get(event_id, ()) for event_id in ids]
+
+
 def _orderings(dsn: str, ids: list[str]) -> dict[str, int]:
     with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute("SELECT event_id, stream_ordering FROM events WHERE event_id = ANY(%s)", (ids,))
@@ -197,6 +221,10 @@ async def test_a_mixed_50_pdu_transaction_ends_as_one_pdu_per_transaction_does(
     assert [s for _, s in shape_a if s is not None and s[2]] == [(False, False, True)]  # one extremity: the last good
     assert await _visible(server, a) == await _visible(server, b)
     assert len(await _visible(server, a)) == 32
+    # Written alike too, row for row (the batch writes its runs of messages one statement a table).
+    rows_a = _rows(server.dsn, a.ids)
+    assert rows_a == _rows(server.dsn, b.ids)
+    assert sum(1 for r in rows_a if r and r[3]) >= 30  # its user was notified of the accepted messages
     state_a, state_b = await _state(server, a), await _state(server, b)
     assert "m.room.topic|" not in state_a and "m.room.name|" not in state_a
     assert {k: v for k, v in state_a.items() if not k.startswith("m.room.member|@batch")} == {
@@ -253,3 +281,149 @@ async def test_in_the_worker_layout_a_batch_of_a_persisters_room_is_written_by_t
         await peer.stop()
         for process in reversed(processes):
             process.stop()
+
+
+@pytest.mark.timeout(180)
+async def test_two_servers_sending_to_one_room_at_once_store_each_pdu_once_in_order(
+        server: Server, make_peer: list[FederationPeer]) -> None:
+    """Servers A and B each send a line of 15 messages, both built on the same event (so the room
+    forks), in transactions that arrive at the same time. Every PDU is accepted and stored once,
+    each line's stream orderings follow its order, and the room ends with the two lines' last
+    events as its forward extremities. Both transactions are then sent again at once (the stored
+    answers), and again under new IDs (the PDUs are stored already): the same answers, nothing
+    stored twice or moved."""
+    peer, [a, b] = await started_peer(make_peer, 2)
+    client = server.tributary.client
+    destination = server.tributary.server_name
+    token = (await client.register_ok("twolines"))["access_token"]
+    created = await client.request("POST", "createRoom", {"preset": "public_chat"}, token=token)
+    assert created.status == 200, created
+    room_id = str(created.body["room_id"])
+    for remote in (a, b):
+        await peer.join(remote, f"@u:{remote}", room_id, via=destination)
+    fork = await _send(server, token, room_id, "m.room.message", {"msgtype": "m.text", "body": "fork here"})
+    now = int(reactor.seconds() * 1000)
+    lines = {remote: await chain_builder(peer, remote, destination, room_id, fork, now) for remote in (a, b)}
+    pdus = {remote: [line.message(f"@u:{remote}", f"{remote} {i}") for i in range(15)]
+            for remote, line in lines.items()}
+    ids = {remote: event_ids(peer, p) for remote, p in pdus.items()}
+    every = ids[a] + ids[b]
+
+    async def both(suffix: str) -> list[Any]:
+        return list(await gatherResults([
+            Deferred.fromCoroutine(peer.send_transaction(remote, destination, f"line-{suffix}", pdus[remote]))
+            for remote in (a, b)]))
+
+    first = await both("1")
+    for remote, answer in zip((a, b), first):
+        assert set(answer["pdus"]) == set(ids[remote])
+        assert all(not result.get("error") for result in answer["pdus"].values()), answer
+    orderings = _orderings(server.dsn, every)
+    assert set(orderings) == set(every)
+    for remote in (a, b):
+        line_orderings = [orderings[event_id] for event_id in ids[remote]]
+        assert line_orderings == sorted(line_orderings), f"{remote}'s line is out of order"
+    with psycopg2.connect(server.dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*), count(DISTINCT event_id) FROM events WHERE event_id = ANY(%s)", (every,))
+        assert cur.fetchone() == (30, 30)
+        cur.execute("SELECT count(*) FROM event_edges WHERE event_id = ANY(%s)", (every,))
+        assert cur.fetchone() == (30,)
+        cur.execute("SELECT event_id FROM event_forward_extremities WHERE room_id = %s", (room_id,))
+        assert {row[0] for row in cur.fetchall()} == {ids[a][-1], ids[b][-1]}
+    conn.close()
+
+    assert await both("1") == first  # the stored answers
+    again = await both("2")  # new transaction IDs, PDUs stored already
+    assert [answer["pdus"] for answer in again] == [answer["pdus"] for answer in first]
+    assert _orderings(server.dsn, every) == orderings
+
+
+def _round_metrics(server: Server) -> dict[str, float]:
+    """The server's room-round metrics: rounds of one and of several transactions, and waiting."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    process = server.tributary.process
+    _, body = process.get("/metrics", port=process.metrics_port)
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            if sample.name == "tributary_federation_room_rounds_total":
+                found[sample.labels["transactions"]] = sample.value
+            elif sample.name == "tributary_federation_room_round_waiting":
+                found["waiting"] = sample.value
+    return found
+
+
+async def _until(condition: Any, what: str) -> None:
+    """Wait (polling, at most 30 s) until ``condition()`` holds."""
+    from twisted.internet import task
+
+    for _ in range(1500):
+        if condition():
+            return
+        await task.deferLater(reactor, 0.02, lambda: None)
+    raise AssertionError(f"never happened: {what}")
+
+
+@pytest.mark.timeout(180)
+async def test_transactions_reaching_a_busy_room_are_coalesced_into_the_next_round(
+        server: Server, make_peer: list[FederationPeer]) -> None:
+    """Server A's transaction has a gap, and A holds its get_missing_events answer, so the room's
+    round is busy. Meanwhile B's and C's transactions (each a line on the same event as A's)
+    reach the room and wait. When A answers, A's round ends and B's and C's PDUs are checked and
+    persisted in one round together. Every PDU (A's fetched ones included) is accepted and
+    stored once, each line in order, the three heads are the room's extremities, and B's and
+    C's retries answer the same."""
+    peer, [a, b, c] = await started_peer(make_peer, 3)
+    client = server.tributary.client
+    destination = server.tributary.server_name
+    token = (await client.register_ok("rounds"))["access_token"]
+    created = await client.request("POST", "createRoom", {"preset": "public_chat"}, token=token)
+    assert created.status == 200, created
+    room_id = str(created.body["room_id"])
+    for remote in (a, b, c):
+        await peer.join(remote, f"@u:{remote}", room_id, via=destination)
+    fork = await _send(server, token, room_id, "m.room.message", {"msgtype": "m.text", "body": "fork here"})
+    now = int(reactor.seconds() * 1000)
+    pdus: dict[str, list[dict[str, Any]]] = {}
+    for remote, n in ((a, 6), (b, 5), (c, 5)):
+        line = await chain_builder(peer, remote, destination, room_id, fork, now)
+        pdus[remote] = [line.message(f"@u:{remote}", f"{remote} {i}") for i in range(n)]
+    ids = {remote: event_ids(peer, p) for remote, p in pdus.items()}
+    every = [event_id for remote in (a, b, c) for event_id in ids[remote]]
+    peer.serve_history(a, pdus[a])  # get_missing_events walks back from the PDUs sent
+    gate = peer.hold_missing_events(a)
+    before = _round_metrics(server)
+
+    sent_a = Deferred.fromCoroutine(peer.send_transaction(a, destination, "gap-a", pdus[a][2:]))
+    await _until(lambda: peer.request_counts(a)["get_missing_events"] >= 1, "A's gap walk")
+    others = [Deferred.fromCoroutine(peer.send_transaction(remote, destination, f"queued-{remote}", pdus[remote]))
+              for remote in (b, c)]
+    await _until(lambda: _round_metrics(server).get("waiting") == 2, "B and C waiting for the room")
+    gate.callback(None)
+    answers = [await sent_a, *[await d for d in others]]
+
+    for remote, answer in zip((a, b, c), answers):
+        mine = ids[remote][2:] if remote == a else ids[remote]
+        assert set(answer["pdus"]) == set(mine), (remote, len(mine), answer)
+        assert all(not result.get("error") for result in answer["pdus"].values()), answer
+    after = _round_metrics(server)
+    assert after["one"] - before["one"] == 1  # A's
+    assert after["several"] - before["several"] == 1  # B's and C's, together
+    assert after["waiting"] == 0
+    orderings = _orderings(server.dsn, every)
+    assert set(orderings) == set(every)
+    for remote in (a, b, c):
+        line_orderings = [orderings[event_id] for event_id in ids[remote]]
+        assert line_orderings == sorted(line_orderings), f"{remote}'s line is out of order"
+    with psycopg2.connect(server.dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*), count(DISTINCT event_id) FROM events WHERE event_id = ANY(%s)", (every,))
+        assert cur.fetchone() == (16, 16)
+        cur.execute("SELECT event_id FROM event_forward_extremities WHERE room_id = %s", (room_id,))
+        assert {row[0] for row in cur.fetchall()} == {ids[a][-1], ids[b][-1], ids[c][-1]}
+    conn.close()
+    retried = await gatherResults([
+        Deferred.fromCoroutine(peer.send_transaction(remote, destination, f"queued-{remote}", pdus[remote]))
+        for remote in (b, c)])
+    assert list(retried) == answers[1:]
+    assert _orderings(server.dsn, every) == orderings

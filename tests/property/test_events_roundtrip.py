@@ -17,11 +17,15 @@ from homeserver.events import (
     InvalidEvent,
     ServerKey,
     build_pdu,
+    EventTooLarge,
+    SignatureError,
     make_event,
     parse_pdu,
     prune_event_dict,
+    receive_pdu,
     sign_pdu,
     verify_event,
+    verify_received,
 )
 from homeserver.events.room_versions import KNOWN_ROOM_VERSIONS, RoomVersion
 from homeserver.events.signing import content_hash_matches
@@ -102,6 +106,62 @@ def test_tampered_content_fails_the_hash_check(case: tuple[RoomVersion, Any], va
     assert checked.get_pdu_json() == prune_event_dict(version, tampered.pdu)
 
 
+def _outcome(check: Any) -> Any:
+    """What ``check()`` returns, or the type and text of the events error it raises."""
+    try:
+        return check()
+    except (InvalidEvent, SignatureError) as e:
+        return type(e), str(e)
+
+
+@settings(max_examples=150, deadline=None)
+@given(signed_events(), st.sampled_from(["none", "content", "unsigned", "signature", "big", "hashes"]), json_values)
+def test_receive_pdu_agrees_with_make_event_and_verify_event(case: tuple[RoomVersion, Any], change: str,
+                                                               value: Any) -> None:
+    """The received-PDU path (each encoding made once) decides exactly as ``make_event`` then
+    ``verify_event``: same event ID and PDU, same redaction on a bad content hash, same errors."""
+    version, event = case
+    pdu = event.get_pdu_json()
+    if change == "content":
+        pdu["content"]["zz_tampered"] = value
+    elif change == "unsigned":
+        pdu["unsigned"] = {"age": 5, "v": value}
+    elif change == "signature":
+        pdu["signatures"]["hs.test"]["ed25519:1"] = "A" * 86
+    elif change == "big":  # at the size limit or one byte over, so the size sum must be exact
+        pdu["unsigned"] = {"pad": ""}
+        base = len(make_event(version, pdu).canonical_json())
+        pdu["unsigned"]["pad"] = "x" * max(0, 65536 - base + len(str(value)) % 2)
+    elif change == "hashes":
+        pdu["hashes"]["sha256"] = "B" * 43
+    expected = _outcome(lambda: verify_event(make_event(version, pdu), KEYS))
+    got = _outcome(lambda: verify_received(receive_pdu(version, pdu), KEYS))
+    assert got == expected
+    if not isinstance(expected, tuple):
+        assert got.event_id == expected.event_id and got.pdu == expected.pdu
+
+
+def test_receive_pdu_size_is_that_of_the_whole_pdu() -> None:
+    """The size ``receive_pdu`` sums from parts is the whole PDU's: one byte over the limit is
+    refused, the limit itself is not."""
+    version = KNOWN_ROOM_VERSIONS["10"]
+    pdu = build_pdu(version, EventTemplate("m.room.message", {"body": "x"}), sender="@a:hs.test",
+                    room_id="!room:hs.test", prev_event_ids=[], auth_event_ids=[], depth=1, origin_server_ts=1)
+    signed = sign_pdu(version, pdu, "hs.test", SIGNING_KEY).get_pdu_json()
+    signed["unsigned"] = {"pad": ""}
+    base = len(make_event(version, signed).canonical_json())
+    signed["unsigned"]["pad"] = "x" * (65536 - base)
+    assert len(make_event(version, signed).canonical_json()) == 65536
+    assert receive_pdu(version, signed).event.event_id == make_event(version, signed).event_id
+    signed["unsigned"]["pad"] += "x"
+    for make in (make_event, receive_pdu):
+        try:
+            make(version, signed)
+        except EventTooLarge:
+            continue
+        raise AssertionError(f"{make.__name__} took a PDU over the size limit")
+
+
 @settings(max_examples=200, deadline=None)
 @given(versions, st.binary(max_size=300) | json_text.map(str.encode))
 def test_parse_pdu_raises_only_invalid_event(version: RoomVersion, raw: bytes) -> None:
@@ -116,10 +176,11 @@ def test_parse_pdu_raises_only_invalid_event(version: RoomVersion, raw: bytes) -
     ["type", "sender", "room_id", "content", "depth", "prev_events", "auth_events", "hashes",
      "signatures", "origin_server_ts", "state_key", "unsigned", "redacts"]), json_values | st.floats()))
 def test_make_event_raises_only_invalid_event(version: RoomVersion, pdu: dict[str, Any]) -> None:
-    try:
-        make_event(version, pdu)
-    except InvalidEvent:
-        pass
+    for make in (make_event, receive_pdu):
+        try:
+            make(version, pdu)
+        except InvalidEvent:
+            pass
 
 
 @settings(max_examples=300, deadline=None)

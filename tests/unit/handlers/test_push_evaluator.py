@@ -68,3 +68,46 @@ def test_disabled_rules_and_odd_input_are_harmless() -> None:
                          "actions": ["notify"]}]}
     assert evaluate(odd, message("hi"), ctx()) == SILENT
     assert evaluate(RULES, {"type": "m.room.message", "content": {"body": 5}}, ctx()) == NOTIFY
+
+
+def test_compiled_rules_read_frozen_events_as_plain_ones() -> None:
+    """The persist path evaluates the frozen PDU (read-only mappings, tuples for arrays)."""
+    from homeserver.events.canonical import freeze
+
+    mention = message("x", **{"m.mentions": {"user_ids": [ALICE]}})
+    for event in (message("lunch?"), message("hey alice"), mention, message("fyi", msgtype="m.notice")):
+        assert evaluate(RULES, freeze(event), ctx()) == evaluate(RULES, event, ctx())  # type: ignore[arg-type]
+    assert evaluate(RULES, freeze(mention), ctx()) == HIGHLIGHT  # type: ignore[arg-type]
+
+
+def test_wildcard_free_globs_match_as_the_regex_does() -> None:
+    """``event_match`` without wildcards is a case-insensitive whole match, also beyond ASCII."""
+    rule = {"override": [{"rule_id": "k", "conditions": [{"kind": "event_match", "key": "content.msgtype",
+                                                          "pattern": "kind"}], "actions": ["notify"]}]}
+    assert evaluate(rule, message("x", msgtype="KIND"), ctx()) == NOTIFY
+    assert evaluate(rule, message("x", msgtype="\u212aind"), ctx()) == NOTIFY  # Kelvin sign folds to k
+    assert evaluate(rule, message("x", msgtype="kinds"), ctx()) == SILENT
+    assert evaluate(rule, message("x", msgtype=5), ctx()) == SILENT
+
+
+def test_malformed_stored_rules_never_match_and_spoil_nothing() -> None:
+    odd: dict[str, Any] = {"override": ["not a rule", {"rule_id": "a", "conditions": "nope", "actions": ["notify"]},
+                                        {"rule_id": "b", "conditions": [7], "actions": ["notify"]}],
+                           "underride": [{"rule_id": "c", "conditions": [], "actions": ["notify"]}]}
+    assert evaluate(odd, message("hi"), ctx()) == NOTIFY  # only the well-formed catch-all matched
+
+
+def test_compiled_rules_follow_the_stored_text() -> None:
+    """Rules are compiled once per text of ``m.push_rules``: new text is compiled afresh."""
+    import json
+
+    from homeserver.handlers.push_evaluator import compiled_rules
+    from homeserver.handlers.push_rules import effective_rules
+
+    assert compiled_rules(ALICE, None, effective_rules).evaluate(message("lunch?"), ctx()) == NOTIFY
+    muted = effective_rules(None, ALICE)
+    muted["underride"] = [dict(r, enabled=False) for r in muted["underride"]]
+    text = json.dumps({"global": muted})
+    assert compiled_rules(ALICE, text, effective_rules).evaluate(message("lunch?"), ctx()) == SILENT
+    assert compiled_rules(ALICE, text, effective_rules) is compiled_rules(ALICE, text, effective_rules)
+    assert compiled_rules(ALICE, "{not json", effective_rules).evaluate(message("lunch?"), ctx()) == NOTIFY
