@@ -129,10 +129,11 @@ class JoinFigures:
         first = f"{self.first_sync_s:.2f} s" if self.first_sync_s is not None else f"not within {self.waited_s:.0f} s"
         full = (f"{self.full_members_s:.2f} s" if self.full_members_s is not None
                 else f"not within {self.waited_s:.0f} s (reached {self.members_seen:,})")
-        settled_db = f" + {self.cpu_db_settled_s:.1f} s" if self.cpu_db_settled_s is not None else ""
-        settled = (f"joining server idle again after {self.settled_s:.1f} s, having used {self.cpu_settled_s:.1f} s"
-                   f"{settled_db} CPU" if self.settled_s is not None else "joining server not idle by the deadline")
-        db = f" + its PostgreSQL backends {self.cpu_db_s:.1f} s" if self.cpu_db_s is not None else " (SQLite in-process)"
+        used = f"{self.cpu_settled_s:.1f} s" + (f" + {self.cpu_db_settled_s:.1f} s" if self.cpu_db_settled_s else "")
+        settled = (f"joining server idle again after {self.settled_s:.1f} s, having used {used} CPU"
+                   if self.settled_s is not None else f"joining server not idle by the deadline, {used} CPU by then")
+        db = (f" + its PostgreSQL backends {self.cpu_db_s:.1f} s" if self.cpu_db_s is not None
+              else " (SQLite in-process)")
         return (f"{self.label}: join {self.join_s:.2f} s, first /sync (lazy members) {first}, "
                 f"full membership ({self.expected_members:,} joined) {full}; CPU of the joining server "
                 f"{self.cpu_at_join_s:.1f} s by the join answer, {self.cpu_s:.1f} s in all{db}; "
