@@ -127,8 +127,9 @@ class SynapseProcess:
         return result.stdout.strip()
 
     @classmethod
-    def configure(cls, python: Path, directory: Path) -> SynapseProcess:
-        """Generate Synapse's config in ``directory``, then set the loopback options on it."""
+    def configure(cls, python: Path, directory: Path, *, extra: dict[str, Any] | None = None) -> SynapseProcess:
+        """Generate Synapse's config in ``directory``, then set the loopback options on it (and
+        ``extra``, top-level options a caller such as a bench sets on top)."""
         directory.mkdir(parents=True, exist_ok=True)
         process = cls(python, directory, free_port(), free_port())
         subprocess.run(
@@ -141,6 +142,7 @@ class SynapseProcess:
         write_self_signed_certificate("localhost", cert_path, key_path)
         config = yaml.safe_load(process.config_path.read_text(encoding="utf-8"))
         config.update(LOOPBACK_OPTIONS)
+        config.update(extra or {})
         config["listeners"] = [
             {"port": process.federation_port, "tls": True, "type": "http", "bind_addresses": ["127.0.0.1"],
              "x_forwarded": False, "resources": [{"names": ["federation"], "compress": False}]},
