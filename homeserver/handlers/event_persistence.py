@@ -452,7 +452,9 @@ class EventPersister:
         start = time.perf_counter()
         items: list[BatchedPersist] = []
         room_reads = _SharedRoomReads()
-        for b in batch:
+        # Whether each event notifies anyone with a pusher: found by the transaction, noted after it.
+        pushes = [False] * len(batch)
+        for i, b in enumerate(batch):
             event = b.event
             delta: dict[StateKey, str] = {}
             key = event.state_key_tuple
@@ -460,7 +462,7 @@ class EventPersister:
                 delta = {key: event.event_id}
             push_actions = None
             if self._push is not None and b.rejection_reason is None and not b.soft_failed:
-                push_actions = self._push.actions_txn(event, read_room=room_reads.reader(event))
+                push_actions = self._noting_pushes(event, pushes, i, reader=room_reads.reader(event))
             request = self._request(
                 room_version,
                 event,
@@ -474,7 +476,9 @@ class EventPersister:
             )
             items.append(BatchedPersist(request, b.state_before_of))
         results = await self._stream_ids.run_interaction(
-            "persist_event_batch", persist_events_txn, items, self._stream_ids.get_next_mult_txn
+            "persist_event_batch", persist_events_txn, items,
+            self._batch_allocator(lambda: [WrittenEvent(b.event.is_state(), False, pushes[i])
+                                           for i, b in enumerate(batch)]),
         )
         # The batch's time shared out, so the histogram stays "time to persist one event".
         per_event = time.perf_counter() - (time.perf_counter() - start) / len(results)
@@ -498,19 +502,41 @@ class EventPersister:
 
         return allocate
 
-    def _noting_pushes(self, event: FrozenEvent, pushes: list[bool]) -> Callable[[Transaction], Sequence[PushAction]]:
-        """The push actions of ``event`` (``PushActionsSource.actions_txn``), also setting ``pushes[0]``
-        when a user it notifies has an ``http`` pusher (only when this process keeps notes for its
-        own pushers' scan). The room's push read says who has one; were the room not read (a
-        push source reading it some other way), one more statement asks."""
+    def _batch_allocator(self, written: Callable[[], list[WrittenEvent]]) -> Callable[[Transaction, int], list[int]]:
+        """``_allocator`` for a batch: the positions it reserves, in batch order, noted with
+        ``written()`` (received events go to no other server from here: no fan-out)."""
+        written_events = self._written
+        if written_events is None:
+            return self._stream_ids.get_next_mult_txn
+
+        def allocate(txn: Transaction, count: int) -> list[int]:
+            positions = self._stream_ids.get_next_mult_txn(txn, count)
+
+            def note() -> None:
+                for position, one in zip(positions, written()):
+                    written_events.note(position, one)
+
+            txn.call_after(note)
+            return positions
+
+        return allocate
+
+    def _noting_pushes(self, event: FrozenEvent, pushes: list[bool], index: int = 0, *,
+                       reader: PushContextReader = get_push_context_txn,
+                       ) -> Callable[[Transaction], Sequence[PushAction]]:
+        """The push actions of ``event`` (``PushActionsSource.actions_txn``, the room read with
+        ``reader``), also setting ``pushes[index]`` when a user it notifies has an ``http`` pusher
+        (only when this process keeps notes for its own pushers' scan). The room's push read says
+        who has one; were the room not read (a push source reading it some other way), one more
+        statement asks."""
         assert self._push is not None
         if self._written is None:
-            pushes[0] = True
-            return self._push.actions_txn(event)
+            pushes[index] = True
+            return self._push.actions_txn(event, read_room=reader)
         rooms: list[PushContextRow] = []
 
         def read_room(txn: Transaction, room_id: str, server_name: str, extra: Collection[str]) -> PushContextRow:
-            row = get_push_context_txn(txn, room_id, server_name, extra)
+            row = reader(txn, room_id, server_name, extra)
             rooms.append(row)
             return row
 
@@ -521,11 +547,11 @@ class EventPersister:
             actions = actions_txn(txn)
             notified = {a.user_id for a in actions}
             if not notified:
-                pushes[0] = False
+                pushes[index] = False
             elif rooms:
-                pushes[0] = not notified.isdisjoint(rooms[-1].http_pushers)
+                pushes[index] = not notified.isdisjoint(rooms[-1].http_pushers)
             else:
-                pushes[0] = any_http_pusher_txn(txn, notified)
+                pushes[index] = any_http_pusher_txn(txn, notified)
             return actions
 
         return in_txn
