@@ -244,7 +244,7 @@ class RoomServices:
             store=SlidingSyncStore(db), sync=sync, notifier=notifier, clock=reactor, room_tokens=room_tokens,
             timeline=timeline, events_store=events_store, client_events=client_events,
             account_data=AccountDataStore(db), typing=typing, receipts=receipts, e2e=e2e, push=PushStore(db),
-            metrics=sync.metrics,
+            metrics=sync.metrics, partial_state=partial_state,
         )
         relations = RelationsHandler(
             store=relations_store, events_store=events_store, timeline=timeline, client_events=client_events,

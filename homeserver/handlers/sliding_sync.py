@@ -27,6 +27,7 @@ from homeserver.handlers.client_events import ClientEvents, strip_event
 from homeserver.handlers.e2e import E2eHandler
 from homeserver.handlers.messages import room_token
 from homeserver.handlers.metrics import SyncMetrics
+from homeserver.handlers.partial_state import sync_view
 from homeserver.handlers.push_rules import effective_rules
 from homeserver.handlers.receipts import RECEIPT_TYPES, ReceiptsHandler
 from homeserver.handlers.remote_invites import event_of
@@ -37,6 +38,7 @@ from homeserver.handlers.sync import INVITE_STATE_TYPES, MAX_HEROES, MAX_TIMEOUT
 from homeserver.handlers.typing import TypingHandler
 from storage.notifier import Notifier
 from storage.room_tokens import RoomPosition, RoomTokens
+from storage.stores.partial_state import PartialStateStore
 from storage.stores.account_data import AccountDataStore, UserAccountData
 from storage.stores.events import EventsStore, StateKey
 from storage.stores.push import PushStore
@@ -126,6 +128,7 @@ class SlidingSyncHandler:
         e2e: E2eHandler,
         push: PushStore,
         metrics: SyncMetrics,
+        partial_state: PartialStateStore | None = None,
     ) -> None:
         self._store = store
         self._sync = sync
@@ -141,6 +144,7 @@ class SlidingSyncHandler:
         self._e2e = e2e
         self._push = push
         self._metrics = metrics
+        self._partial_state = partial_state
 
     def _now_ms(self) -> int:
         return int(self._clock.seconds() * 1000)
@@ -206,11 +210,13 @@ class SlidingSyncHandler:
         upto = await self._room_tokens.position(now.events)
         since_pos = await self._room_tokens.position(since.events) if since is not None else None
         direct = dm_rooms(await self._account_data.get(user_id, None, "m.direct"))
+        partial = await self._partial_rooms(upto)
 
         in_view: dict[str, _InView] = {}
         lists_out: dict[str, Any] = {}
         for name, config in request.lists.items():
-            count, ids, entries = await self._list(user_id, config, direct, frozenset(position.rooms))
+            hidden = partial if config.config.needs_all_members(user_id) else frozenset()
+            count, ids, entries = await self._list(user_id, config, direct, frozenset(position.rooms), hidden)
             lists_out[name] = {"count": count, "ops": [
                 {"op": "SYNC", "range": [start, end], "room_ids": ids[start:end + 1]}
                 for start, end in (config.ranges or ((0, max(count - 1, 0)),))
@@ -224,6 +230,8 @@ class SlidingSyncHandler:
         subscribed = await self._store.get_memberships(user_id, subscriptions)
         for room_id, entry in subscribed.items():
             room_config = subscriptions[room_id]
+            if room_id in partial and room_config.needs_all_members(user_id):
+                continue
             seen = in_view.get(room_id)
             in_view[room_id] = (_InView(entry, room_config, ()) if seen is None
                                 else _InView(entry, seen.config.combine(room_config), seen.lists))
@@ -247,18 +255,27 @@ class SlidingSyncHandler:
         body: dict[str, Any] = {"lists": lists_out, "rooms": rooms, "extensions": extensions}
         return _Computed(body, changes, has_data)
 
+    async def _partial_rooms(self, upto: RoomPosition) -> frozenset[str]:
+        """Rooms joined with partial state whose state is not whole as of ``upto`` (/sync's rule,
+        ``partial_state.sync_view``)."""
+        if self._partial_state is None:
+            return frozenset()
+        rows = await self._partial_state.get_rows_for_sync(upto.minimum)
+        return sync_view(rows, rows.keys(), lazy_members=False, since=None, upto=upto).hidden
+
     async def _list(
-        self, user_id: str, config: ListConfig, direct: frozenset[str], sent: frozenset[str]
+        self, user_id: str, config: ListConfig, direct: frozenset[str], sent: frozenset[str],
+        hidden: frozenset[str] = frozenset(),
     ) -> tuple[int, list[str], list[RoomListEntry]]:
         """The list's size, its room IDs from the top to its last range's end, and the entries its
-        ranges select."""
+        ranges select; ``hidden`` rooms are left out (partial state, a list that needs members)."""
         filters = config.filters
         spaces = (await self._store.get_space_children(user_id, filters.spaces)
                   if filters.spaces is not None else None)
         query = RoomListQuery(is_dm=filters.is_dm, dm_rooms=direct, is_encrypted=filters.is_encrypted,
                               is_invite=filters.is_invite, room_types=filters.room_types,
                               not_room_types=filters.not_room_types, space_rooms=spaces, sent_rooms=sent,
-                              tags=filters.tags, not_tags=filters.not_tags)
+                              tags=filters.tags, not_tags=filters.not_tags, excluded=hidden)
         count, rows = await self._store.get_room_list(user_id, query, limit=range_limit(config.ranges, MAX_LIST_ROOMS))
         ids = [row.room_id for row in rows]
         selected = set(in_ranges(ids, config.ranges))

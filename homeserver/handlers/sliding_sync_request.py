@@ -105,6 +105,11 @@ class RoomConfig:
     def member_keys(self, user_id: str) -> set[str]:
         return {key for spec in self.required_state for key in spec.member_keys(user_id)}
 
+    def needs_all_members(self, user_id: str) -> bool:
+        """Whether it asks for member events beyond the user's own and the lazy ones: a room
+        joined with partial state could not answer it right until its state is whole."""
+        return self.all_members() or bool(self.member_keys(user_id) - {user_id})
+
     @classmethod
     def from_json(cls, text: str) -> RoomConfig:
         """The config ``to_json`` wrote (a stored subscription)."""

@@ -58,6 +58,9 @@ class RoomListQuery:
     # Room tags (m.tag room account data): any of ``tags`` (None: no filter), none of ``not_tags``.
     tags: tuple[str, ...] | None = None
     not_tags: tuple[str, ...] = ()
+    # Rooms left out whatever else matches (joined with partial state, for a list that needs
+    # their members).
+    excluded: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -141,6 +144,9 @@ def _room_list_txn(
     if query.space_rooms is not None:
         where.append("m.room_id = ANY(%s)")
         params.append(sorted(query.space_rooms))
+    if query.excluded:
+        where.append("NOT (m.room_id = ANY(%s))")
+        params.append(sorted(query.excluded))
     tagged = ("EXISTS (SELECT 1 FROM account_data ad WHERE ad.user_id = m.state_key AND ad.room_id = m.room_id "
               "AND ad.account_data_type = 'm.tag' AND jsonb_typeof(ad.content::jsonb -> 'tags') = 'object' "
               "AND (ad.content::jsonb -> 'tags') ?| %s::text[])")

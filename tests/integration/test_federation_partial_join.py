@@ -104,6 +104,17 @@ async def test_partial_join_answers_at_once_then_resyncs(database_dsn: str, seco
         assert room_id in lazy.body["rooms"]["join"]
         full = await cb.request("GET", f"sync?timeout=0&since={before.body['next_batch']}", token=token)
         assert room_id not in full.body["rooms"]["join"]
+        # Sliding sync, the same rule: a list asking for every member leaves the room out until
+        # its state is whole; one lazy-loading members has it at once.
+        ss = "/_matrix/client/unstable/org.matrix.simplified_msc3575/sync"
+        lists = {"all": {"ranges": [[0, 9]], "timeline_limit": 1, "required_state": [["m.room.member", "*"]]},
+                 "lazy": {"ranges": [[0, 9]], "timeline_limit": 1,
+                          "required_state": [["m.room.member", "$LAZY"], ["m.room.member", "$ME"]]}}
+        sliding = await cb.request("POST", ss, {"lists": lists}, token=token)
+        assert sliding.status == 200, sliding
+        assert sliding.body["lists"]["all"]["count"] == 0
+        assert sliding.body["lists"]["lazy"]["ops"][0]["room_ids"] == [room_id]
+        assert sliding.body["rooms"][room_id]["lists"] == ["lazy"]
 
         # Messages both ways while partial. @m7 has no member event on B yet: its message is
         # checked against its own auth events, not rejected for want of a membership.
@@ -156,6 +167,11 @@ async def test_partial_join_answers_at_once_then_resyncs(database_dsn: str, seco
 
         synced = await woken
         assert synced.status == 200 and room_id in synced.body["rooms"]["join"], synced.body["rooms"]
+        whole = await cb.request("POST", ss + f"?pos={q(sliding.body['pos'])}&timeout=0", {"lists": lists},
+                                 token=token)
+        assert whole.body["lists"]["all"]["ops"][0]["room_ids"] == [room_id]
+        members_sent = [e for e in whole.body["rooms"][room_id]["required_state"] if e["type"] == "m.room.member"]
+        assert len(members_sent) >= MEMBERS, len(members_sent)
         room = synced.body["rooms"]["join"][room_id]
         state_members = [e for e in room["state"]["events"] if e["type"] == "m.room.member"]
         timeline_members = [e for e in room["timeline"]["events"] if e["type"] == "m.room.member"]
