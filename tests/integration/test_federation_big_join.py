@@ -135,6 +135,19 @@ async def test_join_of_a_room_with_thousands_of_members(database_dsn: str, secon
         assert info.value.code == 400
 
 
+def resident_big_room(resident: TributaryProcess, dsn: str, members: int) -> str:
+    """Alice's public room on ``resident`` with ``members`` more members, added in bulk while
+    it is stopped; its ID. ``resident`` is left stopped."""
+    resident.start()
+    alice = _client_call(resident.client_port, "POST", "register",
+                         {"username": "alice", "password": "pw", "auth": {"type": "m.login.dummy"}})
+    room_id: str = _client_call(resident.client_port, "POST", "createRoom", {"preset": "public_chat"},
+                                alice["access_token"])["room_id"]
+    resident.stop()
+    add_members_to_process(resident.config_path, dsn, room_id, members)
+    return room_id
+
+
 @pytest.mark.timeout(240)
 def test_join_from_a_worker_layout_stores_through_the_rooms_persister(
     postgres_template: str, redis_url: str, tmp_path: Path
@@ -150,13 +163,7 @@ def test_join_from_a_worker_layout_stores_through_the_rooms_persister(
         main, workers, generic_port = configure_workers(tmp_path / "b", dsn_b, redis_url, persisters=1, senders=0)
         processes = [resident, main, workers["p1"], workers["g1"]]
         try:
-            resident.start()
-            alice = _client_call(resident.client_port, "POST", "register",
-                                 {"username": "alice", "password": "pw", "auth": {"type": "m.login.dummy"}})
-            room_id = _client_call(resident.client_port, "POST", "createRoom", {"preset": "public_chat"},
-                                   alice["access_token"])["room_id"]
-            resident.stop()
-            add_members_to_process(resident.config_path, dsn_a, room_id, 2000)
+            room_id = resident_big_room(resident, dsn_a, 2000)
             for process in processes:
                 process.start()
             bob = _client_call(main.client_port, "POST", "register",

@@ -26,12 +26,12 @@ from homeserver.app import HomeServer
 from homeserver.events import EventTemplate, get_room_version, parse_create_room_request, sign_pdu
 from homeserver.federation.client import HttpResponseError
 from homeserver.http.server import EncodedJson
-from tests.big_room import add_members, add_members_to_process
+from tests.big_room import add_members
 from tests.conftest import scratch_database
 from tests.harness import TributaryProcess
 from tests.integration.test_client_support import Client
 from tests.integration.test_federation import eventually, name, stored, two_servers
-from tests.integration.test_federation_big_join import _client_call
+from tests.integration.test_federation_big_join import _client_call, resident_big_room
 
 MEMBERS = 400
 LAZY = json.dumps({"room": {"state": {"lazy_load_members": True}}})
@@ -286,13 +286,7 @@ def test_a_restart_during_partial_state_resumes_the_resync(postgres_template: st
         resident = TributaryProcess.configure_federating(tmp_path / "a", database_url=dsn_a)
         joiner = TributaryProcess.configure_federating(tmp_path / "b", database_url=dsn_b)
         try:
-            resident.start()
-            alice = _client_call(resident.client_port, "POST", "register",
-                                 {"username": "alice", "password": "pw", "auth": {"type": "m.login.dummy"}})
-            room_id = _client_call(resident.client_port, "POST", "createRoom", {"preset": "public_chat"},
-                                   alice["access_token"])["room_id"]
-            resident.stop()
-            add_members_to_process(resident.config_path, dsn_a, room_id, 300)
+            room_id = resident_big_room(resident, dsn_a, 300)
             resident.start()
             joiner.start()
             bob = _client_call(joiner.client_port, "POST", "register",
