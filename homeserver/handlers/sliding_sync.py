@@ -210,7 +210,10 @@ class SlidingSyncHandler:
         upto = await self._room_tokens.position(now.events)
         since_pos = await self._room_tokens.position(since.events) if since is not None else None
         direct = dm_rooms(await self._account_data.get(user_id, None, "m.direct"))
-        partial = await self._partial_rooms(upto)
+        # Read only when a list or subscription could be refused a partial room.
+        needs_members = any(c.config.needs_all_members(user_id) for c in request.lists.values()) or any(
+            c.needs_all_members(user_id) for c in subscriptions.values())
+        partial = await self._partial_rooms(upto) if needs_members else frozenset()
 
         in_view: dict[str, _InView] = {}
         lists_out: dict[str, Any] = {}
@@ -292,9 +295,8 @@ class SlidingSyncHandler:
         joined = [r for r, v in in_view.items() if v.entry.membership == C.JOIN]
         if current <= after or not joined:
             return frozenset()
-        rows = await self._timeline.get_receipts(joined, after, current)
-        return frozenset(r.room_id for r in rows
-                         if r.user_id == user_id and r.receipt_type in RECEIPT_TYPES)
+        rows = await self._timeline.get_receipts(joined, after, current, user_id=user_id)
+        return frozenset(r.room_id for r in rows if r.receipt_type in RECEIPT_TYPES)
 
     async def _rooms(
         self, requester: Requester, in_view: Mapping[str, _InView], position: ConnectionPosition,

@@ -504,15 +504,18 @@ class TimelineStore:
 
         await self._db.run_interaction("put_receipt", txn_fn)
 
-    async def get_receipts(self, room_ids: Collection[str], after: int, upto: int) -> list[ReceiptRow]:
+    async def get_receipts(self, room_ids: Collection[str], after: int, upto: int,
+                           user_id: str | None = None) -> list[ReceiptRow]:
+        """The receipts of ``room_ids`` written in (after, upto]; only ``user_id``'s when given."""
         if not room_ids:
             return []
 
         def txn_fn(txn: Transaction) -> list[ReceiptRow]:
             txn.execute(
                 "SELECT room_id, receipt_type, user_id, event_id, data, stream_id FROM receipts "
-                "WHERE room_id = ANY(%s) AND stream_id > %s AND stream_id <= %s",
-                (list(room_ids), after, upto),
+                "WHERE room_id = ANY(%s) AND stream_id > %s AND stream_id <= %s "
+                "AND (%s::text IS NULL OR user_id = %s)",
+                (list(room_ids), after, upto, user_id, user_id),
             )
             rows: list[Any] = txn.fetchall()
             return [ReceiptRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5])) for r in rows]
