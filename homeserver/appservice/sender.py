@@ -174,10 +174,11 @@ class AppServiceSender:
         now = self._now()
         for service_id, link in wanting.items():
             service = self._services[service_id]
+            # Each room's members matched once per read, not once per change that names the room.
+            shared = {room for room, fact in facts.items()
+                      if any(service.is_interested_in_user(member) for member in fact.members)}
             wanted = [presence_event(change.presence, now) for change in changes
-                      if service.is_interested_in_user(change.presence.user_id)
-                      or any(service.is_interested_in_user(member) for room in change.rooms
-                             for member in facts[room].members)]
+                      if service.is_interested_in_user(change.presence.user_id) or not shared.isdisjoint(change.rooms)]
             if wanted:
                 self._dispatch(link, link.on_ephemeral(wanted, now))
 
