@@ -305,7 +305,6 @@ class Destination(RequestLink[Request]):
         # to catch-up (PDUs) or dropped (EDUs) instead of piling up.
         self._has_queue = retry.healthy
         self._in_flight: PlannedTransaction | None = None
-        self._retry_dirty = False
         # The destination, backing off, contacted us while the transaction in flight was out: a
         # failure of that transaction may be older news than the contact, so it is resent at once.
         self._contacted_while_sending = False
@@ -636,14 +635,14 @@ class Destination(RequestLink[Request]):
             return self._next(now_ms)
         return self._begin(persist)
 
+    def _persist_retry(self) -> Request:
+        return PersistRetry(self._queue.retry)
+
     def _next(self, now_ms: int) -> list[Action]:
         """What to do now that nothing is outstanding (nothing, while something is)."""
         first = self._before_deciding(now_ms)
         if first is not None:
             return first
-        if self._retry_dirty:
-            self._retry_dirty = False
-            return self._begin(PersistRetry(self._queue.retry))
         queue = self._queue
         if queue.retry.backing_off(now_ms):
             return self._schedule_wake(queue.retry.retry_at) if queue.has_work() else []

@@ -5,7 +5,9 @@ or an application service (``homeserver/appservice/core.py``). Each is a state m
 loop drives with ``on_<event>(..., now_ms)`` calls; ``RequestLink`` holds what they have in
 common: at most one *request* outstanding, answered by exactly one call (``_answer`` raises
 ``ProtocolViolation`` for an answer to something else), a supervision delay that doubles per
-crash in a row, and one pending wake-up. It knows nothing of what the requests are.
+crash in a row, one pending wake-up, and a backoff to store before anything else once it has
+changed (``_retry_dirty``; each link says how, ``_persist_retry``). It knows nothing else of
+what the requests are.
 """
 
 # tests: tests/unit/federation_sender/test_link.py, tests/unit/federation_sender/test_core.py
@@ -51,7 +53,12 @@ class RequestLink(Generic[R]):
         self._resting_until = 0
         # A request whose carrying out crashed and that must be made again as it was.
         self._resume: R | None = None
+        # The backoff changed and is not stored yet: storing it comes before any other request.
+        self._retry_dirty = False
 
+    def _persist_retry(self) -> R:
+        """The request that stores the link's backoff as it is now."""
+        raise NotImplementedError
     @property
     def outstanding(self) -> R | None:
         """The request the loop is carrying out for this link."""
@@ -77,7 +84,8 @@ class RequestLink(Generic[R]):
 
     def _before_deciding(self, now_ms: int) -> list[Any] | None:
         """What comes before a link decides its next request: nothing while one is outstanding,
-        a wake-up while it rests after a crash, the request to redo. None: the link decides."""
+        a wake-up while it rests after a crash, the request to redo, storing a changed backoff.
+        None: the link decides."""
         if self._step is not None:
             return []
         if self._resting(now_ms):
@@ -85,6 +93,9 @@ class RequestLink(Generic[R]):
         if self._resume is not None:
             resume, self._resume = self._resume, None
             return self._begin(resume)
+        if self._retry_dirty:
+            self._retry_dirty = False
+            return self._begin(self._persist_retry())
         return None
 
     def _crashed(self, now_ms: int) -> tuple[R | None, list[Any]]:

@@ -183,7 +183,6 @@ class ServiceLink(RequestLink[Request]):
         self._ephemeral: deque[Mapping[str, Any]] = deque(maxlen=MAX_HELD_EPHEMERAL)
         # Recorded and not yet accepted: resent as it is.
         self._retained: Transaction | None = None
-        self._retry_dirty = False
 
     # --- what the loop may look at ---------------------------------------------------------
 
@@ -315,13 +314,13 @@ class ServiceLink(RequestLink[Request]):
         upto = covered if covered > self._position else None
         return Transaction(self._last_txn_id + 1, events, ephemeral, to_device, upto, to_device_upto)
 
+    def _persist_retry(self) -> Request:
+        return PersistRetry(self.retry)
+
     def _next(self, now_ms: int) -> list[Action]:
         first = self._before_deciding(now_ms)
         if first is not None:
             return first
-        if self._retry_dirty:
-            self._retry_dirty = False
-            return self._begin(PersistRetry(self.retry))
         if self.retry.backing_off(now_ms):
             return self._schedule_wake(self.retry.retry_at)
         if self._retained is not None:
