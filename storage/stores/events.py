@@ -634,11 +634,19 @@ _UPSERT_DESTINATION_ROOMS: Final = Prepared("""
     ON CONFLICT (destination, room_id) DO UPDATE SET stream_ordering = EXCLUDED.stream_ordering
     WHERE destination_rooms.stream_ordering < EXCLUDED.stream_ordering
     """)
+# The room's extremities are counted up to a limit (one more than the send expects is enough
+# to see too many), in index order: that plan is an index scan, which marks the index entries
+# of deleted extremities dead as it passes them (so later scans skip them and a page split
+# drops them). A bare count(*) was planned as a bitmap scan, which marks nothing: every send
+# in a busy room walked every extremity deleted since the last vacuum (4,000 sends in one
+# room: 0.4 ms a count).
 _DELETE_EXTREMITIES_COUNTING: Final = Prepared("""
     WITH gone AS (
         DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[]) RETURNING 1
     )
-    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM event_forward_extremities WHERE room_id = %s)
+    SELECT (SELECT count(*) FROM gone),
+           (SELECT count(*) FROM (SELECT 1 FROM event_forward_extremities WHERE room_id = %s
+                                  ORDER BY room_id, event_id LIMIT %s::int) AS known)
     """)
 _DELETE_EXTREMITIES: Final = Prepared(
     "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[])")
@@ -780,10 +788,11 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
             ))
         if r.prev_event_ids and r.expected_extremity_count is not None:
             # Last in the batch, so its row is the one fetched: how many prev_events were
-            # extremities, and how many extremities there were (this event's included).
+            # extremities, and how many extremities there were (this event's included; counted
+            # up to one more than expected).
             batch.append((
                 _DELETE_EXTREMITIES_COUNTING,
-                (r.room_id, list(r.prev_event_ids), r.room_id),
+                (r.room_id, list(r.prev_event_ids), r.room_id, r.expected_extremity_count + 2),
             ))
         elif r.prev_event_ids:
             batch.append((
