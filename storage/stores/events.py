@@ -896,7 +896,13 @@ def _persist_run_txn(txn: Transaction, run: Sequence[tuple[PersistRequest, int, 
         if r.push_actions is not None and not r.soft_failed and r.rejection_reason is None:
             notified.extend((action, r.event_id, stream_ordering) for action in r.push_actions(txn))
     rows = [r for r, _, _ in run]
-    moving = [r.event_id for r in rows if not r.soft_failed]
+    # The prev events of the events that move the extremities stop being extremities (the DELETE
+    # below); an event of the run among them is not inserted only to be deleted in the same
+    # transaction (a dead index entry per event, which every read of the room's extremities
+    # walks until a vacuum).
+    prevs = sorted({p for r in rows if not r.soft_failed for p in r.prev_event_ids})
+    replaced = set(prevs)
+    moving = [r.event_id for r in rows if not r.soft_failed and r.event_id not in replaced]
     statements: list[tuple[str, Sequence[object]]] = [(
         """
         INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender, depth,
@@ -945,7 +951,6 @@ def _persist_run_txn(txn: Transaction, run: Sequence[tuple[PersistRequest, int, 
              [a.highlight for a, _, _ in notified], [a.actions_json for a, _, _ in notified],
              [a.thread_id for a, _, _ in notified]),
         ))
-    prevs = sorted({p for r in rows if not r.soft_failed for p in r.prev_event_ids})
     if prevs:
         statements.append((
             "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s)", (room_id, prevs),
