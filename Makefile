@@ -63,7 +63,7 @@ interop: $(TEST_STAMP)
 	@bash .ci/ensure-services.sh || echo "interop: no PostgreSQL; Tributary will use its embedded database"
 	@test -x $(SYNAPSE_VENV)/bin/python || $(PYTHON) -m venv $(SYNAPSE_VENV)
 	$(SYNAPSE_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade \
-		'matrix-synapse$(if $(SYNAPSE_VERSION),==$(SYNAPSE_VERSION))'
+		'matrix-synapse[postgres]$(if $(SYNAPSE_VERSION),==$(SYNAPSE_VERSION))'
 	$(PY) -m tests.interop.run_interop --synapse-python $(SYNAPSE_VENV)/bin/python
 
 clean:

@@ -236,7 +236,7 @@ async def synapse_ready(synapse: SynapseProcess, timeout: float = 600.0) -> floa
     waited."""
     started = time.perf_counter()
     while time.perf_counter() - started < timeout:
-        if "No more background updates to do" in synapse.log_path.read_text(encoding="utf-8", errors="replace"):
+        if synapse.background_updates_done():
             break
         await asyncio.sleep(1.0)
     return time.perf_counter() - started

@@ -3,9 +3,13 @@ initial sync of a user in many rooms, server CPU per message and RSS.
 
 Against a running server (``--base-url``, which must have generous ``rc_message``,
 ``rc_joins`` and ``rc_registration`` limits), or, by default, against a fresh
-``tributary`` process it starts on the embedded PostgreSQL. Run by hand:
+``tributary`` process it starts on the embedded PostgreSQL. With ``--synapse``, the same figures
+for a Synapse in the same run (``make interop`` installs it, with psycopg2, into .venv-synapse), on a fresh
+database of the PostgreSQL on 127.0.0.1:5432 (as Synapse is deployed; its SQLite is slower), with
+its rate limits lifted, then the ratios. Run by hand:
 
     .venv/bin/python bench/client_api.py [--sends 500] [--rooms 50] [--events 100] [--py-spy FILE]
+                                         [--synapse [--synapse-sends 300]]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.profiling import start_py_spy, stop_py_spy  # noqa: E402
@@ -82,14 +87,22 @@ class LeanSender:
         )
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = head.split(b" ", 2)[1]
-        length = None
+        length, chunked = None, False
         for line in head.split(b"\r\n")[1:]:
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"content-length":
                 length = int(value)
-        if length is None:
+            elif name.strip().lower() == b"transfer-encoding":
+                chunked = value.strip().lower() == b"chunked"
+        if chunked:  # Synapse's answers
+            data = b""
+            while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
+                data += (await self.reader.readexactly(size + 2))[:-2]
+            await self.reader.readuntil(b"\r\n")
+        elif length is not None:
+            data = await self.reader.readexactly(length)
+        else:
             raise RuntimeError(f"no Content-Length in the answer: {head!r}")
-        data = await self.reader.readexactly(length)
         if status != b"200" or b'"event_id"' not in data:
             raise RuntimeError(f"PUT {path} -> {status!r} {data!r}")
         return time.perf_counter() - start
@@ -158,8 +171,18 @@ def txn_totals(metrics_url: str | None) -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+@attrs.frozen
+class Figures:
+    sequential: float  # sends/s, one sender
+    concurrent: float  # sends/s, 8 senders in 8 rooms
+    sequential_cpu: float  # seconds of the server's CPU a sequential send
+
+
 async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metrics_url: str | None = None,
-                db_pid: int | None = None) -> None:
+                db_pid: int | None = None, sends: int | None = None) -> Figures:
+    """Every figure of the module docstring for the server at ``base_url``; ``sends``: how many
+    sequential sends (``--sends`` by default)."""
+    sends = args.sends if sends is None else sends
     run = secrets.token_hex(3)
     print(f"RSS after start: {rss_mib(pid):.1f} MiB")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
@@ -176,18 +199,19 @@ async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metric
         profiler = start_py_spy(pid, args.py_spy)
         sender: Api | LeanSender = alice if args.aiohttp else LeanSender(base_url, alice.token or "")
         cpu0, db0, own0, start = cpu_seconds(pid), tree_cpu_seconds(db_pid), time.process_time(), time.perf_counter()
-        latencies = [await sender.send(room, f"seq {i}") for i in range(args.sends)]
+        latencies = [await sender.send(room, f"seq {i}") for i in range(sends)]
         elapsed, cpu = time.perf_counter() - start, cpu_seconds(pid) - cpu0
         db_cpu, own_cpu = tree_cpu_seconds(db_pid) - db0, time.process_time() - own0
+        seq_elapsed, seq_cpu = elapsed, cpu
         stop_py_spy(profiler, args.py_spy)
-        print(f"sequential sends: {args.sends / elapsed:.0f}/s, p50 {pct(latencies, 0.5) * 1000:.1f} ms, "
-              f"p99 {pct(latencies, 0.99) * 1000:.1f} ms, server CPU {cpu / args.sends * 1000:.2f} ms/message")
-        print(f"  CPU per send: server {cpu / args.sends * 1000:.2f} ms, its PostgreSQL "
-              f"{db_cpu / args.sends * 1000:.2f} ms, this client {own_cpu / args.sends * 1000:.2f} ms; "
-              f"wall {elapsed / args.sends * 1000:.2f} ms")
+        print(f"sequential sends: {sends / elapsed:.0f}/s, p50 {pct(latencies, 0.5) * 1000:.1f} ms, "
+              f"p99 {pct(latencies, 0.99) * 1000:.1f} ms, server CPU {cpu / sends * 1000:.2f} ms/message")
+        print(f"  CPU per send: server {cpu / sends * 1000:.2f} ms, its PostgreSQL "
+              f"{db_cpu / sends * 1000:.2f} ms, this client {own_cpu / sends * 1000:.2f} ms; "
+              f"wall {elapsed / sends * 1000:.2f} ms")
         txn1 = txn_totals(metrics_url)
         per_send = sorted(
-            ((name, (c - txn0.get(name, (0, 0))[0]) / args.sends, (t - txn0.get(name, (0, 0))[1]) / args.sends * 1000)
+            ((name, (c - txn0.get(name, (0, 0))[0]) / sends, (t - txn0.get(name, (0, 0))[1]) / sends * 1000)
              for name, (c, t) in txn1.items()),
             key=lambda item: -item[2],
         )
@@ -201,7 +225,7 @@ async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metric
         accounts = [await anon.register(f"s{i}x{run}") for i in range(8)]
         rooms = [(await s.call("POST", "/createRoom", {}))["room_id"] for s in accounts]
         senders = [s if args.aiohttp else LeanSender(base_url, s.token or "") for s in accounts]
-        per = max(1, args.sends // 8)
+        per = max(1, sends // 8)
 
         async def loop(api: Api | LeanSender, room_id: str) -> list[float]:
             return [await api.send(room_id, f"c {i}") for i in range(per)]
@@ -240,6 +264,7 @@ async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metric
         print(f"initial sync, {len(initial['rooms']['join'])} rooms x {args.events} events: "
               f"{(time.perf_counter() - start) * 1000:.0f} ms")
         print(f"RSS after: {rss_mib(pid):.1f} MiB")
+        return Figures(sends / seq_elapsed, len(flat) / elapsed, seq_cpu / sends)
 
 
 def main() -> None:
@@ -252,10 +277,22 @@ def main() -> None:
     parser.add_argument("--aiohttp", action="store_true",
                         help="time the sends with aiohttp rather than the bench's own lean HTTP/1.1 client")
     parser.add_argument("--py-spy", metavar="FILE", help="profile the sequential sends with py-spy into FILE")
+    parser.add_argument("--synapse", action="store_true", help="measure Synapse too (.venv-synapse)")
+    parser.add_argument("--synapse-sends", type=int, default=300, help="sequential sends to Synapse")
     args = parser.parse_args()
     if args.base_url:
         asyncio.run(bench(args.base_url, None, args))
         return
+    ours = tributary_figures(args)
+    if args.synapse:
+        theirs = synapse_figures(args)
+        print(f"tributary / synapse: sequential sends {ours.sequential / theirs.sequential:.1f}x "
+              f"({ours.sequential:.0f}/s against {theirs.sequential:.0f}/s), server CPU a send "
+              f"{ours.sequential_cpu * 1000:.2f} against {theirs.sequential_cpu * 1000:.2f} ms; 8 senders "
+              f"{ours.concurrent / theirs.concurrent:.1f}x ({ours.concurrent:.0f}/s against {theirs.concurrent:.0f}/s)")
+
+
+def tributary_figures(args: argparse.Namespace) -> Figures:
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)  # the embedded PostgreSQL runs as another user when we are root
         limits = {"rc_message": GENEROUS, "rc_registration": GENEROUS,
@@ -267,9 +304,58 @@ def main() -> None:
             metrics = f"http://127.0.0.1:{hs.metrics_port}/metrics"
             postmaster = hs.data_dir / "postgres" / "postmaster.pid"
             db_pid = int(postmaster.read_text().split()[0]) if postmaster.exists() else None
-            asyncio.run(bench(hs.base_url, hs.process.pid, args, metrics, db_pid))
+            print("tributary:")
+            return asyncio.run(bench(hs.base_url, hs.process.pid, args, metrics, db_pid))
         finally:
             hs.stop()
+
+
+def synapse_figures(args: argparse.Namespace) -> Figures:
+    """The same figures for a Synapse on a fresh PostgreSQL database (UTF8, C collation, as it
+    asks for), dropped afterwards; its PostgreSQL CPU is that of the whole cluster."""
+    import psycopg2
+    import yaml
+
+    from tests.interop.synapse import SynapseProcess
+
+    python = Path(__file__).resolve().parent.parent / ".venv-synapse" / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"{python} is missing: `make interop` installs Synapse there")
+    admin_dsn = os.environ.get("TRIBUTARY_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+    name = f"bench_synapse_{secrets.token_hex(4)}"
+    admin = psycopg2.connect(admin_dsn)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'")
+            cur.execute("SHOW data_directory")
+            row = cur.fetchone()
+        postmaster = Path(str(row[0]) if row else "") / "postmaster.pid"
+        db_pid = int(postmaster.read_text().split()[0]) if postmaster.exists() else None
+        url = urllib.parse.urlsplit(admin_dsn)
+        with tempfile.TemporaryDirectory() as tmp:
+            synapse = SynapseProcess.configure(python, Path(tmp) / "synapse")
+            config = yaml.safe_load(synapse.config_path.read_text(encoding="utf-8"))
+            config["database"] = {"name": "psycopg2", "args": {
+                "user": url.username or "postgres", "host": url.hostname or "127.0.0.1", "port": url.port or 5432,
+                "database": name, "cp_min": 5, "cp_max": 10}}
+            synapse.config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+            synapse.start()
+            try:
+                assert synapse.process is not None
+                waited = time.perf_counter()
+                while not synapse.background_updates_done() and time.perf_counter() - waited < 600:
+                    time.sleep(1.0)
+                print(f"synapse {synapse.version()} (waited {time.perf_counter() - waited:.0f} s for its start-up "
+                      "background updates):")
+                return asyncio.run(bench(synapse.base_url, synapse.process.pid, args, None, db_pid,
+                                         sends=args.synapse_sends))
+            finally:
+                synapse.stop()
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
 
 
 if __name__ == "__main__":

@@ -167,6 +167,12 @@ class SynapseProcess:
         log_config["root"]["level"] = "INFO"
         log_config_path.write_text(yaml.safe_dump(log_config, sort_keys=False), encoding="utf-8")
 
+    def background_updates_done(self) -> bool:
+        """Whether Synapse has run its database's start-up background updates (about a minute of
+        index building after a first start, which loads the machine meanwhile): its log says so."""
+        return self.log_path.exists() and "No more background updates to do" in self.log_path.read_text(
+            encoding="utf-8", errors="replace")
+
     def start(self, *, timeout: float = 180.0) -> float:
         """Start Synapse and wait until its client API answers; return the seconds it took."""
         started = time.monotonic()
