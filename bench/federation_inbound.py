@@ -13,7 +13,11 @@ when the last PDU is in ``/messages``.
 
 Needs PostgreSQL on 127.0.0.1:5432 (trust auth for ``postgres``), as the tests do. Run by hand:
 
-    .venv/bin/python bench/federation_inbound.py [--pdus 5000] [--py-spy FILE] [--synapse [--synapse-pdus 500]]
+    .venv/bin/python bench/federation_inbound.py [--pdus 5000] [--members 10000] [--py-spy FILE]
+                                                 [--synapse [--synapse-pdus 500]]
+
+``--members N`` first adds N members of the sending server to the room (in bulk, in the database),
+so that the room's state is that of a big room.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.twisted_plugin import reactor, run_sync  # noqa: E402  (installs the reactor first)
@@ -70,18 +76,31 @@ def db_transactions(proc: TributaryProcess) -> dict[str, float]:
 
 async def measure(peer: FederationPeer, server: str, destination: str, client: Client, pid: int | None,
                   n: int, label: str, metrics_of: TributaryProcess | None = None, timeout: float = 300, paced: bool = False,
-                  profile: str | None = None) -> float:
+                  profile: str | None = None, members: int = 0) -> float:
     """Join, build ``n`` PDUs, send them in 50-PDU transactions; print and return PDUs/s.
 
     ``paced``: send a transaction only once the one before is in /messages, for a server that
     answers before it persists and drops a room's queue past a bound (Synapse: 100 events).
-    ``profile``: record the server with py-spy into this file while the PDUs are sent."""
+    ``profile``: record the server with py-spy into this file while the PDUs are sent. ``members``:
+    make the room that big first (Tributary only)."""
     token = (await client.register_ok(f"bench{int(time.time())}"))["access_token"]
     created = await client.request("POST", "createRoom", {"preset": "public_chat"}, token=token)
     assert created.status == 200, created
     room_id = created.body["room_id"]
     remote = f"@bench:{server}"
     await peer.join(server, remote, room_id, via=destination)
+    if members and metrics_of is not None:
+        # A big room: joins of the peer's server's users, written into the database in bulk
+        # (tests/big_room.py); the local send below then notices the room changed under it.
+        from signedjson.key import generate_signing_key
+
+        from tests.big_room import add_members
+
+        config = yaml.safe_load(metrics_of.config_path.read_text(encoding="utf-8"))
+        added = time.perf_counter()
+        add_members(config["database"]["url"], room_id, server, generate_signing_key("bulk"), members,
+                    origin_server_ts=int(time.time() * 1000))
+        print(f"  {label}: {members} members of {server} added to the room in {time.perf_counter() - added:.1f}s")
     sent = await client.request("PUT", f"rooms/{quote(room_id, safe='')}/send/m.room.message/t0",
                                 {"msgtype": "m.text", "body": "before"}, token=token)
     assert sent.status == 200, sent
@@ -163,7 +182,7 @@ async def main(args: argparse.Namespace) -> None:
             pid = tributary.process.process.pid  # type: ignore[union-attr]
             print(f"load average before: {os.getloadavg()[0]:.2f}")
             ours = await measure(peer, server, tributary.server_name, tributary.client, pid, args.pdus, "tributary",
-                                 tributary.process, profile=args.py_spy)
+                                 tributary.process, profile=args.py_spy, members=args.members)
             if args.synapse:
                 theirs = await synapse_figure(stack, tmp, peer, server, args.synapse_pdus)
                 print(f"  tributary / synapse: {ours / theirs:.1f}x")
@@ -190,6 +209,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pdus", type=int, default=5000, help="PDUs sent to Tributary")
     parser.add_argument("--py-spy", metavar="FILE", help="profile Tributary while it takes the PDUs, into FILE")
+    parser.add_argument("--members", type=int, default=0,
+                        help="members (of the sending server) the room has before the PDUs are sent")
     parser.add_argument("--synapse", action="store_true", help="measure Synapse too (.venv-synapse)")
     parser.add_argument("--synapse-pdus", type=int, default=500, help="PDUs sent to Synapse")
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]

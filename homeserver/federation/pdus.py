@@ -113,13 +113,20 @@ async def check_against_auth_events(loader: EventLoader, room_version: RoomVersi
     return {k: e.event_id for k, e in state.items()}
 
 
+def auth_state_keys(room_version: RoomVersion, events: Iterable[FrozenEvent]) -> set[StateKey]:
+    """The state keys the auth rules read for any of ``events`` (the create event's included): all
+    of a state map that ``check_against_state`` of them depends on, however big the room."""
+    keys: set[StateKey] = {(C.CREATE, "")}
+    for event in events:
+        keys.update(auth_types_for_event(room_version, event))
+    return keys
+
+
 def auth_state_ids(room_version: RoomVersion, event: FrozenEvent,
                    state_ids: Mapping[StateKey, str]) -> dict[StateKey, str]:
     """The part of a state map the auth rules read for ``event``: all ``check_against_state``
     depends on, so two maps that agree on it give the same verdict."""
-    keys = set(auth_types_for_event(room_version, event))
-    keys.add((C.CREATE, ""))
-    return {k: state_ids[k] for k in keys if k in state_ids}
+    return {k: state_ids[k] for k in auth_state_keys(room_version, (event,)) if k in state_ids}
 
 
 async def check_against_state(

@@ -44,6 +44,7 @@ from homeserver.federation.keys import Keyring
 from homeserver.federation.metrics import FederationMetrics
 from homeserver.federation.pdus import (
     auth_state_ids,
+    auth_state_keys,
     check_against_auth_events,
     check_against_state,
     parse_with_keys,
@@ -416,7 +417,8 @@ class TransactionHandler:
         verdicts: list[tuple[FrozenEvent, str | None, str]] = []  # event, error, metric outcome
         batch: list[RemoteBatchEvent] = []
         async with self._persister.room_lock(room_id):
-            start = await self._store.get_batch_start(room_id, [e.event_id for e in rest], wanted_prevs(rest))
+            start = await self._store.get_batch_start(room_id, [e.event_id for e in rest], wanted_prevs(rest),
+                                                      auth_state_keys(room_version, rest))
             planner = BatchPlanner(start)
             partial = await self._is_partial(room_id)
             known: dict[str, FrozenEvent] = {}

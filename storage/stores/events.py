@@ -204,7 +204,7 @@ class BatchStart:
     """What checking and persisting a batch of received events of one room starts from, read in one
     transaction (``get_batch_start``): the forward extremities, the current state, the state after
     (and state group of) each stored prev event the batch builds on, and which of the batch's own
-    events are stored already."""
+    events are stored already. The two states hold only the keys the batch's checks read."""
 
     extremities: frozenset[str]
     current_state: StateMap
@@ -403,12 +403,15 @@ class EventsStore:
         return await self._db.run_interaction("get_current_state_for_keys_in_rooms", query)
 
     async def get_batch_start(self, room_id: str, event_ids: Collection[str], prev_event_ids: Collection[str],
-                              *, max_groups: int = 8) -> BatchStart:
+                              keys: Collection[StateKey], *, max_groups: int = 8) -> BatchStart:
         """``BatchStart`` of ``room_id`` for a batch of ``event_ids`` whose prev events outside the
-        batch are ``prev_event_ids``; the state of at most ``max_groups`` distinct groups is read
-        (a prev event beyond them is left out, so what builds on it takes the one-event path)."""
+        batch are ``prev_event_ids``, with the state (current, and after each of those prev events)
+        of ``keys`` only: the keys the batch's checks read. The state of at most ``max_groups``
+        distinct groups is read (a prev event beyond them is left out, so what builds on it takes
+        the one-event path)."""
         return await self._db.run_interaction(
-            "get_batch_start", get_batch_start_txn, room_id, list(event_ids), list(prev_event_ids), max_groups
+            "get_batch_start", get_batch_start_txn, room_id, list(event_ids), list(prev_event_ids), sorted(keys),
+            max_groups,
         )
 
     async def new_state_group(self, room_id: str, prev_group: int | None, delta: StateMap) -> int:
@@ -486,8 +489,11 @@ def get_persist_context_txn(txn: Transaction, room_id: str, event_id: str, prev_
 
 
 def get_batch_start_txn(txn: Transaction, room_id: str, event_ids: list[str], prev_event_ids: list[str],
-                        max_groups: int) -> BatchStart:
-    # One round trip for the rows, one per distinct state group for its state (usually one).
+                        keys: list[StateKey], max_groups: int) -> BatchStart:
+    # One round trip for the rows, one per distinct state group for its state (usually one). Only
+    # ``keys`` of the state are read: a big room's whole state (every member) would be read and
+    # mapped for each received transaction, for the few keys its events' auth rules read.
+    types, state_keys = [k[0] for k in keys], [k[1] for k in keys]
     txn.execute(
         """
         SELECT 's', event_id, NULL, NULL FROM events WHERE event_id = ANY(%s)
@@ -496,9 +502,11 @@ def get_batch_start_txn(txn: Transaction, room_id: str, event_ids: list[str], pr
         UNION ALL
         SELECT 'x', event_id, NULL, NULL FROM event_forward_extremities WHERE room_id = %s
         UNION ALL
-        SELECT 'c', type, state_key, event_id FROM current_state_events WHERE room_id = %s
+        SELECT 'c', c.type, c.state_key, c.event_id FROM current_state_events c
+        JOIN unnest(%s::text[], %s::text[]) AS k(type, state_key) ON c.type = k.type AND c.state_key = k.state_key
+        WHERE c.room_id = %s
         """,
-        (event_ids, prev_event_ids, room_id, room_id),
+        (event_ids, prev_event_ids, room_id, types, state_keys, room_id),
     )
     stored: set[str] = set()
     groups: dict[str, int] = {}
@@ -514,7 +522,7 @@ def get_batch_start_txn(txn: Transaction, room_id: str, event_ids: list[str], pr
         else:
             current[(a, b)] = c
     kept = sorted(set(groups.values()))[:max_groups]
-    states = {group: get_state_for_group_txn(txn, group) for group in kept}
+    states = {group: get_state_for_group_txn(txn, group, keys) for group in kept}
     groups = {event_id: group for event_id, group in groups.items() if group in states}
     return BatchStart(
         frozenset(extremities),
@@ -541,22 +549,39 @@ def get_forward_extremities_txn(txn: Transaction, room_id: str) -> dict[str, int
     return {row[0]: int(row[1]) for row in txn.fetchall()}
 
 
-def get_state_for_group_txn(txn: Transaction, state_group: int) -> dict[StateKey, str]:
-    """The full state of a group: walk its delta chain, nearest entry wins."""
-    txn.execute(
-        """
+def get_state_for_group_txn(txn: Transaction, state_group: int,
+                            keys: Collection[StateKey] | None = None) -> dict[StateKey, str]:
+    """The full state of a group, or its state of just ``keys``: walk its delta chain, nearest
+    entry wins."""
+    chain = """
         WITH RECURSIVE chain(id, prev_group, distance) AS (
             SELECT id, prev_group, 0 FROM state_groups WHERE id = %s
             UNION ALL
             SELECT g.id, g.prev_group, c.distance + 1
             FROM state_groups g JOIN chain c ON g.id = c.prev_group
         )
-        SELECT DISTINCT ON (s.type, s.state_key) s.type, s.state_key, s.event_id
-        FROM state_groups_state s JOIN chain c ON s.state_group = c.id
-        ORDER BY s.type, s.state_key, c.distance
-        """,
-        (state_group,),
-    )
+        """
+    if keys is None:
+        txn.execute(
+            chain + """
+            SELECT DISTINCT ON (s.type, s.state_key) s.type, s.state_key, s.event_id
+            FROM state_groups_state s JOIN chain c ON s.state_group = c.id
+            ORDER BY s.type, s.state_key, c.distance
+            """,
+            (state_group,),
+        )
+    elif not keys:
+        return {}
+    else:
+        txn.execute(
+            chain + """
+            SELECT DISTINCT ON (s.type, s.state_key) s.type, s.state_key, s.event_id
+            FROM chain c CROSS JOIN unnest(%s::text[], %s::text[]) AS k(type, state_key)
+            JOIN state_groups_state s ON s.state_group = c.id AND s.type = k.type AND s.state_key = k.state_key
+            ORDER BY s.type, s.state_key, c.distance
+            """,
+            (state_group, [k[0] for k in keys], [k[1] for k in keys]),
+        )
     return {(row[0], row[1]): row[2] for row in txn.fetchall()}
 
 

@@ -11,6 +11,7 @@ import pytest
 from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.federation.batching import BatchPlanner, wanted_prevs
+from homeserver.federation.pdus import auth_state_keys
 from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
 from storage.database import Database, Transaction
 from storage.stores.events import EventAlreadyPersisted, EventsStore
@@ -125,7 +126,8 @@ async def test_a_batch_with_an_event_stored_meanwhile_writes_nothing(database: D
 
 async def _plan(store: EventsStore, room_id: str, line: list[FrozenEvent],
                 rejected: dict[str, str]) -> list[RemoteBatchEvent]:
-    start = await store.get_batch_start(room_id, [e.event_id for e in line], wanted_prevs(line))
+    start = await store.get_batch_start(room_id, [e.event_id for e in line], wanted_prevs(line),
+                                        auth_state_keys(V12, line))
     planner = BatchPlanner(start)
     batch = []
     for event in line:
@@ -143,3 +145,25 @@ async def _persist_planned(persister: EventPersister, store: EventsStore, room_i
     batch = await _plan(store, room_id, line, rejected)
     async with persister.room_lock(room_id):
         await persister.persist_remote_batch(V12, batch)
+
+
+async def test_a_batch_reads_only_the_state_its_checks_read(database: Database) -> None:
+    """In a room with many members, a batch of Bob's messages starts from the state its checks read
+    (the create event, the power levels, Bob's membership: each message's auth rules, against the
+    state before it and the current state), both current and after the prev event, and not from
+    every member: a big room's whole state is not read for each received transaction."""
+    store = EventsStore(database)
+    persister = await new_persister(database, store, server_name="c.test")
+    room = _room("d")
+    for i in range(40):
+        room.join(f"@m{i}:other.test")
+    for event in _events_in_order(room):
+        await persister.persist(V12, event, is_local=False)
+    line = [room.add("m.room.message", BOB, {"msgtype": "m.text", "body": str(i)}) for i in range(3)]
+    assert room.room_id is not None
+    assert len(await store.get_current_state_ids(room.room_id)) > 40
+    start = await store.get_batch_start(room.room_id, [e.event_id for e in line], wanted_prevs(line),
+                                        auth_state_keys(V12, line))
+    read = {(C.CREATE, ""), (C.POWER_LEVELS, ""), (C.MEMBER, BOB)}
+    assert set(start.current_state) == read
+    assert [set(state) for state in start.state_after.values()] == [read]
