@@ -73,6 +73,20 @@ async def _count(database: Database, sql: str, *params: object) -> int:
     return await database.run_interaction("count", query)
 
 
+async def _assert_joined_counts_agree(database: Database) -> None:
+    """``room_joined_counts`` (kept by triggers on ``current_state_events``) says what counting
+    the rooms' joined members says, for every room."""
+    def query(txn: Transaction) -> tuple[dict[str, int], dict[str, int]]:
+        txn.execute("SELECT room_id, joined FROM room_joined_counts WHERE joined <> 0")
+        kept = {str(r): int(n) for r, n in txn.fetchall()}
+        txn.execute("SELECT room_id, count(*) FROM current_state_events WHERE type = 'm.room.member' "
+                    "AND membership = 'join' GROUP BY room_id")
+        return kept, {str(r): int(n) for r, n in txn.fetchall()}
+
+    kept, counted = await database.run_interaction("joined_counts", query)
+    assert kept == counted and counted
+
+
 async def test_linear_room_state_extremities_and_memberships(persister: EventPersister, store: EventsStore, database: Database) -> None:
     """A room built event by event: each event's state is its predecessor's plus
     itself; a message adds no state group; the last event is the only extremity;
@@ -98,6 +112,7 @@ async def test_linear_room_state_extremities_and_memberships(persister: EventPer
         "SELECT count(*) FROM current_state_events WHERE room_id = %s AND type = 'm.room.member' AND membership = 'join'",
         room.room_id,
     ) == 1
+    await _assert_joined_counts_agree(database)
 
 
 async def test_persisting_twice_is_a_no_op(persister: EventPersister, database: Database) -> None:
@@ -129,7 +144,7 @@ async def test_local_events_record_destination_rooms_for_remote_members(
     assert await _count(database, "SELECT count(*) FROM destinations WHERE destination = 'b.test'") == 1
 
 
-async def test_kick_of_a_remote_user_is_owed_to_their_server(persister: EventPersister, store: EventsStore) -> None:
+async def test_kick_of_a_remote_user_is_owed_to_their_server(persister: EventPersister, store: EventsStore, database: Database) -> None:
     room = standard_room(V12)
     room.join(BOB)
     await _persist_all(persister, room, _events_in_order(room))
@@ -138,9 +153,10 @@ async def test_kick_of_a_remote_user_is_owed_to_their_server(persister: EventPer
     stored = await store.get_event(kick.event_id)
     assert stored is not None
     assert (await store.get_destination_rooms("b.test"))[room.room_id or ""] == stored.stream_ordering
+    await _assert_joined_counts_agree(database)
 
 
-async def test_fork_is_resolved_and_merged(persister: EventPersister, store: EventsStore) -> None:
+async def test_fork_is_resolved_and_merged(persister: EventPersister, store: EventsStore, database: Database) -> None:
     """Two branches set different topics; an event on both resolves their state,
     and after it the room has one extremity again."""
     room = standard_room(V12)
@@ -160,6 +176,7 @@ async def test_fork_is_resolved_and_merged(persister: EventPersister, store: Eve
     assert set(await store.get_forward_extremities(room.room_id)) == {merge.event_id}
     current = await store.get_current_state_ids(room.room_id)
     assert current[("m.room.topic", "")] == state_before[("m.room.topic", "")]
+    await _assert_joined_counts_agree(database)
 
 
 async def test_unknown_prev_events_are_reported(persister: EventPersister) -> None:
@@ -198,7 +215,7 @@ async def test_two_rooms_persist_concurrently(persister: EventPersister, store: 
         assert await store.get_current_state_ids(room.room_id) == room.state
 
 
-async def test_join_with_state_from_elsewhere(persister: EventPersister, store: EventsStore) -> None:
+async def test_join_with_state_from_elsewhere(persister: EventPersister, store: EventsStore, database: Database) -> None:
     """Joining a room over federation: we have the room's state (from send_join)
     but not the join's predecessors; the join is stored on that state, becomes
     the only extremity, and its destinations are the ones we were given."""
@@ -217,6 +234,7 @@ async def test_join_with_state_from_elsewhere(persister: EventPersister, store: 
     assert await store.get_current_state_ids(room.room_id) == room.state
     assert await store.get_destination_rooms("b.test") == {room.room_id: result.stream_ordering}
     assert await store.get_destination_rooms(SERVER) == {}
+    await _assert_joined_counts_agree(database)
 
 
 class _CountingStore(EventsStore):
