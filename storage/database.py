@@ -204,15 +204,25 @@ class Transaction:
             text = _BEGIN + text
         self._cursor.execute(text, params)
 
-    def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]]) -> None:
+    def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]], *,
+                           commit: bool = False) -> None:
         """Run several statements in one round trip, in order.
 
         Each is bound client-side (as ``execute`` does) and they are sent joined
         by ``;``. Only the last statement's rows can be fetched; an error in any
         of them fails the call (and the transaction).
+
+        ``commit``: end the transaction with them, its ``COMMIT`` in the same round trip (an
+        error in a statement still fails the call before anything is committed). The function
+        then runs nothing more in the transaction and fetches nothing. Only in a transaction
+        this object begins (``Database.run_interaction``).
         """
+        if commit and not self._begins:
+            raise ValueError("commit=True needs a transaction begun by hand (run_interaction)")
         cursor = self._cursor
         parts = [cursor.mogrify(self._sql(sql), params) for sql, params in statements]
+        if commit:
+            parts.append(b"COMMIT")
         if parts:
             joined = b";\n".join(parts)
             cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
@@ -281,9 +291,15 @@ class DeferredStatements(Transaction):
             self._pending.clear()
             self._cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
 
-    def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]]) -> None:
+    def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]], *,
+                           commit: bool = False) -> None:
+        if commit and not self._begins:
+            raise ValueError("commit=True needs a transaction begun by hand (run_interaction)")
         cursor = self._cursor
         self._pending.extend(cursor.mogrify(self._sql(sql), params) for sql, params in statements)
+        if commit:
+            self._pending.append(b"COMMIT")
+            self.flush()
 
     def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
         self.flush()

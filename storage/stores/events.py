@@ -64,12 +64,13 @@ class SendTxn:
 class StaleRoomContext(Exception):
     """The room's forward extremities are not those the event was built on (another writer)."""
 
-    def __init__(self, room_id: str, expected: int, deleted: int, total: int) -> None:
-        super().__init__(
-            f"room {room_id}: expected {expected} forward extremities including the event's prev_events, "
-            f"found {total - 1} of which {deleted} were its prev_events"
-        )
+    def __init__(self, room_id: str, detail: str) -> None:
+        super().__init__(detail)
         self.room_id = room_id
+
+
+# What send_extremities_as_expected (0027_send_extremities_check) raises: StaleRoomContext.
+STALE_ROOM_SQLSTATE: Final = "TQ001"
 
 
 class DuplicateTxnId(Exception):
@@ -659,19 +660,23 @@ _UPSERT_DESTINATION_ROOMS: Final = Prepared("""
     ON CONFLICT (destination, room_id) DO UPDATE SET stream_ordering = EXCLUDED.stream_ordering
     WHERE destination_rooms.stream_ordering < EXCLUDED.stream_ordering
     """)
-# The room's extremities are counted up to a limit (one more than the send expects is enough
-# to see too many), in index order: that plan is an index scan, which marks the index entries
-# of deleted extremities dead as it passes them (so later scans skip them and a page split
-# drops them). A bare count(*) was planned as a bitmap scan, which marks nothing: every send
-# in a busy room walked every extremity deleted since the last vacuum (4,000 sends in one
-# room: 0.4 ms a count).
-_DELETE_EXTREMITIES_COUNTING: Final = Prepared("""
+# A local send's last statement: its prev events stop being extremities, and the room's
+# extremities must be those the event was built on (send_extremities_as_expected raises
+# STALE_ROOM_SQLSTATE otherwise), checked in SQL so that the COMMIT goes in the same round trip.
+# The extremities are counted (as the statement began: the event's own is in, its prev events
+# not yet out) up to a limit, one more than the send expects being enough to see too many, in
+# index order: that plan is an index scan, which marks the index entries of deleted extremities
+# dead as it passes them (so later scans skip them and a page split drops them). A bare
+# count(*) was planned as a bitmap scan, which marks nothing: every send in a busy room walked
+# every extremity deleted since the last vacuum (4,000 sends in one room: 0.4 ms a count).
+_DELETE_EXTREMITIES_CHECKED: Final = Prepared("""
     WITH gone AS (
         DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[]) RETURNING 1
     )
-    SELECT (SELECT count(*) FROM gone),
-           (SELECT count(*) FROM (SELECT 1 FROM event_forward_extremities WHERE room_id = %s
-                                  ORDER BY room_id, event_id LIMIT %s::int) AS known)
+    SELECT send_extremities_as_expected(
+        %s::text, (SELECT count(*) FROM gone), %s::bigint,
+        (SELECT count(*) FROM (SELECT 1 FROM event_forward_extremities WHERE room_id = %s
+                               ORDER BY room_id, event_id LIMIT %s::int) AS known), %s::bigint)
     """)
 _DELETE_EXTREMITIES: Final = Prepared(
     "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[])")
@@ -812,26 +817,22 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
                 (destinations, r.room_id, stream_ordering),
             ))
         if r.prev_event_ids and r.expected_extremity_count is not None:
-            # Last in the batch, so its row is the one fetched: how many prev_events were
-            # extremities, and how many extremities there were (this event's included; counted
-            # up to one more than expected).
+            # Last in the batch: a local send's check that the room is as it was built on.
             batch.append((
-                _DELETE_EXTREMITIES_COUNTING,
-                (r.room_id, list(r.prev_event_ids), r.room_id, r.expected_extremity_count + 2),
+                _DELETE_EXTREMITIES_CHECKED,
+                (r.room_id, list(r.prev_event_ids), r.room_id, len(set(r.prev_event_ids)), r.room_id,
+                 r.expected_extremity_count + 2, r.expected_extremity_count + 1),
             ))
         elif r.prev_event_ids:
             batch.append((
                 _DELETE_EXTREMITIES,
                 (r.room_id, list(r.prev_event_ids)),
             ))
-    _run_batch(txn, r, batch)
-    if moves_extremities and r.prev_event_ids and r.expected_extremity_count is not None:
-        row = txn.fetchone()
-        assert row is not None
-        deleted, total = int(row[0]), int(row[1])
-        if deleted != len(set(r.prev_event_ids)) or total != r.expected_extremity_count + 1:
-            raise StaleRoomContext(r.room_id, r.expected_extremity_count, deleted, total)
-
+    # A local send on the room's one line of history has nothing to write after its batch: the
+    # batch carries the COMMIT (its last round trip; the checked statement is last in it).
+    commit = (moves_extremities and bool(r.prev_event_ids) and r.expected_extremity_count is not None
+              and r.new_current_state is None)
+    _run_batch(txn, r, batch, commit=commit)
     if r.backfilled or r.soft_failed:
         return PersistResult(stream_ordering, after, already_persisted=False)
     if r.new_current_state is not None:
@@ -983,16 +984,22 @@ def _persist_run_txn(txn: Transaction, run: Sequence[tuple[PersistRequest, int, 
     txn.execute_statements(statements)
 
 
-def _run_batch(txn: Transaction, r: PersistRequest, batch: Sequence[tuple[str, Sequence[object]]]) -> None:
-    """Send the persist batch; turn the unique violations it expects into their exceptions."""
+def _run_batch(txn: Transaction, r: PersistRequest, batch: Sequence[tuple[str, Sequence[object]]], *,
+               commit: bool = False) -> None:
+    """Send the persist batch (``commit``: with the transaction's COMMIT); turn the errors it
+    expects into their exceptions."""
     try:
-        txn.execute_statements(batch)
+        txn.execute_statements(batch, commit=commit)
     except psycopg2.errors.UniqueViolation as e:
         table = e.diag.table_name
         if table == "event_txn_ids" and r.send_txn is not None:
             raise DuplicateTxnId(r.send_txn.access_token_id, r.send_txn.txn_id) from e
         if table == "events":
             raise EventAlreadyPersisted(r.event_id) from e
+        raise
+    except psycopg2.Error as e:
+        if e.pgcode == STALE_ROOM_SQLSTATE:
+            raise StaleRoomContext(r.room_id, e.diag.message_primary or str(e)) from e
         raise
 
 

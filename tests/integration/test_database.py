@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred, gatherResults
 
-from storage.database import Database, DatabaseError, Prepared, Transaction
+from storage.database import Database, DatabaseError, DeferredStatements, Prepared, Transaction
 from storage.metrics import StorageMetrics
 from tests.twisted_plugin import reactor
 
@@ -220,6 +220,42 @@ async def test_a_failing_statement_rolls_back_the_statements_before_it(database:
         return bool(row[0])
 
     assert await database.run_interaction("in_transaction", in_transaction) is True
+
+
+async def test_statements_can_carry_their_transactions_commit(database: Database) -> None:
+    """``execute_statements(commit=True)`` ends the transaction in the same round trip: what it
+    wrote is committed, a failing statement
+    among them commits nothing, and outside a transaction begun by hand it is refused."""
+
+    def setup(txn: Transaction) -> None:
+        txn.execute("CREATE TABLE c (v INT)")
+
+    await database.run_interaction("setup", setup)
+
+    def write(txn: Transaction, values: list[object]) -> None:
+        txn.execute("INSERT INTO c VALUES (0)")
+        txn.execute_statements([("INSERT INTO c VALUES (%s)", (v,)) for v in values], commit=True)
+
+    await database.run_interaction("write", write, [1, 2])
+    with pytest.raises(psycopg2.errors.InvalidTextRepresentation):
+        await database.run_interaction("write", write, [3, "four"])
+
+    def held(txn: Transaction) -> None:
+        DeferredStatements(txn).execute_statements([("INSERT INTO c VALUES (%s)", (5,))], commit=True)
+
+    await database.run_interaction("held", held)
+
+    def values(txn: Transaction) -> list[int]:
+        txn.execute("SELECT v FROM c ORDER BY v")
+        return [int(row[0]) for row in txn.fetchall()]
+
+    assert await database.run_interaction("values", values) == [0, 1, 2, 5]
+
+    def autocommit(txn: Transaction) -> None:
+        txn.execute_statements([("INSERT INTO c VALUES (%s)", (6,))], commit=True)
+
+    with pytest.raises(ValueError):
+        await database.run_autocommit("autocommit", autocommit)
 
 
 def test_prepared_sql_numbers_its_placeholders() -> None:

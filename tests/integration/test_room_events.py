@@ -13,7 +13,7 @@ from homeserver.events import AuthError, EventTemplate, create_local_event, get_
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
 from storage.database import Database, Transaction
-from storage.stores.events import _DELETE_EXTREMITIES_COUNTING, EventsStore
+from storage.stores.events import _DELETE_EXTREMITIES_CHECKED, EventsStore
 from tests.integration.test_persist_events import new_persister
 from tests.twisted_plugin import run_sync
 
@@ -152,10 +152,11 @@ async def test_the_sends_extremity_check_does_not_walk_replaced_extremities(
         await creator.send(room_id, _message(str(i)), ALICE)
 
     def explain(txn: Transaction) -> dict[str, Any]:
-        txn.execute(f"PREPARE extremity_check AS {_DELETE_EXTREMITIES_COUNTING.server_sql}")
+        txn.execute(f"PREPARE extremity_check AS {_DELETE_EXTREMITIES_CHECKED.server_sql}")
         try:
-            # No prev events: the statement deletes nothing and counts what is there.
-            txn.execute("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE extremity_check (%s, '{}', %s, 3)", (room_id, room_id))
+            # No prev events: the statement deletes nothing and counts what is there (one).
+            txn.execute("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE extremity_check (%s, '{}', %s, 0, %s, 3, 1)",
+                        (room_id, room_id, room_id))
             row = txn.fetchone()
             assert row is not None
             raw = row[0]
