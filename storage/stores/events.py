@@ -574,16 +574,19 @@ def get_state_for_group_txn(txn: Transaction, state_group: int,
     elif not keys:
         return {}
     else:
+        # Each key looked up in the chain's groups, nearest first (a join of the keys with the
+        # chain's rows was planned as a read of every row of the groups: a big room's snapshot).
         txn.execute(
             chain + """
-            SELECT DISTINCT ON (s.type, s.state_key) s.type, s.state_key, s.event_id
-            FROM chain c CROSS JOIN unnest(%s::text[], %s::text[]) AS k(type, state_key)
-            JOIN state_groups_state s ON s.state_group = c.id AND s.type = k.type AND s.state_key = k.state_key
-            ORDER BY s.type, s.state_key, c.distance
+            SELECT k.type, k.state_key, (
+                SELECT s.event_id FROM chain c JOIN state_groups_state s
+                  ON s.state_group = c.id AND s.type = k.type AND s.state_key = k.state_key
+                ORDER BY c.distance LIMIT 1)
+            FROM unnest(%s::text[], %s::text[]) AS k(type, state_key)
             """,
             (state_group, [k[0] for k in keys], [k[1] for k in keys]),
         )
-    return {(row[0], row[1]): row[2] for row in txn.fetchall()}
+    return {(row[0], row[1]): row[2] for row in txn.fetchall() if row[2] is not None}
 
 
 def _state_group_depth_txn(txn: Transaction, state_group: int) -> int:
