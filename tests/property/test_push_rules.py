@@ -73,3 +73,38 @@ def test_edits_either_apply_or_raise_a_matrix_error(op: str, kind: str, rule_id:
     # Whatever was accepted is stored and read back unchanged, and evaluates without error.
     assert effective_rules({"global": changed}, BOB) == changed
     evaluate(changed, {"type": "m.room.message", "sender": "@x:y", "content": {"body": "hi"}}, CTX)
+
+
+localpart = st.text(st.characters(min_codepoint=33, max_codepoint=0x17F, blacklist_characters=":"), min_size=1, max_size=12)
+word_gap = st.sampled_from(["", " ", "_", "-", ".", "x", "1", "é", "!"])
+
+
+@settings(max_examples=300)
+@given(localpart, localpart, word_gap, word_gap, st.booleans(), st.booleans())
+def test_the_shared_compiled_defaults_evaluate_as_each_users_own(
+        own: str, other: str, before: str, after: str, upper: bool, mention: bool) -> None:
+    """``compiled_rules`` compiles a ruleset once for every user with the same stored rules, the
+    rules that name the user (an invite for them, a mention, their localpart as a word of the
+    body) comparing with the evaluated user; for any user and event, the outcome is that of the
+    user's own rules (``effective_rules(stored, user)``) compiled for them alone."""
+    from homeserver.handlers.push_evaluator import compile_ruleset, compiled_rules
+
+    user, someone = f"@{own}:example.org", f"@{other}:example.org"
+    body = before + (own.upper() if upper else own) + after
+    content: dict[str, Any] = {"msgtype": "m.text", "body": body}
+    if mention:
+        content["m.mentions"] = {"user_ids": [someone, user] if upper else [someone]}
+    events = [
+        {"type": "m.room.message", "sender": BOB, "content": content},
+        {"type": "m.room.member", "sender": BOB, "state_key": user.upper() if upper else user,
+         "content": {"membership": "invite"}},
+        {"type": "m.room.member", "sender": BOB, "state_key": someone, "content": {"membership": "invite"}},
+    ]
+    stored = '{"global": {"override": [{"rule_id": ".m.rule.invite_for_me", "enabled": false}]}}'
+    for stored_json in (None, stored):
+        shared = compiled_rules(user, stored_json, effective_rules)
+        own_rules = compile_ruleset(effective_rules(None if stored_json is None else {"global": {"override": [
+            {"rule_id": ".m.rule.invite_for_me", "enabled": False}]}}, user))
+        context = PushContext(user, None, 5, 0)
+        for event in events:
+            assert shared.evaluate(event, context) == own_rules.evaluate(event, context), (user, event)
