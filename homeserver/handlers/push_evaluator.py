@@ -186,7 +186,14 @@ def _localpart_in_body(user_id: str, event: Mapping[str, Any]) -> bool:
         return False
     if not localpart or not localpart.isascii() or not body.isascii() or "*" in localpart or "?" in localpart:
         return _word_glob(localpart).search(body) is not None
-    lowered, word = body.lower(), localpart.lower()
+    return _has_word(body, localpart)
+
+
+def _has_word(text: str, word: str) -> bool:
+    r"""Whether ``word`` stands in ``text`` with no word character (``\w``) just before or after
+    it, ignoring case: ``(?<!\w)word(?!\w)`` with IGNORECASE, for ASCII ``text`` and ``word``,
+    found without compiling a regex (a user's name or localpart: one per user, each event)."""
+    lowered, word = text.lower(), word.lower()
     start = lowered.find(word)
     while start >= 0:
         end = start + len(word)
@@ -279,7 +286,11 @@ def _contains_display_name(event: Mapping[str, Any], context: PushContext) -> bo
     if not name:
         return False
     body = _property_at(event, ("content", "body"))
-    return isinstance(body, str) and _display_name_pattern(name).search(body) is not None
+    if not isinstance(body, str):
+        return False
+    if name.isascii() and body.isascii():
+        return _has_word(body, name)
+    return _display_name_pattern(name).search(body) is not None
 
 
 @lru_cache(maxsize=1024)

@@ -108,3 +108,20 @@ def test_the_shared_compiled_defaults_evaluate_as_each_users_own(
         context = PushContext(user, None, 5, 0)
         for event in events:
             assert shared.evaluate(event, context) == own_rules.evaluate(event, context), (user, event)
+
+
+ascii_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30)
+
+
+@settings(max_examples=500)
+@given(st.text(st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=10), ascii_text, ascii_text,
+       st.booleans())
+def test_a_display_name_is_found_as_its_pattern_finds_it(name: str, before: str, after: str, upper: bool) -> None:
+    """For ASCII names and bodies, ``contains_display_name`` is decided without a regex per name;
+    it finds the name exactly where the name's pattern (a whole word, any case) does."""
+    from homeserver.handlers.push_evaluator import _contains_display_name, _display_name_pattern
+
+    for body in (before + (name.upper() if upper else name) + after, before + after):
+        event = {"type": "m.room.message", "content": {"body": body}}
+        found = _contains_display_name(event, PushContext(BOB, name, 3, 0))
+        assert found == (_display_name_pattern(name).search(body) is not None), (name, body)
