@@ -316,6 +316,7 @@ def synapse_figures(args: argparse.Namespace) -> Figures:
     import psycopg2
     import yaml
 
+    from storage.stores.dataset import drop_database
     from tests.interop.synapse import SynapseProcess
 
     python = Path(__file__).resolve().parent.parent / ".venv-synapse" / "bin" / "python"
@@ -353,9 +354,8 @@ def synapse_figures(args: argparse.Namespace) -> Figures:
             finally:
                 synapse.stop()
     finally:
-        with admin.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         admin.close()
+        drop_database(admin_dsn, name)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 -- Big rooms: what every event's push evaluation reads of its room without reading every member
--- (issue 25; docs/client-api.md "Push evaluation in big rooms").
+-- (issue 25; docs/push.md "Evaluation and notification records").
 --
 -- A room's joined member count (push rules' room_member_count), kept by statement-level
 -- triggers on current_state_events from the rows each statement changed, so every writer of
