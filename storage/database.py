@@ -118,6 +118,31 @@ def _copy_value(value: object) -> str:
     raise TypeError(f"copy_rows takes None, bool, int or str values, not {type(value).__name__}")
 
 
+def array_literal(values: list[Any]) -> str | list[Any]:
+    """``values`` as one PostgreSQL array literal (``{"a","b",NULL,7,t}``) where every element is
+    None, a bool, an int or a str without a double quote or backslash; else ``values`` as they
+    are, for psycopg2 to adapt. psycopg2 sends a list as ``ARRAY[...]`` of elements adapted one
+    by one (about 1.4 µs each, then an expression PostgreSQL parses); the literal is a single
+    string to quote, about a tenth of that for short values. It has no type of its own: only
+    for a parameter whose type the statement fixes (every parameter of a ``Prepared`` one)."""
+    parts: list[str] = []
+    for value in values:
+        kind = type(value)
+        if kind is str:
+            if '"' in value or "\\" in value:
+                return values
+            parts.append(f'"{value}"')
+        elif kind is int:
+            parts.append(str(value))
+        elif value is None:
+            parts.append("NULL")
+        elif kind is bool:
+            parts.append("t" if value else "f")
+        else:
+            return values
+    return "{" + ",".join(parts) + "}"
+
+
 class Prepared(str):
     """SQL (with ``%s`` placeholders) that a connection prepares the first time it runs it and
     runs with ``EXECUTE`` from then on, skipping PostgreSQL's parse, analysis and planning (most
@@ -185,20 +210,24 @@ class Transaction:
         if self._must_begin():
             self._cursor.execute(_BEGIN)
 
-    def _sql(self, sql: str) -> str:
-        """What to send for ``sql``: ``EXECUTE`` for a ``Prepared`` statement (preparing it on this
-        connection first, in a round trip of its own, once), else ``sql`` itself. PREPARE outlives
-        a rollback; a statement is noted as prepared only once PREPARE succeeded."""
+    def _sql(self, sql: str, params: Sequence[object] | None) -> tuple[str, Sequence[object] | None]:
+        """What to send for ``sql`` and ``params``: ``EXECUTE`` for a ``Prepared`` statement
+        (preparing it on this connection first, in a round trip of its own, once), with its list
+        parameters as array literals (``array_literal``: PREPARE gave every parameter its type);
+        else both as they are. PREPARE outlives a rollback; a statement is noted as prepared
+        only once PREPARE succeeded."""
         prepared = self._prepared
         if prepared is None or not isinstance(sql, Prepared):
-            return sql
+            return sql, params
         if sql.name not in prepared:
             self._cursor.execute(f"PREPARE {sql.name} AS {sql.server_sql}")
             prepared.add(sql.name)
-        return sql.execute_sql
+        if params:
+            params = [array_literal(p) if type(p) is list else p for p in params]
+        return sql.execute_sql, params
 
     def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
-        text = self._sql(sql)
+        text, params = self._sql(sql, params)
         if self._must_begin():
             # %-free, so it can go in front of a statement whose parameters are bound by psycopg2
             text = _BEGIN + text
@@ -220,7 +249,7 @@ class Transaction:
         if commit and not self._begins:
             raise ValueError("commit=True needs a transaction begun by hand (run_interaction)")
         cursor = self._cursor
-        parts = [cursor.mogrify(self._sql(sql), params) for sql, params in statements]
+        parts = [cursor.mogrify(*self._sql(sql, params)) for sql, params in statements]
         if commit:
             parts.append(b"COMMIT")
         if parts:
@@ -296,7 +325,7 @@ class DeferredStatements(Transaction):
         if commit and not self._begins:
             raise ValueError("commit=True needs a transaction begun by hand (run_interaction)")
         cursor = self._cursor
-        self._pending.extend(cursor.mogrify(self._sql(sql), params) for sql, params in statements)
+        self._pending.extend(cursor.mogrify(*self._sql(sql, params)) for sql, params in statements)
         if commit:
             self._pending.append(b"COMMIT")
             self.flush()

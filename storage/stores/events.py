@@ -908,6 +908,38 @@ def _in_bulk_run(item: BatchedPersist) -> bool:
             and r.expected_extremity_count is None and r.membership is None and not r.remote_servers)
 
 
+# The statements of a run of received events (``_persist_run_txn``): one per table, for the run.
+_INSERT_RUN_EVENTS: Final = Prepared("""
+    INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender, depth,
+                        origin_server_ts, is_local, outlier, rejection_reason, json, destinations, soft_failed)
+    SELECT o, %s::text, e, %s::text, t, NULL, s, d, ts, FALSE, FALSE, rr, j, NULL, sf
+    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::text[],
+                %s::text[], %s::boolean[]) AS x(o, e, t, s, d, ts, rr, j, sf)
+    """)
+_INSERT_RUN_EXTREMITIES: Final = Prepared("""
+    INSERT INTO event_forward_extremities (room_id, event_id)
+    SELECT %s::text, e FROM unnest(%s::text[]) AS e
+    WHERE NOT EXISTS (SELECT 1 FROM event_edges WHERE prev_event_id = e)
+    ON CONFLICT DO NOTHING
+    """)
+_INSERT_RUN_EDGES: Final = Prepared(
+    "INSERT INTO event_edges (event_id, prev_event_id, room_id) SELECT e, p, %s::text "
+    "FROM unnest(%s::text[], %s::text[]) AS x(e, p) ON CONFLICT DO NOTHING")
+_INSERT_RUN_AUTH: Final = Prepared(
+    "INSERT INTO event_auth (event_id, auth_id, room_id) SELECT e, p, %s::text "
+    "FROM unnest(%s::text[], %s::text[]) AS x(e, p) ON CONFLICT DO NOTHING")
+_INSERT_RUN_STATE_GROUPS: Final = Prepared(
+    "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) "
+    "SELECT e, g, g FROM unnest(%s::text[], %s::bigint[]) AS x(e, g)")
+_INSERT_RUN_PUSH_ACTIONS: Final = Prepared("""
+    INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering, highlight, actions,
+                                    received_ts, thread_id)
+    SELECT u, %s::text, e, o, h, a, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, t
+    FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::boolean[], %s::text[], %s::text[]) AS x(u, e, o, h, a, t)
+    ON CONFLICT DO NOTHING
+    """)
+
+
 def _persist_run_txn(txn: Transaction, run: Sequence[tuple[PersistRequest, int, int]]) -> None:
     """Write a run of one room's events as ``persist_event_txn`` writes each in turn, with one
     statement per table: ``(request, stream ordering, state group before and after)`` in batch
@@ -933,57 +965,27 @@ def _persist_run_txn(txn: Transaction, run: Sequence[tuple[PersistRequest, int, 
     replaced = set(prevs)
     moving = [r.event_id for r in rows if not r.soft_failed and r.event_id not in replaced]
     statements: list[tuple[str, Sequence[object]]] = [(
-        """
-        INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key, sender, depth,
-                            origin_server_ts, is_local, outlier, rejection_reason, json, destinations, soft_failed)
-        SELECT o, %s, e, %s, t, NULL, s, d, ts, FALSE, FALSE, rr, j, NULL, sf
-        FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::text[],
-                    %s::text[], %s::boolean[]) AS x(o, e, t, s, d, ts, rr, j, sf)
-        """,
+        _INSERT_RUN_EVENTS,
         (rows[0].instance_name, room_id, [o for _, o, _ in run], [r.event_id for r in rows], [r.type for r in rows],
          [r.sender for r in rows], [r.depth for r in rows], [r.origin_server_ts for r in rows],
          [r.rejection_reason for r in rows], [r.pdu_json for r in rows], [r.soft_failed for r in rows]),
     )]
     if moving:
-        statements.append((
-            """
-            INSERT INTO event_forward_extremities (room_id, event_id)
-            SELECT %s, e FROM unnest(%s::text[]) AS e
-            WHERE NOT EXISTS (SELECT 1 FROM event_edges WHERE prev_event_id = e)
-            ON CONFLICT DO NOTHING
-            """,
-            (room_id, moving),
-        ))
-    for table, column, edges in (("event_edges", "prev_event_id", [(r.event_id, p) for r in rows for p in r.prev_event_ids]),
-                                 ("event_auth", "auth_id", [(r.event_id, a) for r in rows for a in r.auth_event_ids])):
+        statements.append((_INSERT_RUN_EXTREMITIES, (room_id, moving)))
+    for sql, edges in ((_INSERT_RUN_EDGES, [(r.event_id, p) for r in rows for p in r.prev_event_ids]),
+                       (_INSERT_RUN_AUTH, [(r.event_id, a) for r in rows for a in r.auth_event_ids])):
         if edges:
-            statements.append((
-                f"INSERT INTO {table} (event_id, {column}, room_id) SELECT e, p, %s "
-                "FROM unnest(%s::text[], %s::text[]) AS x(e, p) ON CONFLICT DO NOTHING",
-                (room_id, [e for e, _ in edges], [p for _, p in edges]),
-            ))
-    statements.append((
-        "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) "
-        "SELECT e, g, g FROM unnest(%s::text[], %s::bigint[]) AS x(e, g)",
-        ([r.event_id for r in rows], [g for _, _, g in run]),
-    ))
+            statements.append((sql, (room_id, [e for e, _ in edges], [p for _, p in edges])))
+    statements.append((_INSERT_RUN_STATE_GROUPS, ([r.event_id for r in rows], [g for _, _, g in run])))
     if notified:
         statements.append((
-            """
-            INSERT INTO event_push_actions (user_id, room_id, event_id, stream_ordering, highlight, actions,
-                                            received_ts, thread_id)
-            SELECT u, %s, e, o, h, a, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, t
-            FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::boolean[], %s::text[], %s::text[]) AS x(u, e, o, h, a, t)
-            ON CONFLICT DO NOTHING
-            """,
+            _INSERT_RUN_PUSH_ACTIONS,
             (room_id, [a.user_id for a, _, _ in notified], [e for _, e, _ in notified], [o for _, _, o in notified],
              [a.highlight for a, _, _ in notified], [a.actions_json for a, _, _ in notified],
              [a.thread_id for a, _, _ in notified]),
         ))
     if prevs:
-        statements.append((
-            "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s)", (room_id, prevs),
-        ))
+        statements.append((_DELETE_EXTREMITIES, (room_id, prevs)))
     txn.execute_statements(statements)
 
 
