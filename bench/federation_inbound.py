@@ -4,7 +4,8 @@ A virtual server of the signing test peer (tests/federation_peer.py) joins a pub
 local user created, then sends N messages of its user, one line of history, in 50-PDU
 transactions, one transaction in flight at a time (as a real sender does). The PDUs are built
 and signed before the clock starts. Prints PDUs/s from the first ``PUT /send`` until the last PDU is
-in ``/messages``, the server's CPU per PDU and its database transactions per ``/send``,
+in ``/messages``, the server's CPU per PDU (and its PostgreSQL backends') and its database
+transactions per ``/send``,
 checks every PDU was accepted and is in the room's timeline (the user's ``/messages``), and, with
 ``--synapse``, the same figure for a Synapse (``make interop`` installs it into .venv-synapse). Synapse
 answers ``/send`` before it persists and drops a room's inbound queue past 100 events, so it is sent
@@ -74,6 +75,28 @@ def db_transactions(proc: TributaryProcess) -> dict[str, float]:
     return found
 
 
+def backend_cpu_seconds(dsn: str) -> dict[int, float]:
+    """CPU seconds so far of each PostgreSQL backend connected to ``dsn``'s database but this
+    one: the server's pool connections (the cluster runs on this machine)."""
+    import psycopg2
+
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND pid <> pg_backend_pid()")
+            pids = [int(row[0]) for row in cursor.fetchall()]
+    finally:
+        conn.close()
+    found: dict[int, float] = {}
+    for backend in pids:
+        try:
+            found[backend] = cpu_seconds(backend)
+        except OSError:
+            continue  # ended meanwhile
+    return found
+
+
 async def measure(peer: FederationPeer, server: str, destination: str, client: Client, pid: int | None,
                   n: int, label: str, metrics_of: TributaryProcess | None = None, timeout: float = 300, paced: bool = False,
                   profile: str | None = None, members: int = 0) -> float:
@@ -112,6 +135,9 @@ async def measure(peer: FederationPeer, server: str, destination: str, client: C
     # that drops a backlog (Synapse prunes a room's inbound queue past 100 events) fetches it back.
     peer.serve_history(server, pdus)
     txns0 = db_transactions(metrics_of) if metrics_of is not None else {}
+    dsn = yaml.safe_load(metrics_of.config_path.read_text(encoding="utf-8"))["database"]["url"] \
+        if metrics_of is not None else None
+    pg0 = backend_cpu_seconds(dsn) if dsn is not None else {}
     spy = start_py_spy(pid, profile)
     cpu0 = cpu_seconds(pid) if pid is not None else 0.0
     t0 = time.perf_counter()
@@ -140,6 +166,7 @@ async def measure(peer: FederationPeer, server: str, destination: str, client: C
     await visible(ids[-1])
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds(pid) - cpu0 if pid is not None else None
+    pg_cpu = sum(t - pg0.get(b, 0.0) for b, t in backend_cpu_seconds(dsn).items()) if dsn is not None else None
     stop_py_spy(spy, profile)
     rate = n / elapsed
     # Every PDU must be in the room's timeline, in order, for the figure to count.
@@ -148,6 +175,8 @@ async def measure(peer: FederationPeer, server: str, destination: str, client: C
     seen = [e["event_id"] for e in messages.body["chunk"]][::-1]
     in_order = seen == ids[-len(seen):]
     cpu_note = f", server CPU {1e6 * cpu / n:.0f} µs/PDU" if cpu is not None else ""
+    if pg_cpu is not None:
+        cpu_note += f" (its PostgreSQL backends {1e6 * pg_cpu / n:.0f})"
     if metrics_of is not None:
         txns = db_transactions(metrics_of)
         spent = {name: count - txns0.get(name, 0) for name, count in txns.items()}
