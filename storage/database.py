@@ -21,9 +21,11 @@ server neither parses nor plans again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -124,7 +126,8 @@ def array_literal(values: list[Any]) -> str | list[Any]:
     are, for psycopg2 to adapt. psycopg2 sends a list as ``ARRAY[...]`` of elements adapted one
     by one (about 1.4 µs each, then an expression PostgreSQL parses); the literal is a single
     string to quote, about a tenth of that for short values. It has no type of its own: only
-    for a parameter whose type the statement fixes (every parameter of a ``Prepared`` one)."""
+    for a parameter whose type the statement fixes (every parameter of a ``Prepared`` one, and
+    one written with a cast to an array type, ``%s::text[]``: ``Transaction`` sends both so)."""
     parts: list[str] = []
     for value in values:
         kind = type(value)
@@ -141,6 +144,17 @@ def array_literal(values: list[Any]) -> str | list[Any]:
         else:
             return values
     return "{" + ",".join(parts) + "}"
+
+
+_ARRAY_CAST: Final = re.compile(r"::\s*[a-z]+(?: [a-z]+)*\s*\[\]", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=2048)
+def _array_casts(sql: str) -> frozenset[int]:
+    """The positions of ``sql``'s ``%s`` placeholders written with a cast to an array type
+    (``%s::text[]``): their lists may go as ``array_literal``s."""
+    parts = sql.replace("%%", "\x00").split("%s")
+    return frozenset(i for i, after in enumerate(parts[1:]) if _ARRAY_CAST.match(after))
 
 
 class Prepared(str):
@@ -214,10 +228,14 @@ class Transaction:
         """What to send for ``sql`` and ``params``: ``EXECUTE`` for a ``Prepared`` statement
         (preparing it on this connection first, in a round trip of its own, once), with its list
         parameters as array literals (``array_literal``: PREPARE gave every parameter its type);
-        else both as they are. PREPARE outlives a rollback; a statement is noted as prepared
-        only once PREPARE succeeded."""
+        else ``sql``, with the lists whose placeholders it casts to an array type as literals.
+        PREPARE outlives a rollback; a statement is noted as prepared only once PREPARE
+        succeeded."""
         prepared = self._prepared
         if prepared is None or not isinstance(sql, Prepared):
+            if params and any(type(p) is list for p in params):
+                cast = _array_casts(sql)
+                params = [array_literal(p) if type(p) is list and i in cast else p for i, p in enumerate(params)]
             return sql, params
         if sql.name not in prepared:
             self._cursor.execute(f"PREPARE {sql.name} AS {sql.server_sql}")

@@ -330,15 +330,18 @@ _TEXT_ELEMENTS = st.one_of(st.none(), st.text(st.characters(blacklist_categories
        flags=st.lists(st.one_of(st.none(), st.booleans()), max_size=8))
 def test_prepared_statements_take_lists_as_they_were(database_dsn: str, texts: list[str | None],
                                                      ints: list[int | None], flags: list[bool | None]) -> None:
-    """A Prepared statement's list parameters go as one array literal (``array_literal``) where
-    their elements allow, else as psycopg2 adapts them: either way PostgreSQL gets the list."""
-    sql = Prepared("SELECT %s::text[], %s::bigint[], %s::boolean[], cardinality(%s::text[])")
+    """A Prepared statement's list parameters, and those another statement casts to an array
+    type, go as one array literal (``array_literal``) where their elements allow, else as
+    psycopg2 adapts them (and so does a list without a cast): either way PostgreSQL gets the list."""
+    sql = "SELECT %s::text[], %s::BIGINT[], %s::boolean[], cardinality(%s::text[]), %s = ANY(%s)"
     conn = psycopg2.connect(database_dsn)
     try:
         with conn.cursor() as cursor:
-            txn = Transaction("lists", cursor, set())
-            txn.execute(sql, (texts, ints, flags, texts))
-            assert txn.fetchone() == (texts, ints, flags, len(texts))
+            for statement in (Prepared(sql.replace("ANY(%s)", "ANY(%s::text[])")), sql):
+                txn = Transaction("lists", cursor, set())
+                txn.execute(statement, (texts, ints, flags, texts, "x", texts))
+                found = True if "x" in texts else None if None in texts else False  # SQL's ANY
+                assert txn.fetchone() == (texts, ints, flags, len(texts), found)
     finally:
         conn.close()
     literal = array_literal(texts)
