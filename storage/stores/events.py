@@ -650,11 +650,18 @@ _INSERT_TXN_ID: Final = Prepared(
     "VALUES (%s, %s, %s, %s, %s, %s)")
 _INSERT_EVENT_STATE_GROUPS: Final = Prepared(
     "INSERT INTO event_state_groups (event_id, state_group_before, state_group_after) VALUES (%s, %s, %s)")
-_INSERT_EXTREMITY: Final = Prepared("""
+# An event becomes a forward extremity unless a stored event cites it. Planned afresh each time,
+# not Prepared: a connection that prepared it while event_edges was empty kept a sequential scan
+# as its plan until the table's next ANALYZE, reading every edge of every room each time.
+_INSERT_EXTREMITY: Final = """
     INSERT INTO event_forward_extremities (room_id, event_id)
     SELECT %s::text, %s::text WHERE NOT EXISTS (SELECT 1 FROM event_edges WHERE prev_event_id = %s)
     ON CONFLICT DO NOTHING
-    """)
+    """
+# A local send's event, made here just now: nothing stored can cite it (nobody else has seen its
+# ID yet), so it becomes an extremity without the look-up.
+_INSERT_LOCAL_EXTREMITY: Final = Prepared(
+    "INSERT INTO event_forward_extremities (room_id, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING")
 _INSERT_DESTINATIONS: Final = Prepared(
     "INSERT INTO destinations (destination) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING")
 _UPSERT_DESTINATION_ROOMS: Final = Prepared("""
@@ -782,10 +789,10 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     # event is never one (nothing new is built on it here).
     moves_extremities = not r.backfilled and not r.soft_failed
     if moves_extremities:
-        batch.append((
-            _INSERT_EXTREMITY,
-            (r.room_id, r.event_id, r.event_id),
-        ))
+        if r.expected_extremity_count is not None and not promote:  # a local send
+            batch.append((_INSERT_LOCAL_EXTREMITY, (r.room_id, r.event_id)))
+        else:
+            batch.append((_INSERT_EXTREMITY, (r.room_id, r.event_id, r.event_id)))
 
     if (r.type == "m.room.member" and r.state_key is not None and r.membership is not None
             and r.rejection_reason is None and not r.soft_failed):
@@ -916,12 +923,13 @@ _INSERT_RUN_EVENTS: Final = Prepared("""
     FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::text[],
                 %s::text[], %s::boolean[]) AS x(o, e, t, s, d, ts, rr, j, sf)
     """)
-_INSERT_RUN_EXTREMITIES: Final = Prepared("""
+# Planned afresh each time, as _INSERT_EXTREMITY is (it runs once for a whole run).
+_INSERT_RUN_EXTREMITIES: Final = """
     INSERT INTO event_forward_extremities (room_id, event_id)
     SELECT %s::text, e FROM unnest(%s::text[]) AS e
     WHERE NOT EXISTS (SELECT 1 FROM event_edges WHERE prev_event_id = e)
     ON CONFLICT DO NOTHING
-    """)
+    """
 _INSERT_RUN_EDGES: Final = Prepared(
     "INSERT INTO event_edges (event_id, prev_event_id, room_id) SELECT e, p, %s::text "
     "FROM unnest(%s::text[], %s::text[]) AS x(e, p) ON CONFLICT DO NOTHING")

@@ -171,3 +171,40 @@ async def test_the_sends_extremity_check_does_not_walk_replaced_extremities(
     for node in scans:
         # The live extremity, and at most the entry the last send's own check could not yet mark.
         assert node["Actual Rows"] + node.get("Heap Fetches", 0) <= 3, json.dumps(scans, indent=1)
+
+
+async def test_sends_do_not_scan_the_event_graph(database: Database, creator: RoomEventCreator) -> None:
+    """A send's event becomes an extremity without looking for events that cite it (none can:
+    nobody has seen its ID). The look-up it made, prepared on a connection while event_edges
+    was empty, kept a sequential scan as its plan until the table's next ANALYZE, so that every
+    send read the whole of the room graph's edges."""
+
+    def analyze(txn: Transaction) -> None:
+        txn.execute("ANALYZE event_edges")  # as autovacuum may find it on a new server: empty
+
+    def scans(txn: Transaction) -> int:
+        txn.execute("SELECT pg_stat_force_next_flush()")
+        txn.execute("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'event_edges'")
+        row = txn.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    await database.run_autocommit("analyze", analyze)
+    room_id = await creator.create_room(ALICE, parse_create_room_request({}))
+    for i in range(10):  # past the five custom plans after which a connection keeps a generic one
+        await creator.send(room_id, _message(str(i)), ALICE)
+    await _stats_flushed()
+    before = await database.run_autocommit("scans", scans)
+    for i in range(30):
+        await creator.send(room_id, _message(f"more {i}"), ALICE)
+    await _stats_flushed()
+    assert await database.run_autocommit("scans", scans) == before
+
+
+async def _stats_flushed() -> None:
+    """Other backends report their table statistics at most once a second, when idle."""
+    from twisted.internet import task
+
+    from tests.twisted_plugin import reactor
+
+    await task.deferLater(reactor, 1.5, lambda: None)
