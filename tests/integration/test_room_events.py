@@ -198,7 +198,9 @@ async def test_sends_do_not_scan_the_event_graph(database: Database, creator: Ro
     for i in range(30):
         await creator.send(room_id, _message(f"more {i}"), ALICE)
     await _stats_flushed()
-    assert await database.run_autocommit("scans", scans) == before
+    # A backend may hold its counts back for a while, so a scan from before can still arrive;
+    # the stale plan scanned on every send of its connection (20 of these 30, seen).
+    assert await database.run_autocommit("scans", scans) - before <= 2
 
 
 async def _stats_flushed() -> None:
