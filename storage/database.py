@@ -226,23 +226,25 @@ class Transaction:
 
     def _sql(self, sql: str, params: Sequence[object] | None) -> tuple[str, Sequence[object] | None]:
         """What to send for ``sql`` and ``params``: ``EXECUTE`` for a ``Prepared`` statement
-        (preparing it on this connection first, in a round trip of its own, once), with its list
-        parameters as array literals (``array_literal``: PREPARE gave every parameter its type);
-        else ``sql``, with the lists whose placeholders it casts to an array type as literals.
-        PREPARE outlives a rollback; a statement is noted as prepared only once PREPARE
-        succeeded."""
+        (preparing it on this connection first, in a round trip of its own, once), else ``sql``;
+        with the list parameters whose type the statement fixes as array literals
+        (``array_literal``): all of a prepared statement's (PREPARE typed them), those of other
+        SQL whose placeholders it casts to an array type. PREPARE outlives a rollback; a
+        statement is noted as prepared only once PREPARE succeeded."""
         prepared = self._prepared
-        if prepared is None or not isinstance(sql, Prepared):
-            if params and any(type(p) is list for p in params):
-                cast = _array_casts(sql)
-                params = [array_literal(p) if type(p) is list and i in cast else p for i, p in enumerate(params)]
-            return sql, params
-        if sql.name not in prepared:
-            self._cursor.execute(f"PREPARE {sql.name} AS {sql.server_sql}")
-            prepared.add(sql.name)
-        if params:
-            params = [array_literal(p) if type(p) is list else p for p in params]
-        return sql.execute_sql, params
+        as_prepared = prepared is not None and isinstance(sql, Prepared)
+        text = sql
+        if as_prepared:
+            assert prepared is not None and isinstance(sql, Prepared)
+            if sql.name not in prepared:
+                self._cursor.execute(f"PREPARE {sql.name} AS {sql.server_sql}")
+                prepared.add(sql.name)
+            text = sql.execute_sql
+        if params and any(type(p) is list for p in params):
+            typed = None if as_prepared else _array_casts(sql)  # None: every position
+            params = [array_literal(p) if type(p) is list and (typed is None or i in typed) else p
+                      for i, p in enumerate(params)]
+        return text, params
 
     def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
         text, params = self._sql(sql, params)
