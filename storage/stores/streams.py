@@ -12,13 +12,14 @@ stream_id, written by an instance".
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import attrs
 
-from storage.database import Transaction
+from storage.database import Prepared, Transaction
 
 _IDENTIFIER: Final = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -77,18 +78,25 @@ def nextval_txn(txn: Transaction, sequence: str, count: int) -> list[int]:
     """Reserve ``count`` IDs in one round trip; ascending (not necessarily contiguous)."""
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
-    seq = _identifier(sequence)
+    one, many = _nextval_statements(_identifier(sequence))
     if count == 1:
-        txn.execute(f"SELECT nextval('{seq}'::regclass)")
+        txn.execute(one)
         row = txn.fetchone()
         assert row is not None
         return [int(row[0])]
-    # The regclass cast is resolved once per statement, not once per value; one
-    # array is cheaper to ship than ``count`` rows.
-    txn.execute(f"SELECT array_agg(nextval('{seq}'::regclass)) FROM generate_series(1, %s)", (count,))
+    txn.execute(many, (count,))
     row = txn.fetchone()
     assert row is not None
     return sorted(int(v) for v in row[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _nextval_statements(seq: str) -> tuple[Prepared, Prepared]:
+    """``nextval`` of one ID and of several, Prepared: every event persisted runs one of them.
+    The regclass cast is resolved once per statement, not once per value; one array is cheaper
+    to ship than ``count`` rows."""
+    return (Prepared(f"SELECT nextval('{seq}'::regclass)"),
+            Prepared(f"SELECT array_agg(nextval('{seq}'::regclass)) FROM generate_series(1, %s::int)"))
 
 
 def get_sequence_last_value_txn(txn: Transaction, sequence: str) -> int:
