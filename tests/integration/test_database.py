@@ -349,3 +349,58 @@ def test_prepared_statements_take_lists_as_they_were(database_dsn: str, texts: l
     assert (literal is texts) == quoted  # left to psycopg2 only for what would need escaping
     assert isinstance(array_literal(ints), str) and isinstance(array_literal(flags), str)
     assert array_literal([{"a": 1}]) == [{"a": 1}]
+
+
+_TEXTS = st.one_of(
+    st.none(),
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40),
+    st.sampled_from(["'", "''", "\\", "\\'", "%s", "%(x)s", "$1", "E'\\n'", "); DROP TABLE t; --", "é\u2028😀"]),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_TEXTS, number=st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)),
+       flag=st.one_of(st.none(), st.booleans()), texts=st.lists(_TEXT_ELEMENTS, max_size=4))
+def test_prepared_statements_take_their_values_as_they_were(
+    database_dsn: str, text: str | None, number: int | None, flag: bool | None, texts: list[str | None]
+) -> None:
+    """A Prepared statement's plain values (str, int, bool, None, lists) go as literals written
+    by ``_literals``; a value of another kind (a float) hands the whole statement to psycopg2.
+    Either way each comes back as it was sent, quotes, backslashes and placeholders included."""
+    statement = Prepared("SELECT %s::text, %s::bigint, %s::boolean, %s::text[], %s::float8")
+    conn = psycopg2.connect(database_dsn)
+    try:
+        with conn.cursor() as cursor:
+            prepared: set[str] = set()
+            for last in (None, 1.5):
+                txn = Transaction("values", cursor, prepared)
+                txn.execute_statements([(statement, (text, number, flag, texts, last))])
+                assert cursor.fetchone() == (text, number, flag, texts, last)
+    finally:
+        conn.close()
+
+
+async def test_literals_hold_whatever_the_servers_string_settings(database_dsn: str) -> None:
+    """The pool's connections set standard_conforming_strings on (what ``_literals`` writes
+    strings for) even where the DSN turns it off; a NUL or a lone surrogate is refused as
+    psycopg2 refuses it, before anything is sent."""
+    off = psycopg2.extensions.make_dsn(database_dsn, options="-c standard_conforming_strings=off")
+    db = Database(reactor, off, metrics=StorageMetrics.create(CollectorRegistry()), max_connections=2)
+    db.start()
+    statement = Prepared("SELECT %s::text")
+    try:
+        def echo(txn: Transaction, value: str) -> object:
+            txn.execute(statement, (value,))
+            row = txn.fetchone()
+            assert row is not None
+            return row[0]
+
+        for value in ("a\\'b", "\\\\", "it's", "\\x41"):
+            assert await db.run_interaction("echo", echo, value) == value
+        with pytest.raises(ValueError):
+            await db.run_interaction("echo", echo, "nul\x00")
+        with pytest.raises(UnicodeEncodeError):
+            await db.run_interaction("echo", echo, "lone \ud800")
+        assert await db.run_interaction("echo", echo, "still usable") == "still usable"
+    finally:
+        db.close()
