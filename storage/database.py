@@ -168,6 +168,8 @@ def _literals(values: Sequence[object]) -> str | None:
             out.append("NULL")
         elif kind is bool:
             out.append("true" if value else "false")
+        elif kind is SqlValue:
+            out.append(value)  # type: ignore[arg-type]
         elif kind is list:
             array = array_literal(value)  # type: ignore[arg-type]
             if type(array) is not str:
@@ -187,6 +189,16 @@ def _array_casts(sql: str) -> frozenset[int]:
     (``%s::text[]``): their lists may go as ``array_literal``s."""
     parts = sql.replace("%%", "\x00").split("%s")
     return frozenset(i for i, after in enumerate(parts[1:]) if _ARRAY_CAST.match(after))
+
+
+class SqlValue(str):
+    """A parameter that is an SQL expression, written into the statement as it is: made only from
+    code constants, never from input (``storage.stores.streams.currval_sql``: a stream ID that
+    the statements of one round trip take from the sequence themselves). ``_literals`` writes it
+    into an ``EXECUTE``'s parameters, psycopg2 (the adapter registered below) into other SQL."""
+
+
+psycopg2.extensions.register_adapter(SqlValue, lambda value: psycopg2.extensions.AsIs(str(value)))
 
 
 class Prepared(str):
@@ -293,7 +305,7 @@ class Transaction:
         self._cursor.execute(_BEGIN_BYTES + query if self._must_begin() else query)
 
     def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]], *,
-                           commit: bool = False) -> None:
+                           commit: bool = False, then: tuple[str, Sequence[object] | None] | None = None) -> None:
         """Run several statements in one round trip, in order.
 
         Each is bound client-side (as ``execute`` does) and they are sent joined
@@ -302,18 +314,28 @@ class Transaction:
 
         ``commit``: end the transaction with them, its ``COMMIT`` in the same round trip (an
         error in a statement still fails the call before anything is committed). The function
-        then runs nothing more in the transaction and fetches nothing. Only in a transaction
-        this object begins (``Database.run_interaction``).
+        then runs nothing more in the transaction and fetches only the rows of ``then``: a
+        statement sent after the COMMIT, in the same round trip, run on its own once the
+        transaction has committed (a session's value, such as ``currval``). Only in a
+        transaction this object begins (``Database.run_interaction``).
         """
-        if commit and not self._begins:
-            raise ValueError("commit=True needs a transaction begun by hand (run_interaction)")
-        cursor = self._cursor
         parts = [self._bind(sql, params) for sql, params in statements]
-        if commit:
-            parts.append(b"COMMIT")
+        self._close_statements(parts, commit, then)
         if parts:
             joined = b";\n".join(parts)
-            cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
+            self._cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
+
+    def _close_statements(self, parts: list[bytes], commit: bool,
+                          then: tuple[str, Sequence[object] | None] | None) -> None:
+        """``execute_statements``' COMMIT and ``then``, appended to ``parts``."""
+        if commit and not self._begins:
+            raise ValueError("commit=True needs a transaction begun by hand (run_interaction)")
+        if then is not None and not commit:
+            raise ValueError("a statement to run after the COMMIT needs commit=True")
+        if commit:
+            parts.append(b"COMMIT")
+        if then is not None:
+            parts.append(self._bind(*then))
 
     def execute_values(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 1000) -> None:
         """Insert many rows in few round trips; ``sql`` has one ``VALUES %s``."""
@@ -380,12 +402,10 @@ class DeferredStatements(Transaction):
             self._cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
 
     def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]], *,
-                           commit: bool = False) -> None:
-        if commit and not self._begins:
-            raise ValueError("commit=True needs a transaction begun by hand (run_interaction)")
+                           commit: bool = False, then: tuple[str, Sequence[object] | None] | None = None) -> None:
         self._pending.extend(self._bind(sql, params) for sql, params in statements)
+        self._close_statements(self._pending, commit, then)
         if commit:
-            self._pending.append(b"COMMIT")
             self.flush()
 
     def execute(self, sql: str, params: Sequence[object] | None = None) -> None:

@@ -32,7 +32,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
-from storage.database import Database, Transaction, delay_cancellation
+from storage.database import Database, SqlValue, Transaction, delay_cancellation
 from storage.stores.streams import (
     TableSource,
     advance_sequence_txn,
@@ -42,6 +42,7 @@ from storage.stores.streams import (
     get_writing_transactions_txn,
     nextval_txn,
     persist_stream_position_txn,
+    sequence_in_statements,
 )
 
 logger = logging.getLogger(__name__)
@@ -464,6 +465,26 @@ class _TxnReservation:
     ids: list[int] = attrs.Factory(list)
 
 
+@attrs.define
+class IdInStatements:
+    """A stream ID taken by a transaction's statements themselves
+    (``StreamIdGenerator.get_next_in_statements_txn``): ``take`` goes first among them, the
+    others name the ID as ``value`` (an SQL expression, ``currval``), ``read`` runs after the
+    COMMIT in the same round trip, and ``recorded(id)`` reserves the ID it read."""
+
+    take: tuple[str, None]
+    value: SqlValue
+    read: tuple[str, None]
+    _ids: list[int]
+    stream_id: int | None = None
+
+    def recorded(self, stream_id: int) -> int:
+        """Note the ID ``read`` gave (on the pool thread, as ``get_next_txn`` notes its IDs)."""
+        self._ids.append(stream_id)
+        self.stream_id = stream_id
+        return stream_id
+
+
 class _Reservation(Generic[T]):
     """``async with``: reserve on entry, complete on exit whatever happened inside."""
 
@@ -683,15 +704,30 @@ class StreamIdGenerator:
 
     def get_next_mult_txn(self, txn: Transaction, count: int) -> list[int]:
         """``count`` IDs, reserved in ``txn`` (which must come from ``run_interaction``)."""
+        reservation = self._reservation_of(txn)
+        ids = self._allocator.allocate_txn(txn, count)
+        reservation.ids.extend(ids)  # on the pool thread; read on the reactor once the txn has ended
+        return ids
+
+    def get_next_in_statements_txn(self, txn: Transaction) -> IdInStatements:
+        """One ID that ``txn``'s next round trip of statements takes from the sequence itself
+        (``IdInStatements``), saving ``get_next_txn``'s round trip; ``txn`` must come from
+        ``run_interaction``. The statements end with the COMMIT and ``read``, and the caller
+        hands the ID read to ``recorded``: the ID is then reserved as ``get_next_txn``'s
+        would be, completing when the transaction has ended. An ID the sequence gave to
+        statements that failed is never used, and never recorded."""
+        reservation = self._reservation_of(txn)
+        sql = sequence_in_statements(self._allocator.sequence)
+        return IdInStatements(sql.take, sql.value, sql.read, reservation.ids)
+
+    def _reservation_of(self, txn: Transaction) -> _TxnReservation:
         reservation = self._txn_reservations.get(id(txn))
         if reservation is None:
             raise StreamIdError(
                 f"get_next_txn on stream {self.stream_name} needs a transaction started by "
                 "run_interaction / run_interaction_with_streams including this stream, not Database.run_interaction"
             )
-        ids = self._allocator.allocate_txn(txn, count)
-        reservation.ids.extend(ids)  # on the pool thread; read on the reactor once the txn has ended
-        return ids
+        return reservation
 
     def _begin_txn_reservation(self) -> _TxnReservation:
         return _TxnReservation(self._tracker.begin_reservation())

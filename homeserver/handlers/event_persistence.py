@@ -44,6 +44,7 @@ from homeserver.events.identifiers import server_name_of
 from homeserver.federation.acl import ACL_KEY, server_allowed
 from homeserver.handlers.event_loader import EventLoader
 from storage.database import Transaction
+from storage.id_generators import IdInStatements
 from storage.kernel.written_events import WrittenEvent, WrittenEvents
 from storage.stores.events import (
     BatchedPersist,
@@ -84,7 +85,8 @@ class StreamIdAllocator(Protocol):
 
     ``run_interaction(name, func, *args)`` runs ``func(txn, *args)``; inside it
     ``get_next_txn(txn)`` reserves an ID, which completes once the transaction
-    has ended (``storage.id_generators.StreamIdGenerator``).
+    has ended (``storage.id_generators.StreamIdGenerator``); ``get_next_in_statements_txn``
+    one that the transaction's statements take from the sequence themselves.
     """
 
     async def run_interaction(
@@ -94,6 +96,8 @@ class StreamIdAllocator(Protocol):
     def get_next_txn(self, txn: Transaction) -> int: ...
 
     def get_next_mult_txn(self, txn: Transaction, count: int) -> list[int]: ...
+
+    def get_next_in_statements_txn(self, txn: Transaction) -> IdInStatements: ...
 
 
 @attrs.frozen
@@ -421,9 +425,11 @@ class EventPersister:
             send_txn=send_txn,
         )
         try:
+            def written() -> WrittenEvent:
+                return WrittenEvent(event.is_state(), bool(remote_servers), pushes[0])
+
             result = await self._stream_ids.run_interaction(
-                "persist_event", persist_event_txn, request,
-                self._allocator(lambda: WrittenEvent(event.is_state(), bool(remote_servers), pushes[0])),
+                "persist_event", persist_event_txn, request, self._allocator(written), self._in_statements(written),
             )
         except EventAlreadyPersisted:
             stream_ordering = await self._store.get_stream_ordering(event.event_id)
@@ -499,6 +505,22 @@ class EventPersister:
             position = self._stream_ids.get_next_txn(txn)
             txn.call_after(lambda: written_events.note(position, written()))
             return position
+
+        return allocate
+
+    def _in_statements(self, written: Callable[[], WrittenEvent]) -> Callable[[Transaction], IdInStatements]:
+        """``_allocator`` for a stream ordering the persist batch takes itself
+        (``get_next_in_statements_txn``), noted once the transaction commits."""
+        written_events = self._written
+
+        def allocate(txn: Transaction) -> IdInStatements:
+            pending = self._stream_ids.get_next_in_statements_txn(txn)
+            if written_events is not None:
+                def note() -> None:
+                    if pending.stream_id is not None:
+                        written_events.note(pending.stream_id, written())
+                txn.call_after(note)
+            return pending
 
         return allocate
 

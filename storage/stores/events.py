@@ -21,7 +21,8 @@ import attrs
 import psycopg2.errors
 
 from storage.caches import DictCache
-from storage.database import Database, DeferredStatements, Prepared, Transaction
+from storage.database import Database, DeferredStatements, Prepared, SqlValue, Transaction
+from storage.id_generators import IdInStatements
 from storage.stores.push import PushAction, push_actions_sql
 
 StateKey = tuple[str, str]
@@ -692,11 +693,14 @@ _DELETE_EXTREMITIES: Final = Prepared(
     "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[])")
 
 
-def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[Transaction], int]) -> PersistResult:
+def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[Transaction], int],
+                      allocate_in_statements: Callable[[Transaction], IdInStatements] | None = None) -> PersistResult:
     """Write the event; ``allocate(txn)`` reserves its stream ordering (only when it is new).
 
     The writes go to the server in one batch (a round trip, not one per table);
     only backfill (which may promote an outlier) and new state groups read first.
+    A local send's batch carries the COMMIT; given ``allocate_in_statements``, it takes the
+    stream ordering from the sequence itself too, saving ``allocate``'s round trip.
     Raises ``EventAlreadyPersisted`` if a concurrent transaction stored the event,
     ``DuplicateTxnId`` if ``r.send_txn`` is already recorded and ``StaleRoomContext``
     if ``r.expected_extremity_count`` no longer describes the room; each rolls back.
@@ -708,10 +712,16 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
         promote = existing is not None and bool(existing[1])
         if existing is not None and not promote:
             return PersistResult(int(existing[0]), None, already_persisted=True)
-    stream_ordering = allocate(txn)
+    moves_extremities = not r.backfilled and not r.soft_failed
+    # A local send on the room's one line of history has nothing to write after its batch: the
+    # batch carries the COMMIT (its last round trip; the checked statement is last in it).
+    commit = (moves_extremities and not r.outlier and bool(r.prev_event_ids)
+              and r.expected_extremity_count is not None and r.new_current_state is None)
+    in_statements = allocate_in_statements(txn) if commit and allocate_in_statements is not None else None
+    stream_ordering: int | SqlValue = allocate(txn) if in_statements is None else in_statements.value
     # The servers the federation sender fans this event out to (see 0007_federation_sender).
     fanout = sorted(r.remote_servers) if r.is_local and not r.outlier and r.remote_servers else None
-    batch: list[tuple[str, Sequence[object]]] = []
+    batch: list[tuple[str, Sequence[object] | None]] = [] if in_statements is None else [in_statements.take]
 
     if r.room_version is not None:
         batch.append((
@@ -763,6 +773,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
              r.send_txn.inserted_ts),
         ))
     if r.outlier:
+        assert isinstance(stream_ordering, int)
         _run_batch(txn, r, batch)
         return PersistResult(stream_ordering, None, already_persisted=False)
 
@@ -787,7 +798,6 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     # becomes one unless something already persisted points at it. Backfilled
     # history lies behind the extremities and never changes them, and a soft-failed
     # event is never one (nothing new is built on it here).
-    moves_extremities = not r.backfilled and not r.soft_failed
     if moves_extremities:
         if r.expected_extremity_count is not None and not promote:  # a local send
             batch.append((_INSERT_LOCAL_EXTREMITY, (r.room_id, r.event_id)))
@@ -838,11 +848,14 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
                 _DELETE_EXTREMITIES,
                 (r.room_id, list(r.prev_event_ids)),
             ))
-    # A local send on the room's one line of history has nothing to write after its batch: the
-    # batch carries the COMMIT (its last round trip; the checked statement is last in it).
-    commit = (moves_extremities and bool(r.prev_event_ids) and r.expected_extremity_count is not None
-              and r.new_current_state is None)
-    _run_batch(txn, r, batch, commit=commit)
+    if in_statements is not None:
+        _run_batch(txn, r, batch, commit=True, then=in_statements.read)
+        row = txn.fetchone()
+        assert row is not None
+        stream_ordering = in_statements.recorded(int(row[0]))
+    else:
+        _run_batch(txn, r, batch, commit=commit)
+    assert isinstance(stream_ordering, int)
     if r.backfilled or r.soft_failed:
         return PersistResult(stream_ordering, after, already_persisted=False)
     if r.new_current_state is not None:
@@ -997,12 +1010,12 @@ def _persist_run_txn(txn: Transaction, run: Sequence[tuple[PersistRequest, int, 
     txn.execute_statements(statements)
 
 
-def _run_batch(txn: Transaction, r: PersistRequest, batch: Sequence[tuple[str, Sequence[object]]], *,
-               commit: bool = False) -> None:
-    """Send the persist batch (``commit``: with the transaction's COMMIT); turn the errors it
-    expects into their exceptions."""
+def _run_batch(txn: Transaction, r: PersistRequest, batch: Sequence[tuple[str, Sequence[object] | None]], *,
+               commit: bool = False, then: tuple[str, None] | None = None) -> None:
+    """Send the persist batch (``commit``: with the transaction's COMMIT, and ``then``); turn the
+    errors it expects into their exceptions."""
     try:
-        txn.execute_statements(batch, commit=commit)
+        txn.execute_statements(batch, commit=commit, then=then)
     except psycopg2.errors.UniqueViolation as e:
         table = e.diag.table_name
         if table == "event_txn_ids" and r.send_txn is not None:

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import attrs
 
-from storage.database import Database, Prepared, Transaction
+from storage.database import Database, Prepared, SqlValue, Transaction
 
 
 @attrs.frozen
@@ -98,9 +98,10 @@ _INSERT_PUSH_ACTIONS: Final = Prepared("""
     """)
 
 
-def push_actions_sql(room_id: str, event_id: str, stream_ordering: int,
+def push_actions_sql(room_id: str, event_id: str, stream_ordering: int | SqlValue,
                      actions: Sequence[PushAction]) -> tuple[str, Sequence[object]]:
-    """The statement the event's persist transaction runs to record its notifications."""
+    """The statement the event's persist transaction runs to record its notifications
+    (``stream_ordering``: the event's, or the SQL that names it in the transaction)."""
     return (
         _INSERT_PUSH_ACTIONS,
         (room_id, event_id, stream_ordering, [a.user_id for a in actions],

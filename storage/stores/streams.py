@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import attrs
 
-from storage.database import Prepared, Transaction
+from storage.database import Prepared, SqlValue, Transaction
 
 _IDENTIFIER: Final = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -88,6 +88,26 @@ def nextval_txn(txn: Transaction, sequence: str, count: int) -> list[int]:
     row = txn.fetchone()
     assert row is not None
     return sorted(int(v) for v in row[0])
+
+
+@attrs.frozen
+class SequenceInStatements:
+    """One ID of ``sequence`` taken by the statements of one round trip themselves, where a
+    separate ``nextval`` would cost a round trip of its own: ``take`` goes first among them (it
+    runs ``nextval``), ``value`` (``currval``) is the ID as a parameter of those after it, and
+    ``read`` tells the ID afterwards (run on the same connection, after the COMMIT)."""
+
+    take: tuple[str, None]
+    value: SqlValue
+    read: tuple[str, None]
+
+
+@functools.lru_cache(maxsize=64)
+def sequence_in_statements(sequence: str) -> SequenceInStatements:
+    seq = _identifier(sequence)
+    current = Prepared(f"SELECT currval('{seq}'::regclass)")
+    return SequenceInStatements((_nextval_statements(seq)[0], None), SqlValue(f"currval('{seq}'::regclass)"),
+                                (current, None))
 
 
 @functools.lru_cache(maxsize=64)

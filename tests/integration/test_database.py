@@ -226,8 +226,8 @@ async def test_a_failing_statement_rolls_back_the_statements_before_it(database:
 
 async def test_statements_can_carry_their_transactions_commit(database: Database) -> None:
     """``execute_statements(commit=True)`` ends the transaction in the same round trip: what it
-    wrote is committed, a failing statement
-    among them commits nothing, and outside a transaction begun by hand it is refused."""
+    wrote is committed, a failing statement among them commits nothing, a statement after
+    the COMMIT (``then``) gives its rows, and outside a transaction begun by hand it is refused."""
 
     def setup(txn: Transaction) -> None:
         txn.execute("CREATE TABLE c (v INT)")
@@ -242,10 +242,21 @@ async def test_statements_can_carry_their_transactions_commit(database: Database
     with pytest.raises(psycopg2.errors.InvalidTextRepresentation):
         await database.run_interaction("write", write, [3, "four"])
 
-    def held(txn: Transaction) -> None:
-        DeferredStatements(txn).execute_statements([("INSERT INTO c VALUES (%s)", (5,))], commit=True)
+    def held(txn: Transaction) -> int:
+        deferred = DeferredStatements(txn)
+        deferred.execute_statements([("INSERT INTO c VALUES (%s)", (5,))], commit=True,
+                                    then=("SELECT count(*) FROM c", None))
+        row = deferred.fetchone()  # then's rows: run after the COMMIT, in the same round trip
+        assert row is not None
+        return int(row[0])
 
-    await database.run_interaction("held", held)
+    assert await database.run_interaction("held", held) == 4
+
+    def then_without_commit(txn: Transaction) -> None:
+        txn.execute_statements([("SELECT 1", None)], then=("SELECT 2", None))
+
+    with pytest.raises(ValueError):
+        await database.run_interaction("then", then_without_commit)
 
     def values(txn: Transaction) -> list[int]:
         txn.execute("SELECT v FROM c ORDER BY v")

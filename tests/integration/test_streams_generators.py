@@ -420,3 +420,41 @@ async def test_notifier_wakes_on_a_real_write(streams_env: StreamEnv) -> None:
 
     await gen.run_interaction("write", write_txn)
     assert await waiting is True
+
+
+async def test_ids_taken_by_the_statements_themselves_are_reserved_as_those_of_get_next_txn(
+        streams_env: StreamEnv) -> None:
+    """``get_next_in_statements_txn``: the batch takes the ID from the sequence itself and reads
+    it after its COMMIT, in one round trip; the ID then completes as ``get_next_txn``'s do. A
+    batch that fails after taking one records nothing, and the position does not wait for it."""
+    database = streams_env.db
+    gen = await streams_env.make()
+    insert = ("INSERT INTO cache_invalidation_stream (stream_id, instance_name, cache_name, keys, invalidation_ts) "
+              "VALUES (%s, 'main', %s, NULL, 0)")
+
+    def write_txn(txn: Transaction, label: str, fail: bool) -> int:
+        pending = gen.get_next_in_statements_txn(txn)
+        statements: list[tuple[str, Any]] = [pending.take, (insert, (pending.value, label))]
+        if fail:
+            statements.append(("SELECT 1 / 0", None))
+        txn.execute_statements(statements, commit=True, then=pending.read)
+        row = txn.fetchone()
+        assert row is not None
+        return pending.recorded(int(row[0]))
+
+    first = await gen.run_interaction("write", write_txn, "first", False)
+    assert gen.get_current_token() == first
+    with pytest.raises(psycopg2.errors.DivisionByZero):
+        await gen.run_interaction("write", write_txn, "lost", True)
+    async with gen.get_next() as plain:
+        pass
+    second = await gen.run_interaction("write", write_txn, "second", False)
+    assert first < plain < second and gen.get_current_token() == second
+    rows, _, _ = await CACHES.get_updates_between(database, "main", 0, second, 10)
+    assert [(sid, row.cache_name) for sid, row in rows] == [(first, "first"), (second, "second")]
+
+    def outside(txn: Transaction) -> None:
+        gen.get_next_in_statements_txn(txn)
+
+    with pytest.raises(StreamIdError, match="run_interaction"):
+        await database.run_interaction("write", outside)
