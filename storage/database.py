@@ -36,6 +36,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
+from prometheus_client import Counter, Histogram
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
@@ -469,6 +470,8 @@ class Database:
         self._in_use = 0
         self._waiting = 0
         self._counts_lock = threading.Lock()
+        # Each transaction name's labelled children of the txn metrics (duration, ok, error).
+        self._timings: dict[str, tuple[Histogram, Counter, Counter]] = {}
         self.max_connections = max_connections
 
     @property
@@ -609,8 +612,16 @@ class Database:
             return result
         finally:
             duration = time.perf_counter() - start
-            self._metrics.txn_duration.labels(txn=name).observe(duration)
-            self._metrics.txn_total.labels(txn=name, outcome=outcome).inc()
+            timing = self._timings.get(name)
+            if timing is None:
+                # labels() takes a lock and builds its key on every call: once per name is enough
+                metrics = self._metrics
+                timing = self._timings[name] = (metrics.txn_duration.labels(txn=name),
+                                                metrics.txn_total.labels(txn=name, outcome="ok"),
+                                                metrics.txn_total.labels(txn=name, outcome="error"))
+            duration_child, ok, error = timing
+            duration_child.observe(duration)
+            (ok if outcome == "ok" else error).inc()
             with self._counts_lock:
                 self._in_use -= 1
                 self._metrics.pool_in_use.set(self._in_use)
