@@ -123,18 +123,22 @@ def _copy_value(value: object) -> str:
 
 def array_literal(values: list[Any]) -> str | list[Any]:
     """``values`` as one PostgreSQL array literal (``{"a","b",NULL,7,t}``) where every element is
-    None, a bool, an int or a str without a double quote or backslash; else ``values`` as they
-    are, for psycopg2 to adapt. psycopg2 sends a list as ``ARRAY[...]`` of elements adapted one
-    by one (about 1.4 µs each, then an expression PostgreSQL parses); the literal is a single
-    string to quote, about a tenth of that for short values. It has no type of its own: only
-    for a parameter whose type the statement fixes (every parameter of a ``Prepared`` one, and
-    one written with a cast to an array type, ``%s::text[]``: ``Transaction`` sends both so)."""
+    None, a bool, an int or a str without NUL (quoted, its double quotes and backslashes
+    escaped with a backslash as the array syntax has it); else ``values`` as they are, for
+    psycopg2 to adapt (or, for a NUL, to refuse). psycopg2 sends a list as ``ARRAY[...]`` of
+    elements adapted one by one (about 1.4 µs each, then an expression PostgreSQL parses);
+    the literal is a single string to quote, about a tenth of that for short values. It has no
+    type of its own: only for a parameter whose type the statement fixes (every parameter of a
+    ``Prepared`` one, and one written with a cast to an array type, ``%s::text[]``:
+    ``Transaction`` sends both so). Quoted as a string by psycopg2, or by ``_literals``."""
     parts: list[str] = []
     for value in values:
         kind = type(value)
         if kind is str:
-            if '"' in value or "\\" in value:
+            if "\x00" in value:
                 return values
+            if '"' in value or "\\" in value:
+                value = value.replace("\\", "\\\\").replace('"', '\\"')
             parts.append(f'"{value}"')
         elif kind is int:
             parts.append(str(value))
