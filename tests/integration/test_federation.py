@@ -471,6 +471,9 @@ async def _scenario(a: HomeServer, b: HomeServer) -> None:
     assert a.process.federation is not None
     resolver = a.process.federation.client.resolver
     real_target = await resolver.resolve(name(b))
+    # Every transaction answered first: close() closes only the connections back in the pool.
+    assert a.process.federation_sender is not None
+    await a.process.federation_sender.wait_idle()
     await a.process.federation.client.close()  # no pooled connection to B survives
     resolver.remember(name(b), Target("127.0.0.1", free_port(), "localhost"))  # nothing listens there
     lost = [await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": f"lost {i}"}), alice)

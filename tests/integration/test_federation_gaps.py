@@ -448,6 +448,9 @@ async def test_two_tributaries_a_gap_longer_than_the_walk_is_bridged_then_backfi
 
         resolver = a.process.federation.client.resolver
         real_target = await resolver.resolve(name(b))
+        # B stores hello before it answers: the sender's transaction can still be in flight, its
+        # connection out of the pool, where close() would miss it and the lost messages reach B.
+        await a.process.federation_sender.wait_idle()
         await a.process.federation.client.close()
         resolver.remember(name(b), Target("127.0.0.1", free_port(), "localhost"))  # nothing listens there
         lost = [await a.process.room_events.send(room_id, EventTemplate("m.room.message", {"body": f"lost {i}"}),
