@@ -151,6 +151,16 @@ def array_literal(values: list[Any]) -> str | list[Any]:
     return "{" + ",".join(parts) + "}"
 
 
+class SqlValue(str):
+    """A parameter that is an SQL expression, written into the statement as it is: made only from
+    code constants, never from input (``currval`` of a stream's sequence: an ID that the
+    statements of one round trip take themselves, ``StreamIdGenerator.get_next_in_statements_txn``). ``_literals`` writes it
+    into an ``EXECUTE``'s parameters, psycopg2 (the adapter registered below) into other SQL."""
+
+
+psycopg2.extensions.register_adapter(SqlValue, lambda value: psycopg2.extensions.AsIs(str(value)))
+
+
 def _literals(values: Sequence[object]) -> str | None:
     """``values`` as the SQL literals of an ``EXECUTE``'s parameter list, where each is None, a bool,
     an int, a str or a list ``array_literal`` writes; else None (psycopg2 then binds them all).
@@ -194,16 +204,6 @@ def _array_casts(sql: str) -> frozenset[int]:
     (``%s::text[]``): their lists may go as ``array_literal``s."""
     parts = sql.replace("%%", "\x00").split("%s")
     return frozenset(i for i, after in enumerate(parts[1:]) if _ARRAY_CAST.match(after))
-
-
-class SqlValue(str):
-    """A parameter that is an SQL expression, written into the statement as it is: made only from
-    code constants, never from input (``storage.stores.streams.currval_sql``: a stream ID that
-    the statements of one round trip take from the sequence themselves). ``_literals`` writes it
-    into an ``EXECUTE``'s parameters, psycopg2 (the adapter registered below) into other SQL."""
-
-
-psycopg2.extensions.register_adapter(SqlValue, lambda value: psycopg2.extensions.AsIs(str(value)))
 
 
 class Prepared(str):
@@ -285,24 +285,23 @@ class Transaction:
         it casts to an array type. PREPARE outlives a rollback; a statement is noted as prepared
         only once PREPARE succeeded."""
         prepared = self._prepared
-        as_prepared = prepared is not None and isinstance(sql, Prepared)
-        text = sql
-        if as_prepared:
-            assert prepared is not None and isinstance(sql, Prepared)
-            if sql.name not in prepared:
-                self._cursor.execute(f"PREPARE {sql.name} AS {sql.server_sql}")
-                prepared.add(sql.name)
-            if not params:
-                return sql.execute_bytes
-            literals = _literals(params)
-            if literals is not None:
-                return f"EXECUTE {sql.name} ({literals})".encode()
-            text = sql.execute_sql
-        if params and any(type(p) is list for p in params):
-            typed = None if as_prepared else _array_casts(sql)  # None: every position
-            params = [array_literal(p) if type(p) is list and (typed is None or i in typed) else p
-                      for i, p in enumerate(params)]
-        bound: bytes = self._cursor.mogrify(text, params)
+        cursor = self._cursor
+        if prepared is None or not isinstance(sql, Prepared):
+            if params and any(type(p) is list for p in params):
+                cast = _array_casts(sql)
+                params = [array_literal(p) if type(p) is list and i in cast else p for i, p in enumerate(params)]
+            bound: bytes = cursor.mogrify(sql, params)
+            return bound
+        if sql.name not in prepared:
+            cursor.execute(f"PREPARE {sql.name} AS {sql.server_sql}")
+            prepared.add(sql.name)
+        if not params:
+            return sql.execute_bytes
+        literals = _literals(params)
+        if literals is not None:
+            return f"EXECUTE {sql.name} ({literals})".encode()
+        # A value of another kind: psycopg2 binds them all (lists as array literals: PREPARE typed each).
+        bound = cursor.mogrify(sql.execute_sql, [array_literal(p) if type(p) is list else p for p in params])
         return bound
 
     def execute(self, sql: str, params: Sequence[object] | None = None) -> None:
@@ -324,23 +323,22 @@ class Transaction:
         transaction has committed (a session's value, such as ``currval``). Only in a
         transaction this object begins (``Database.run_interaction``).
         """
-        parts = [self._bind(sql, params) for sql, params in statements]
-        self._close_statements(parts, commit, then)
+        closing = self._closing(commit, then)
+        parts = [self._bind(sql, params) for sql, params in statements] + closing
         if parts:
             joined = b";\n".join(parts)
             self._cursor.execute(_BEGIN_BYTES + joined if self._must_begin() else joined)
 
-    def _close_statements(self, parts: list[bytes], commit: bool,
-                          then: tuple[str, Sequence[object] | None] | None) -> None:
-        """``execute_statements``' COMMIT and ``then``, appended to ``parts``."""
+    def _closing(self, commit: bool, then: tuple[str, Sequence[object] | None] | None) -> list[bytes]:
+        """What ``execute_statements`` sends after the statements: the COMMIT and ``then``;
+        refused, before anything is bound, where the transaction is not this object's to end."""
         if commit and not self._begins:
             raise ValueError("commit=True needs a transaction begun by hand (run_interaction)")
         if then is not None and not commit:
             raise ValueError("a statement to run after the COMMIT needs commit=True")
-        if commit:
-            parts.append(b"COMMIT")
-        if then is not None:
-            parts.append(self._bind(*then))
+        if not commit:
+            return []
+        return [b"COMMIT"] if then is None else [b"COMMIT", self._bind(*then)]
 
     def execute_values(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 1000) -> None:
         """Insert many rows in few round trips; ``sql`` has one ``VALUES %s``."""
@@ -408,8 +406,9 @@ class DeferredStatements(Transaction):
 
     def execute_statements(self, statements: Iterable[tuple[str, Sequence[object] | None]], *,
                            commit: bool = False, then: tuple[str, Sequence[object] | None] | None = None) -> None:
+        closing = self._closing(commit, then)
         self._pending.extend(self._bind(sql, params) for sql, params in statements)
-        self._close_statements(self._pending, commit, then)
+        self._pending.extend(closing)
         if commit:
             self.flush()
 

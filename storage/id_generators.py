@@ -717,8 +717,7 @@ class StreamIdGenerator:
         would be, completing when the transaction has ended. An ID the sequence gave to
         statements that failed is never used, and never recorded."""
         reservation = self._reservation_of(txn)
-        sql = sequence_in_statements(self._allocator.sequence)
-        return IdInStatements(sql.take, sql.value, sql.read, reservation.ids)
+        return IdInStatements(*sequence_in_statements(self._allocator.sequence), reservation.ids)
 
     def _reservation_of(self, txn: Transaction) -> _TxnReservation:
         reservation = self._txn_reservations.get(id(txn))

@@ -90,24 +90,14 @@ def nextval_txn(txn: Transaction, sequence: str, count: int) -> list[int]:
     return sorted(int(v) for v in row[0])
 
 
-@attrs.frozen
-class SequenceInStatements:
-    """One ID of ``sequence`` taken by the statements of one round trip themselves, where a
-    separate ``nextval`` would cost a round trip of its own: ``take`` goes first among them (it
-    runs ``nextval``), ``value`` (``currval``) is the ID as a parameter of those after it, and
-    ``read`` tells the ID afterwards (run on the same connection, after the COMMIT)."""
-
-    take: tuple[str, None]
-    value: SqlValue
-    read: tuple[str, None]
-
-
 @functools.lru_cache(maxsize=64)
-def sequence_in_statements(sequence: str) -> SequenceInStatements:
+def sequence_in_statements(sequence: str) -> tuple[tuple[str, None], SqlValue, tuple[str, None]]:
+    """The SQL of one ID of ``sequence`` taken by the statements of one round trip themselves:
+    the statement that takes it (``nextval``), the ID as a parameter of those after it
+    (``currval``) and the statement that reads it afterwards (``storage.id_generators.IdInStatements``)."""
     seq = _identifier(sequence)
-    current = Prepared(f"SELECT currval('{seq}'::regclass)")
-    return SequenceInStatements((_nextval_statements(seq)[0], None), SqlValue(f"currval('{seq}'::regclass)"),
-                                (current, None))
+    return ((_nextval_statements(seq)[0], None), SqlValue(f"currval('{seq}'::regclass)"),
+            (Prepared(f"SELECT currval('{seq}'::regclass)"), None))
 
 
 @functools.lru_cache(maxsize=64)
