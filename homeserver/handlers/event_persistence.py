@@ -158,12 +158,19 @@ class _RoomSnapshot:
     room's only line of history puts it back, moved on by that event. The persist
     transaction checks the extremities are still these (``StaleRoomContext``), so a
     write this process did not see is caught, not built upon.
+
+    ``push``: the room's push context as the last send's push rules saw it, kept after a
+    message (which changes none of it) for the next send to evaluate on without reading it.
+    Its room part is vouched for by the extremities check; its users' part (push rules,
+    pushers), which other processes write, by the batch's check of the version it was read at
+    (``PersistRequest.push_context_version``).
     """
 
     extremities: dict[str, int]
     extremity_groups: dict[str, int]
     state: dict[StateKey, str | None]
     joined_servers: set[str]
+    push: PushContextRow | None = None
 
 
 class EventPersister:
@@ -402,11 +409,20 @@ class EventPersister:
             if remote_servers:
                 remote_servers = await self._acl_allowed(event, snapshot, remote_servers)
 
+        # A local send on the room's snapshot (checked by its batch).
+        on_snapshot = snapshot is not None and linear and ctx.for_local_send and is_local
         push_actions = None
         # Whether the event notifies anyone with a pusher: found by the transaction, noted after it.
         pushes = [False]
+        room_push: _KeptPushRead | None = None
         if self._push is not None and not outlier and rejection_reason is None and not soft_failed:
-            push_actions = self._noting_pushes(event, pushes)
+            if on_snapshot:
+                assert snapshot is not None
+                # A state event reads the room afresh (a local invite adds its invitee).
+                room_push = _KeptPushRead(snapshot.push if event.state_key is None else None)
+                push_actions = self._noting_pushes(event, pushes, reader=room_push.read)
+            else:
+                push_actions = self._noting_pushes(event, pushes)
         request = self._request(
             room_version,
             event,
@@ -423,6 +439,7 @@ class EventPersister:
             promote_outlier=promote,
             expected_extremity_count=len(ctx.forward_extremities) if ctx.for_local_send else None,
             send_txn=send_txn,
+            push_context_version=None if room_push is None or room_push.kept is None else room_push.kept.version,
         )
         try:
             def written() -> WrittenEvent:
@@ -437,7 +454,10 @@ class EventPersister:
                 raise
             return PersistResult(stream_ordering, None, already_persisted=True)
         self._loader.prime(event)
-        if snapshot is not None and linear and ctx.for_local_send and is_local and not result.already_persisted:
+        if on_snapshot and not result.already_persisted:
+            assert snapshot is not None
+            # After a state event the room is read again: its members or levels may have changed.
+            snapshot.push = room_push.row if room_push is not None and event.state_key is None else None
             self._advance_snapshot(snapshot, event, result)
         return result
 
@@ -835,6 +855,24 @@ class _SharedRoomReads:
             return row
 
         return read
+
+
+class _KeptPushRead:
+    """The push context one local send evaluates on: ``kept``, the copy the room's snapshot
+    holds (no read), or else the room read in the send's transaction. ``row``: the one the
+    send evaluated on, for the snapshot to keep after it."""
+
+    def __init__(self, kept: PushContextRow | None) -> None:
+        self.kept = kept
+        self.row: PushContextRow | None = None
+
+    def read(self, txn: Transaction, room_id: str, server_name: str, extra: Collection[str]) -> PushContextRow:
+        if self.kept is not None and not extra:
+            row = self.kept
+        else:
+            row = get_push_context_txn(txn, room_id, server_name, extra)
+        self.row = row
+        return row
 
 
 class _RoomLock:

@@ -154,6 +154,10 @@ class PersistRequest:
     # the event is written (so it reads the room as it was before the event), and its
     # answer recorded in ``event_push_actions`` by the same transaction.
     push_actions: Callable[[Transaction], Sequence[PushAction]] | None = None
+    # A local send whose ``push_actions`` evaluate on a copy of the room's push context kept in
+    # memory, read at this ``push_context_version`` (0028): the batch's room check also checks the
+    # version is unchanged and raises ``StaleRoomContext`` if not.
+    push_context_version: int | None = None
 
 
 @attrs.frozen
@@ -680,6 +684,9 @@ _UPSERT_DESTINATION_ROOMS: Final = Prepared("""
 # dead as it passes them (so later scans skip them and a page split drops them). A bare
 # count(*) was planned as a bitmap scan, which marks nothing: every send in a busy room walked
 # every extremity deleted since the last vacuum (4,000 sends in one room: 0.4 ms a count).
+# The same statement checks the push context the send evaluated on, when it was a kept copy
+# (push_context_as_expected, 0028; NULL: read by this transaction, nothing to check): a
+# statement of its own would cost PostgreSQL more than the read it saves.
 _DELETE_EXTREMITIES_CHECKED: Final = Prepared("""
     WITH gone AS (
         DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[]) RETURNING 1
@@ -687,7 +694,8 @@ _DELETE_EXTREMITIES_CHECKED: Final = Prepared("""
     SELECT send_extremities_as_expected(
         %s::text, (SELECT count(*) FROM gone), %s::bigint,
         (SELECT count(*) FROM (SELECT 1 FROM event_forward_extremities WHERE room_id = %s
-                               ORDER BY room_id, event_id LIMIT %s::int) AS known), %s::bigint)
+                               ORDER BY room_id, event_id LIMIT %s::int) AS known), %s::bigint),
+           push_context_as_expected(%s::text, %s::bigint, (SELECT version FROM push_context_version))
     """)
 _DELETE_EXTREMITIES: Final = Prepared(
     "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[])")
@@ -717,6 +725,8 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     # batch carries the COMMIT (its last round trip; the checked statement is last in it).
     commit = (moves_extremities and not r.outlier and bool(r.prev_event_ids)
               and r.expected_extremity_count is not None and r.new_current_state is None)
+    # A kept push context is checked by the statement only a committing local send's batch has.
+    assert r.push_context_version is None or commit, "a kept push context is a local send's"
     in_statements = allocate_in_statements(txn) if commit and allocate_in_statements is not None else None
     stream_ordering: int | SqlValue = allocate(txn) if in_statements is None else in_statements.value
     # The servers the federation sender fans this event out to (see 0007_federation_sender).
@@ -841,7 +851,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
             batch.append((
                 _DELETE_EXTREMITIES_CHECKED,
                 (r.room_id, list(r.prev_event_ids), r.room_id, len(set(r.prev_event_ids)), r.room_id,
-                 r.expected_extremity_count + 2, r.expected_extremity_count + 1),
+                 r.expected_extremity_count + 2, r.expected_extremity_count + 1, r.room_id, r.push_context_version),
             ))
         elif r.prev_event_ids:
             batch.append((

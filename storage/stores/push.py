@@ -37,12 +37,15 @@ class PushContextRow:
     """What evaluating a room's event needs: its joined member count, its power levels (JSON
     text of the event, or None), and per local recipient their room display name and stored
     ``m.push_rules`` (JSON text, or None). ``http_pushers``: the recipients with an ``http``
-    pusher (read in the same statement, so the persister need not ask ``any_http_pusher_txn``)."""
+    pusher (read in the same statement, so the persister need not ask ``any_http_pusher_txn``).
+    ``version``: ``push_context_version`` as the statement saw it (0028_push_context_version), which
+    a copy kept in memory is checked against (``push_context_as_expected``)."""
 
     member_count: int
     power_levels_json: str | None
     recipients: dict[str, tuple[str | None, str | None]]
     http_pushers: frozenset[str] = frozenset()
+    version: int = 0
 
 
 @attrs.frozen
@@ -137,6 +140,8 @@ _PUSH_CONTEXT: Final = Prepared("""
     )
     SELECT 'count', NULL, NULL, (SELECT joined FROM room_joined_counts WHERE room_id = %s)::text, FALSE
     UNION ALL
+    SELECT 'version', NULL, NULL, (SELECT version FROM push_context_version)::text, FALSE
+    UNION ALL
     SELECT 'levels', NULL, NULL, (
         SELECT e.json FROM current_state_events c JOIN events e ON e.event_id = c.event_id
         WHERE c.room_id = %s AND c.type = 'm.room.power_levels' AND c.state_key = ''), FALSE
@@ -156,12 +161,14 @@ def get_push_context_txn(txn: Transaction, room_id: str, server_name: str,
     ``extra_users``, e.g. a local invitee) with their display names and stored rules. One
     statement: one round trip on the hot path."""
     txn.execute(_PUSH_CONTEXT, (room_id, server_name, sorted(extra_users), room_id, room_id))
-    count, levels = 0, None
+    count, levels, version = 0, None, 0
     recipients: dict[str, tuple[str | None, str | None]] = {}
     pushers: set[str] = set()
     for kind, user_id, display_name, value, has_pusher in txn.fetchall():
         if kind == "count":
             count = 0 if value is None else int(value)
+        elif kind == "version":
+            version = int(value)
         elif kind == "levels":
             levels = None if value is None else str(value)
         else:
@@ -170,7 +177,8 @@ def get_push_context_txn(txn: Transaction, room_id: str, server_name: str,
             recipients[str(user_id)] = (None if name is None else str(name), None if value is None else str(value))
             if has_pusher:
                 pushers.add(str(user_id))
-    return PushContextRow(count, levels, recipients, frozenset(pushers))
+    return PushContextRow(count, levels, recipients, frozenset(pushers), version)
+
 
 
 # The user's notifications in the rooms that are not yet read, as the spec's threaded read

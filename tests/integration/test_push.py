@@ -10,12 +10,15 @@ stopped and started again.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import psycopg2
+import pytest
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.web.resource import Resource
@@ -23,6 +26,8 @@ from twisted.web.server import Request, Site
 
 from homeserver.app import HomeServer
 from homeserver.config import parse_config
+from storage.database import Database, Transaction
+from storage.stores.events import STALE_ROOM_SQLSTATE
 from storage.stores.push import PushStore
 from tests.harness import free_port
 from tests.integration.test_client_support import GENEROUS, SERVER_NAME, Client, running_server, server_config
@@ -175,6 +180,97 @@ async def test_pushes_counts_badges_mutes_mentions_and_rejected_pushkeys(databas
                 break
             await _sleep(0.02)
         assert (await _ok(client, "GET", "pushers", token=bob))["pushers"] == []
+
+
+async def test_a_kept_push_context_is_not_used_once_rules_or_pushers_change(
+    database_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A local send evaluates push rules on the room's push context as the room's last send read
+    it (docs/push.md). Bob's new pusher, his muting of the room and a change written by
+    another process straight into the database each make the next send read the room again, so
+    each notifies as it must; the last shows the kept copy was in use (the send is built again)."""
+    caplog.set_level(logging.INFO, logger="homeserver.handlers.room_events")
+    async with gateway() as (gw, url), running_server(database_dsn, tmp_path, **LIMITS) as (hs, client):
+        alice = (await client.register_ok("alice"))["access_token"]
+        bob = (await client.register_ok("bob"))["access_token"]
+        room_id = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"rooms/{room_id}/join", {}, token=bob)
+        first = await _send(client, room_id, "m1", {"msgtype": "m.text", "body": "one"}, alice)
+        second = await _send(client, room_id, "m2", {"msgtype": "m.text", "body": "two"}, alice)
+
+        # A pusher after the room was read: the next message must reach it (it is noted as
+        # notifying a user with an http pusher only if the room is read again).
+        await _ok(client, "POST", "pushers/set", _pusher(url, "bob-phone"), token=bob)
+        third = await _send(client, room_id, "m3", {"msgtype": "m.text", "body": "three"}, alice)
+        await wait_for(lambda: gw.events() == [third], "the push of the message after the pusher was set")
+
+        # Bob mutes the room: the next message notifies nobody, a mention still does.
+        await _ok(client, "PUT", f"pushrules/global/room/{quote(room_id)}", {"actions": []}, token=bob)
+        quiet = await _send(client, room_id, "m4", {"msgtype": "m.text", "body": "four"}, alice)
+        mention = await _send(client, room_id, "m5", {"msgtype": "m.text", "body": "five",
+                                                      "m.mentions": {"user_ids": [BOB]}}, alice)
+        await wait_for(lambda: len(gw.received) >= 2, "the mention's push")
+        assert gw.events() == [third, mention]
+        listed = await _ok(client, "GET", "notifications", token=bob)
+        assert [n["event"]["event_id"] for n in listed["notifications"]] == [mention, third, second, first]
+        assert quiet not in gw.events()
+
+        # Another process changes a pusher (here: straight in the database): the send that finds
+        # the version moved is built again on a fresh read, and succeeds.
+        caplog.clear()
+        await hs.process.db.run_interaction(
+            "test_touch_pusher", lambda txn: txn.execute("UPDATE pushers SET kind = kind WHERE user_id = %s", (BOB,)))
+        sixth = await _send(client, room_id, "m6", {"msgtype": "m.text", "body": "six",
+                                                    "m.mentions": {"user_ids": [BOB]}}, alice)
+        assert any("push rules or pushers changed" in r.getMessage() for r in caplog.records), caplog.records
+        await wait_for(lambda: gw.events() == [third, mention, sixth], "the push after the rebuilt send")
+
+
+async def test_push_context_version_moves_with_push_rules_and_pushers_only(database: Database) -> None:
+    """``push_context_version`` (0028) moves when a user's m.push_rules or a pusher's owner or
+    kind changes, however written, and not for other account data, room-level push rules or a
+    pusher's delivery progress; ``push_context_as_expected`` raises TQ001 once it moved."""
+
+    def version() -> Any:
+        def read(txn: Transaction) -> int:
+            txn.execute("SELECT version FROM push_context_version")
+            row = txn.fetchone()
+            assert row is not None
+            return int(row[0])
+        return database.run_interaction("test_version", read)
+
+    async def moves(sql: str, *params: object) -> int:
+        before = await version()
+        await database.run_interaction("test_write", lambda txn: txn.execute(sql, params))
+        return int(await version()) - int(before)
+
+    data = ("INSERT INTO account_data (stream_id, instance_name, user_id, room_id, account_data_type, content) "
+            "VALUES (%s, 'master', %s, %s, %s, '{}') ON CONFLICT (user_id, room_id, account_data_type) "
+            "DO UPDATE SET stream_id = EXCLUDED.stream_id, content = EXCLUDED.content")
+    assert await moves(data, 1, BOB, None, "m.push_rules") == 1  # added
+    assert await moves(data, 2, BOB, None, "m.push_rules") == 1  # replaced (the upsert's update)
+    assert await moves(data, 3, BOB, None, "m.direct") == 0
+    assert await moves(data, 4, BOB, "!room:test", "m.push_rules") == 0
+    assert await moves("DELETE FROM account_data WHERE user_id = %s AND account_data_type = 'm.push_rules' "
+                       "AND room_id IS NULL", BOB) == 1
+
+    pusher = ("INSERT INTO pushers (user_id, kind, app_id, pushkey, app_display_name, device_display_name, lang, "
+              "data, created_ts, last_stream_ordering) VALUES (%s, %s, 'app', %s, 'App', 'Phone', 'en', '{}', 0, 0)")
+    assert await moves(pusher, BOB, "http", "k1") == 1
+    assert await moves(pusher, ALICE, "email", "k2") == 1
+    assert await moves("UPDATE pushers SET last_stream_ordering = 5, failing_since = 7") == 0
+    assert await moves("UPDATE pushers SET kind = 'http' WHERE pushkey = 'k2'") == 1
+    assert await moves("DELETE FROM pushers WHERE pushkey = 'nothing'") == 0
+    assert await moves("DELETE FROM pushers") == 2
+
+    now = await version()
+    check = "SELECT push_context_as_expected(%s, %s, (SELECT version FROM push_context_version))"
+    for expected in (now, None):  # None: no kept copy to check
+        await database.run_interaction("test_check", lambda txn: txn.execute(check, ("!room:test", expected)))
+    with pytest.raises(psycopg2.Error) as raised:
+        await database.run_interaction("test_check", lambda txn: txn.execute(check, ("!room:test", now - 1)))
+    assert raised.value.pgcode == STALE_ROOM_SQLSTATE
+    assert "push rules or pushers changed" in str(raised.value)
 
 
 async def test_push_rules_api(database_dsn: str, tmp_path: Path) -> None:

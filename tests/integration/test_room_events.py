@@ -155,8 +155,9 @@ async def test_the_sends_extremity_check_does_not_walk_replaced_extremities(
         txn.execute(f"PREPARE extremity_check AS {_DELETE_EXTREMITIES_CHECKED.server_sql}")
         try:
             # No prev events: the statement deletes nothing and counts what is there (one).
-            txn.execute("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE extremity_check (%s, '{}', %s, 0, %s, 3, 1)",
-                        (room_id, room_id, room_id))
+            # No kept push context to check either (NULL).
+            txn.execute("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE extremity_check (%s, '{}', %s, 0, %s, 3, 1, %s, NULL)",
+                        (room_id, room_id, room_id, room_id))
             row = txn.fetchone()
             assert row is not None
             raw = row[0]
