@@ -13,6 +13,7 @@ the process stops cleanly; a second signal while stopping ends it at once.
 from __future__ import annotations
 
 import argparse
+import atexit
 import getpass
 import logging
 import os
@@ -332,7 +333,16 @@ def _run_in_reactor(config: HomeserverConfig, mode: str, *, instance_name: str =
     reactor.run()
     # Twisted put back the handlers from before run(); a signal now, during exit, ends it quietly too.
     _stop_at_once_on_second_signal()
+    # The interpreter's finalisation puts a Python handler back to the default (a signal then
+    # killed the process: exit status -2 seen), but leaves an ignored signal ignored; by then
+    # the exit is only moments away.
+    atexit.register(_ignore_signals_while_exiting)
     return outcome["code"]
+
+
+def _ignore_signals_while_exiting() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _stop_at_once_on_second_signal() -> None:
