@@ -11,6 +11,9 @@
 -- (push_context_as_expected, in the statement that checks the room's extremities) and
 -- otherwise raises SQLSTATE TQ001, as a stale room does
 -- (storage/stores/events.py: StaleRoomContext): the send is built again on a fresh read.
+-- A row, not a sequence: a sequence moves before the change commits, so a send could read the
+-- old rules at the new version and keep them. Writers of push rules and pushers so take the
+-- row's lock until they commit (rare writes; a deadlock between two is retried by the pool).
 CREATE TABLE push_context_version (
     only_row BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (only_row),
     version BIGINT NOT NULL
