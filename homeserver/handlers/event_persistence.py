@@ -147,6 +147,10 @@ PersistedListener = Callable[[FrozenEvent, PersistResult], None]
 # Rooms whose send context (extremities, the state keys sends looked at, joined
 # servers) is kept between sends; least recently used rooms are dropped first.
 MAX_ROOM_SNAPSHOTS: Final = 10_000
+# A room's push read is kept with its snapshot only while it names at most this many local
+# recipients: memory stays bounded (the rule texts are shared between rooms, the per-member
+# entries are not), and a bigger room's read, one statement, is read again each message.
+MAX_KEPT_PUSH_RECIPIENTS: Final = 100
 
 
 @attrs.define
@@ -456,8 +460,7 @@ class EventPersister:
         self._loader.prime(event)
         if on_snapshot and not result.already_persisted:
             assert snapshot is not None
-            # After a state event the room is read again: its members or levels may have changed.
-            snapshot.push = room_push.row if room_push is not None and event.state_key is None else None
+            snapshot.push = None if room_push is None else room_push.to_keep(event)
             self._advance_snapshot(snapshot, event, result)
         return result
 
@@ -872,6 +875,14 @@ class _KeptPushRead:
         else:
             row = get_push_context_txn(txn, room_id, server_name, extra)
         self.row = row
+        return row
+
+    def to_keep(self, event: FrozenEvent) -> PushContextRow | None:
+        """What the room's snapshot keeps after ``event``: nothing after a state event (its
+        members or levels may have changed) or for a room with many local members."""
+        row = self.row
+        if event.state_key is not None or row is None or len(row.recipients) > MAX_KEPT_PUSH_RECIPIENTS:
+            return None
         return row
 
 

@@ -13,6 +13,7 @@ nothing of push rules or HTTP.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection, Sequence
 from typing import Any, Final
 
@@ -174,7 +175,9 @@ def get_push_context_txn(txn: Transaction, room_id: str, server_name: str,
         else:
             known = recipients.get(str(user_id))
             name = display_name if display_name is not None else (known[0] if known else None)
-            recipients[str(user_id)] = (None if name is None else str(name), None if value is None else str(value))
+            # The rules text interned: a user's copies in the rooms' kept reads are one string.
+            recipients[str(user_id)] = (None if name is None else str(name),
+                                        None if value is None else sys.intern(str(value)))
             if has_pusher:
                 pushers.add(str(user_id))
     return PushContextRow(count, levels, recipients, frozenset(pushers), version)

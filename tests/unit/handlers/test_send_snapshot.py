@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
+from homeserver.handlers.event_persistence import (
+    MAX_KEPT_PUSH_RECIPIENTS,
+    EventPersister,
+    PersistenceMetrics,
+    _KeptPushRead,
+)
 from storage.stores.events import SendContext, StateKey
+from storage.stores.push import PushContextRow
 
 ROOM = "!r:hs"
 CREATE: StateKey = ("m.room.create", "")
@@ -83,3 +90,36 @@ async def test_callers_cannot_change_the_snapshot_through_what_they_are_given() 
     again = await persister.send_context(ROOM, {CREATE})
     assert again.forward_extremities == {"$last": 5}
     assert "evil.example" not in again.joined_servers
+
+
+class NoQueries:
+    """A transaction that must not be used."""
+
+    def execute(self, *args: object) -> None:
+        raise AssertionError("the kept push read was read again")
+
+
+def _row(recipients: int) -> PushContextRow:
+    return PushContextRow(2, None, {f"@u{i}:hs": (None, None) for i in range(recipients)}, version=7)
+
+
+def test_a_kept_push_read_is_used_without_a_query_and_kept_after_messages_only() -> None:
+    message: Any = SimpleNamespace(state_key=None)
+    topic: Any = SimpleNamespace(state_key="")
+    kept = _row(3)
+    reads = _KeptPushRead(kept)
+    no_queries: Any = NoQueries()
+    assert reads.read(no_queries, ROOM, "hs", ()) is kept
+    assert reads.to_keep(message) is kept
+    assert reads.to_keep(topic) is None  # a state event: the room is read again next time
+    assert _KeptPushRead(None).to_keep(message) is None  # nothing read, nothing kept
+
+
+def test_a_push_read_naming_many_local_members_is_not_kept() -> None:
+    message: Any = SimpleNamespace(state_key=None)
+    small, big = _KeptPushRead(_row(MAX_KEPT_PUSH_RECIPIENTS)), _KeptPushRead(_row(MAX_KEPT_PUSH_RECIPIENTS + 1))
+    no_queries: Any = NoQueries()
+    small.read(no_queries, ROOM, "hs", ())
+    big.read(no_queries, ROOM, "hs", ())
+    assert small.to_keep(message) is small.kept
+    assert big.to_keep(message) is None
