@@ -413,17 +413,16 @@ class EventPersister:
             if remote_servers:
                 remote_servers = await self._acl_allowed(event, snapshot, remote_servers)
 
-        # A local send on the room's snapshot (checked by its batch).
-        on_snapshot = snapshot is not None and linear and ctx.for_local_send and is_local
+        # The room's snapshot, when this is a local send on it (checked by its batch).
+        on_snapshot = snapshot if linear and ctx.for_local_send and is_local else None
         push_actions = None
         # Whether the event notifies anyone with a pusher: found by the transaction, noted after it.
         pushes = [False]
         room_push: _KeptPushRead | None = None
         if self._push is not None and not outlier and rejection_reason is None and not soft_failed:
-            if on_snapshot:
-                assert snapshot is not None
+            if on_snapshot is not None:
                 # A state event reads the room afresh (a local invite adds its invitee).
-                room_push = _KeptPushRead(snapshot.push if event.state_key is None else None)
+                room_push = _KeptPushRead(on_snapshot.push if event.state_key is None else None)
                 push_actions = self._noting_pushes(event, pushes, reader=room_push.read)
             else:
                 push_actions = self._noting_pushes(event, pushes)
@@ -458,10 +457,9 @@ class EventPersister:
                 raise
             return PersistResult(stream_ordering, None, already_persisted=True)
         self._loader.prime(event)
-        if on_snapshot and not result.already_persisted:
-            assert snapshot is not None
-            snapshot.push = None if room_push is None else room_push.to_keep(event)
-            self._advance_snapshot(snapshot, event, result)
+        if on_snapshot is not None and not result.already_persisted:
+            on_snapshot.push = None if room_push is None else room_push.to_keep(event)
+            self._advance_snapshot(on_snapshot, event, result)
         return result
 
     async def persist_remote_batch(
