@@ -12,10 +12,29 @@ generators themselves stay free of Prometheus. Labels: transaction names
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Children(dict[str | tuple[str, ...], M]):
+    """A labelled metric's children by their label values (one value as a string, several as a
+    tuple), each child made once. ``labels()`` takes a lock and builds its key on every call,
+    which shows where a child is touched once an event (an inbound PDU, an event loaded)."""
+
+    def __init__(self, metric: M) -> None:
+        super().__init__()
+        self._metric = metric
+
+    def __missing__(self, values: str | tuple[str, ...]) -> M:
+        child: M = self._metric.labels(values) if isinstance(values, str) else self._metric.labels(*values)
+        self[values] = child
+        return child
+
 
 TXN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -88,6 +107,11 @@ class TrackedStream(Protocol):
 class StreamMetrics:
     position: Gauge
     facts_written: Counter
+    # Their children, touched each time a stream moves.
+    _positions: Children[Gauge] = attrs.field(init=False, default=attrs.Factory(
+        lambda self: Children(self.position), takes_self=True))
+    _written: Children[Counter] = attrs.field(init=False, default=attrs.Factory(
+        lambda self: Children(self.facts_written), takes_self=True))
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> StreamMetrics:
@@ -116,7 +140,7 @@ class StreamMetrics:
         generator.add_written_listener(self._on_written)
 
     def _on_position(self, stream: str, writer: str, old: int, new: int) -> None:
-        self.position.labels(stream, writer).set(new)
+        self._positions[stream, writer].set(new)
 
     def _on_written(self, stream: str, count: int) -> None:
-        self.facts_written.labels(stream).inc(count)
+        self._written[stream].inc(count)

@@ -53,6 +53,7 @@ from homeserver.federation.pdus import (
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
 from storage.kernel.errors import MatrixError, bad_json
+from storage.metrics import Children
 from storage.stores.events import EventAlreadyPersisted, EventsStore, StateKey
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class TransactionHandler:
         # own auth events only (docs/federation.md, "Partial-state joins").
         self._partial_rooms = partial_rooms
         self._metrics = metrics
+        self._pdu_outcomes = Children(metrics.pdus)  # one child touched per PDU
         # Server ACLs: PDUs and EDUs of rooms whose ACL denies the origin are dropped.
         self._acl = acl
         self._txn_store = txn_store
@@ -256,7 +258,7 @@ class TransactionHandler:
 
     def _refused(self, origin: str, error: EventsError) -> str:
         logger.warning("TX [%s] PDU failed verification: %s", origin, error)
-        self._metrics.pdus.labels(outcome="invalid").inc()
+        self._pdu_outcomes["invalid"].inc()
         return f"verification failed: {error}"
 
     async def _verify_all(self, items: Sequence[tuple[ReceivedPdu, KeyRing]]) -> list[FrozenEvent | EventsError]:
@@ -458,7 +460,7 @@ class TransactionHandler:
                 return i, True
         for event, error, outcome in verdicts:
             if event.event_id in ours:
-                self._metrics.pdus.labels(outcome=outcome).inc()
+                self._pdu_outcomes[outcome].inc()
                 outcomes[event.event_id] = error
             elif error is not None and outcome != "rejected":
                 logger.warning("[%s] missing event %s not stored: %s", room_id, event.event_id, error)
@@ -479,13 +481,13 @@ class TransactionHandler:
             await self._check_and_persist(origin, room_version, event)
         except SoftFailed:
             # Accepted and stored (spec: "handled as normal" apart from clients and extremities).
-            self._metrics.pdus.labels(outcome="soft_failed").inc()
+            self._pdu_outcomes["soft_failed"].inc()
             outcomes[event.event_id] = None
         except EventsError as e:
-            self._metrics.pdus.labels(outcome=_outcome(e)).inc()
+            self._pdu_outcomes[_outcome(e)].inc()
             outcomes[event.event_id] = str(e)
         else:
-            self._metrics.pdus.labels(outcome="accepted").inc()
+            self._pdu_outcomes["accepted"].inc()
             outcomes[event.event_id] = None
 
     async def _rejection(self, origin: str, room_version: RoomVersion, event: FrozenEvent,

@@ -32,6 +32,7 @@ from homeserver.events import FrozenEvent, RoomVersion, make_event, resolve_stat
 from homeserver.events.errors import MissingEventsError
 from homeserver.events.room_versions import get_room_version
 from storage.caches import DictCache
+from storage.metrics import Children
 from storage.stores.events import StateKey, StoredEvent
 
 # Parsed events kept per process; least recently used are dropped first. About a
@@ -89,7 +90,7 @@ class EventLoader:
     ) -> None:
         self._store = store
         self._events = DictCache[FrozenEvent]("events", max_entries=max_entries)
-        self._metrics = metrics
+        self._lookups = Children(metrics.lookups) if metrics is not None else None
         if metrics is not None:
             metrics.entries.set_function(lambda: len(self._events))
 
@@ -120,9 +121,9 @@ class EventLoader:
                 missing.append(event_id)
             else:
                 result[event_id] = cached
-        if self._metrics is not None:
-            self._metrics.lookups.labels(outcome="hit").inc(len(result))
-            self._metrics.lookups.labels(outcome="miss").inc(len(missing))
+        if self._lookups is not None:
+            self._lookups["hit"].inc(len(result))
+            self._lookups["miss"].inc(len(missing))
         if not missing:
             return result
         stored = await self._store.get_events(missing)

@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from storage.id_generators import PositionTracker, StreamIdGenerator
-from storage.metrics import StreamMetrics
+from storage.metrics import Children, StreamMetrics
 
 
 def make_generator(name: str, writers: list[str]) -> StreamIdGenerator:
@@ -56,3 +56,17 @@ def test_facts_written_counts_committed_writes_only() -> None:
     assert registry.get_sample_value("tributary_stream_position", {"stream": "receipts", "writer": "main"}) == 3
     for family in registry.collect():
         assert family.documentation.endswith(".")
+
+
+def test_children_are_the_metrics_own_children_made_once_each() -> None:
+    registry = CollectorRegistry()
+    one = Counter("one_label_total", "", ["outcome"], registry=registry)
+    two = Gauge("two_labels", "", ["stream", "writer"], registry=registry)
+    ones, twos = Children(one), Children(two)
+    ones["hit"].inc(2)
+    ones["hit"].inc()
+    twos["events", "main"].set(5)
+    assert registry.get_sample_value("one_label_total", {"outcome": "hit"}) == 3
+    assert registry.get_sample_value("two_labels", {"stream": "events", "writer": "main"}) == 5
+    assert ones["hit"] is one.labels("hit") and twos["events", "main"] is two.labels("events", "main")
+    assert ones["hit"] is ones["hit"] and len(ones) == 1 and len(twos) == 1
