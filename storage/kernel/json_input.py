@@ -110,30 +110,38 @@ def decode_json(raw: bytes | str, rules: JsonRules) -> Any:
         raise JsonInputError(400, "M_NOT_JSON", f"JSON nested deeper than {rules.max_depth} levels") from None
     except ValueError as e:  # JSONDecodeError, and int() refusing thousands of digits
         raise JsonInputError(400, "M_NOT_JSON", f"not valid JSON: {str(e)[:200]}") from None
-    _check_values(value, rules)
+    # Decoded from bytes, the text is valid UTF-8, which cannot encode a lone surrogate: one can
+    # only come from a ``\\u`` escape. Most bodies have none, and then no string is looked at.
+    _check_values(value, rules, strings=not isinstance(raw, bytes) or "\\u" in text)
     return value
 
 
-def _check_values(value: Any, rules: JsonRules) -> None:
-    """Nesting depth, lone surrogates in keys and strings, and (canonical) the integer range."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
+def _check_values(value: Any, rules: JsonRules, *, strings: bool = True) -> None:
+    """Nesting depth, lone surrogates in keys and strings (``strings``: they may hold one), and
+    (canonical) the integer range. The root is at depth 1 and each value one deeper than its
+    container, scalars included. Walks containers only; their scalars are checked in place."""
+    max_depth = rules.max_depth
+    canonical = rules.canonical
+    stack: list[tuple[Any, int]] = [([value], 0)]  # the root, as the child of a container at depth 0
     while stack:
         item, depth = stack.pop()
-        if depth > rules.max_depth:
-            raise JsonInputError(400, "M_NOT_JSON", f"JSON nested deeper than {rules.max_depth} levels")
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                raise JsonInputError(400, "M_BAD_JSON", "string holds a lone UTF-16 surrogate")
-        elif isinstance(item, bool) or item is None or isinstance(item, float):
-            continue
-        elif isinstance(item, int):
-            if rules.canonical and not CANONICAL_INT_MIN <= item <= CANONICAL_INT_MAX:
-                raise JsonInputError(400, "M_BAD_JSON", f"integer {str(item)[:40]} is outside the canonical "
-                                                        f"JSON range [{CANONICAL_INT_MIN}, {CANONICAL_INT_MAX}]")
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if _SURROGATE.search(key):
-                    raise JsonInputError(400, "M_BAD_JSON", "object key holds a lone UTF-16 surrogate")
-                stack.append((child, depth + 1))
+        if type(item) is dict:
+            if strings:
+                for key in item:
+                    if _SURROGATE.search(key):
+                        raise JsonInputError(400, "M_BAD_JSON", "object key holds a lone UTF-16 surrogate")
+            children = item.values()
         else:
-            stack.extend((child, depth + 1) for child in item)
+            children = item
+        for child in children:
+            if depth >= max_depth:
+                raise JsonInputError(400, "M_NOT_JSON", f"JSON nested deeper than {max_depth} levels")
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+            elif kind is str:
+                if strings and _SURROGATE.search(child):
+                    raise JsonInputError(400, "M_BAD_JSON", "string holds a lone UTF-16 surrogate")
+            elif kind is int and canonical and not CANONICAL_INT_MIN <= child <= CANONICAL_INT_MAX:
+                raise JsonInputError(400, "M_BAD_JSON", f"integer {str(child)[:40]} is outside the canonical "
+                                                        f"JSON range [{CANONICAL_INT_MIN}, {CANONICAL_INT_MAX}]")

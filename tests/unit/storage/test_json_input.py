@@ -98,3 +98,38 @@ def test_arbitrary_bytes_raise_only_json_input_error(raw: bytes) -> None:
             decode_json(raw, rules)
         except JsonInputError as e:
             assert e.status in (400, 413) and e.errcode in ("M_NOT_JSON", "M_BAD_JSON", "M_TOO_LARGE")
+
+
+def test_a_lone_surrogate_is_found_whether_the_text_escapes_it_or_holds_it() -> None:
+    # Bytes are UTF-8, so only an escape can make one; a str may hold one outright.
+    assert refused(b'{"a": ["ok", {"b": "\\ud800"}]}', CLIENT) == (400, "M_BAD_JSON")
+    assert refused('{"a": ["ok", {"b": "\ud800"}]}', CLIENT) == (400, "M_BAD_JSON")
+    assert refused('{"\udfff": 1}', CLIENT) == (400, "M_BAD_JSON")
+    assert decode_json(b'{"a": "\\\\ud800"}', CLIENT) == {"a": "\\ud800"}  # an escaped backslash, then text
+
+
+@pytest.mark.parametrize("depth", [1, 2, 5, 100])
+def test_depth_counts_every_value_with_empty_containers_and_scalars_alike(depth: int) -> None:
+    rules = JsonRules(max_bytes=10_000, max_depth=depth)
+    for leaf in (b"1", b'"s"', b"{}", b"[]", b"null", b"true"):
+        at = b"[" * (depth - 1) + leaf + b"]" * (depth - 1)
+        assert decode_json(at, rules) == json.loads(at)
+        deeper = b'{"k": ' * depth + leaf + b"}" * depth
+        assert refused(deeper, rules) == (400, "M_NOT_JSON")
+
+
+def nesting(value: object) -> int:
+    """The depth the rules count: 1 for a scalar or an empty container, else one more than the deepest child."""
+    children = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else []
+    return 1 + max(map(nesting, children), default=0)
+
+
+@settings(derandomize=True, max_examples=300)
+@given(json_values, st.integers(1, 6))
+def test_refused_for_depth_exactly_when_deeper_than_the_bound(value: object, max_depth: int) -> None:
+    rules = JsonRules(max_bytes=10_000, max_depth=max_depth, canonical=True)
+    raw = json.dumps(value, ensure_ascii=False).encode()
+    if nesting(value) > max_depth:
+        assert refused(raw, rules) == (400, "M_NOT_JSON")
+    else:
+        assert decode_json(raw, rules) == value
