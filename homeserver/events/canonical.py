@@ -11,7 +11,7 @@ stack); ``freeze``/``thaw`` convert between wire dicts and the immutable form ev
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, TypeGuard, Union
 
@@ -44,15 +44,15 @@ _MAPPINGS = (dict, MappingProxyType)
 _ARRAYS = (list, tuple)
 _SCALARS = (str, int, bool, type(None))
 
-_PathNode = tuple[Any, str]
-"""Where a value sits: (the parent's node or None, ".key" or "[index]"); joined only for an error."""
+_PathNode = tuple[Any, str | int]
+"""Where a value sits: (the parent's node or None, its key or index); spelt out only for an error."""
 
 
 def _path(what: str, node: _PathNode | None) -> str:
     parts: list[str] = []
     while node is not None:
         node, part = node
-        parts.append(part)
+        parts.append(f"[{part}]" if type(part) is int else f".{part}")
     return what + "".join(reversed(parts))
 
 
@@ -61,7 +61,8 @@ def check_canonical(value: object, *, what: str = "event") -> None:
 
     Walks the value without recursion: objects must have string keys, numbers must be
     integers in the canonical range, strings must encode as UTF-8 (no lone surrogates),
-    and nesting may not exceed ``MAX_NESTING``.
+    and nesting may not exceed ``MAX_NESTING``. A container's ASCII strings and in-range
+    integers pass where they sit; every other value goes on the walk's stack.
     """
     stack: list[tuple[object, int, _PathNode | None]] = [(value, 0, None)]
     while stack:
@@ -69,8 +70,17 @@ def check_canonical(value: object, *, what: str = "event") -> None:
         if depth > MAX_NESTING:
             raise InvalidEvent(f"{_path(what, node)}: JSON nested deeper than {MAX_NESTING} levels")
         kind = type(item)
-        if kind is str:
+        if kind in _MAPPINGS or (kind not in _ARRAYS and kind not in _SCALARS and isinstance(item, Mapping)):
+            for key in item:  # type: ignore[attr-defined]
+                if type(key) is not str:
+                    raise InvalidEvent(f"{_path(what, node)}: object key {key!r} is not a string")
+                _check_utf8(key, what, node)
+            children: Iterable[tuple[str | int, object]] = item.items()  # type: ignore[attr-defined]
+        elif kind in _ARRAYS:
+            children = enumerate(item)  # type: ignore[arg-type]
+        elif kind is str:
             _check_utf8(item, what, node)  # type: ignore[arg-type]
+            continue
         elif item is None or kind is bool:
             continue
         elif kind is int:
@@ -79,27 +89,33 @@ def check_canonical(value: object, *, what: str = "event") -> None:
                     f"{_path(what, node)}: integer {item} outside the canonical JSON range "
                     f"[{CANONICAL_INT_MIN}, {CANONICAL_INT_MAX}]"
                 )
-        elif kind in _MAPPINGS or (kind not in _ARRAYS and isinstance(item, Mapping)):
-            for key, child in item.items():  # type: ignore[attr-defined]
-                if type(key) is not str:
-                    raise InvalidEvent(f"{_path(what, node)}: object key {key!r} is not a string")
-                _check_utf8(key, what, node)
-                stack.append((child, depth + 1, (node, f".{key}")))
-        elif kind in _ARRAYS:
-            for index, child in enumerate(item):  # type: ignore[arg-type]
-                stack.append((child, depth + 1, (node, f"[{index}]")))
+            continue
         elif isinstance(item, bool):
             continue
         elif isinstance(item, int):
             stack.append((int(item), depth, node))
+            continue
         elif isinstance(item, str):
             stack.append((str(item), depth, node))
+            continue
         elif isinstance(item, (list, tuple)):
             stack.append((list(item), depth, node))
+            continue
         elif isinstance(item, float):
             raise InvalidEvent(f"{_path(what, node)}: floats are not allowed in canonical JSON, got {item!r}")
         else:
             raise InvalidEvent(f"{_path(what, node)}: {type(item).__name__} is not a JSON value")
+        inline = depth < MAX_NESTING  # the children's depth is still allowed
+        for key_or_index, child in children:
+            if inline:
+                child_kind = type(child)
+                if child_kind is str:
+                    if child.isascii():  # type: ignore[attr-defined]
+                        continue
+                elif child_kind is int:
+                    if CANONICAL_INT_MIN <= child <= CANONICAL_INT_MAX:  # type: ignore[operator]
+                        continue
+            stack.append((child, depth + 1, (node, key_or_index)))
 
 
 def _check_utf8(text: str, what: str, node: _PathNode | None) -> None:

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from homeserver.events import InvalidEvent, encode_canonical
 from homeserver.events.canonical import MAX_NESTING, check_canonical, freeze, parse_json_object, thaw
@@ -65,3 +67,43 @@ def test_parse_json_object_only_raises_invalid_event(raw: bytes) -> None:
 def test_parse_json_object_checks_size_first() -> None:
     with pytest.raises(InvalidEvent, match="exceeds"):
         parse_json_object(b"{}" + b" " * 100, max_bytes=10)
+
+
+def _reference_refuses(value: object, depth: int = 0) -> bool:
+    """The rules check_canonical enforces, written recursively (small values only)."""
+    if depth > MAX_NESTING:
+        return True
+    if isinstance(value, bool) or value is None:
+        return False
+    if isinstance(value, int):
+        return not -(2**53) + 1 <= value <= 2**53 - 1
+    if isinstance(value, str):
+        return any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+    if isinstance(value, dict):
+        return any(type(k) is not str or _reference_refuses(k) or _reference_refuses(v, depth + 1)
+                   for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_reference_refuses(v, depth + 1) for v in value)
+    return True  # floats, sets, bytes...
+
+
+_scalars = (st.none() | st.booleans() | st.integers(-(2**54), 2**54) | st.floats(allow_nan=False)
+            | st.sampled_from(["\ud800", "a\udfff", "é", "日本"]) | st.text(max_size=5))
+_values = st.recursive(_scalars, lambda children: st.lists(children, max_size=3)
+                       | st.dictionaries(st.text(max_size=3) | st.sampled_from(["\udc00", "é"]) | st.integers(0, 2),
+                                                       children, max_size=3),
+                       max_leaves=12)
+
+
+@settings(derandomize=True, max_examples=400)
+@given(_values, st.integers(0, MAX_NESTING + 2))
+def test_check_canonical_refuses_exactly_what_the_rules_refuse(value: object, wrap: int) -> None:
+    # Wrapped in lists to bring the depth bound into reach, a scalar at depth MAX_NESTING + 1 included.
+    for _ in range(wrap):
+        value = [value]
+    if _reference_refuses(value):
+        with pytest.raises(InvalidEvent):
+            check_canonical(value)
+    else:
+        check_canonical(value)
+        check_canonical(freeze(value))
