@@ -55,7 +55,7 @@ from homeserver.federation.requests import (
     query_values,
 )
 from storage.kernel.errors import invalid_param, missing_param, not_found
-from homeserver.http.server import FEDERATION_JSON, Routes, parse_json_body, parse_json_object
+from homeserver.http.server import FEDERATION_JSON, Routes, parse_json_object, read_json_body
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
 from storage.stores.partial_state import PartialStateStore
@@ -205,11 +205,11 @@ def register_authed(router: Routes, fed: FederationServices, method: str, patter
     ``X-Matrix`` signature is checked (401 otherwise) and, for a path naming a room, its server ACL."""
 
     async def wrapped(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        content = parse_json_body(request, FEDERATION_JSON) if has_body else None
+        content, raw = read_json_body(request, FEDERATION_JSON) if has_body else (None, None)
         origin = await authenticate_request(
             request.requestHeaders.getRawHeaders(b"Authorization"),
             method, request.uri.decode("ascii", "replace"), fed.server_name, content,
-            fed.keyring.get_verify_key,
+            fed.keyring.get_verify_key, raw_content=raw,
         )
         fed.on_remote_up(origin)
         if "room_id" in params:  # every endpoint that names a room obeys its server ACL

@@ -106,12 +106,17 @@ FEDERATION_JSON: Final = JsonRules(max_bytes=DEFAULT_MAX_BODY_BYTES, max_depth=M
 def parse_json_body(request: Request, rules: JsonRules = CLIENT_JSON) -> Any:
     """The request body as JSON by ``rules`` (storage/kernel/json_input.py); 413 M_TOO_LARGE past the
     listener's body limit, 400 M_NOT_JSON / M_BAD_JSON as the decoder says."""
+    return read_json_body(request, rules)[0]
+
+
+def read_json_body(request: Request, rules: JsonRules = CLIENT_JSON) -> tuple[Any, bytes]:
+    """``parse_json_body``, with the body's bytes as they came (what a signature may cover)."""
     if getattr(request, "body_too_large", False):
         raise MatrixError(413, "M_TOO_LARGE", "Request body is too large")
     assert request.content is not None
     raw = request.content.read()
     # The listener already bounded the body (its own limit, maybe above the default).
-    return decode_json(raw, attrs.evolve(rules, max_bytes=max(rules.max_bytes, len(raw))))
+    return decode_json(raw, attrs.evolve(rules, max_bytes=max(rules.max_bytes, len(raw)))), raw
 
 
 def parse_json_object(request: Request, rules: JsonRules = CLIENT_JSON) -> JsonDict:

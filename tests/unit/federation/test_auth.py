@@ -118,3 +118,29 @@ def test_invalid_origins_and_key_ids_fail_before_any_key_lookup(header: str) -> 
         run_sync(authenticate_request([header.encode()], "PUT", URI, "dest.test", BODY, lookup))  # type: ignore[arg-type]
     assert (info.value.status, info.value.errcode) == (401, "M_UNAUTHORIZED")
     assert looked_up == []
+
+
+def test_a_body_checked_as_it_came_or_in_its_canonical_spelling() -> None:
+    """The signed message is first made with the body's bytes joined in as they came; a body in
+    another spelling than the one signed is checked in the canonical one, as the spec says."""
+    from homeserver.events import encode_canonical
+    from homeserver.federation.auth import sign_encoded_request
+
+    verify = get_verify_key(KEY)
+    canonical = encode_canonical(BODY)
+    spaced = b'{ "edus": [{"content": {"typing": true}, "edu_type": "m.typing"}], "pdus": [] }'
+    # Signed in the canonical spelling (as senders do): verifies sent that way or spaced out.
+    for raw in (canonical, spaced):
+        verify_request_signature(parse_x_matrix(_header()), "PUT", URI, "dest.test", BODY, verify, raw_content=raw)
+    # Signed over the very bytes sent, spaced out: the origin signed a text whose one parse is
+    # this request.
+    header = sign_encoded_request("PUT", URI, "origin.test", "dest.test", spaced, KEY)
+    verify_request_signature(parse_x_matrix(header), "PUT", URI, "dest.test", BODY, verify, raw_content=spaced)
+    # Another body fails in either spelling.
+    other = {"pdus": []}
+    for raw in (encode_canonical(other), b'{ "pdus": [] }'):
+        with pytest.raises(XMatrixError):
+            verify_request_signature(parse_x_matrix(_header()), "PUT", URI, "dest.test", other, verify,
+                                     raw_content=raw)
+    with pytest.raises(XMatrixError):  # the signed bytes, for another destination
+        verify_request_signature(parse_x_matrix(header), "PUT", URI, "other.test", BODY, verify, raw_content=spaced)
