@@ -32,6 +32,7 @@ from storage.kernel.json_input import JsonRules, decode_json
 from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_server_name, is_valid_user_id
 from homeserver.http.metrics import HttpMetrics, method_label
 from storage.kernel.logcontext import log_context, set_log_context
+from storage.metrics import Children
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("homeserver.http.access")
@@ -156,6 +157,56 @@ def encode_json(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+KEY_SEGMENT: Final = 4
+"""The path segment routes are indexed by: ``/_matrix/client/v3/{rooms}/...`` (the first is the
+empty one before the leading ``/``). It tells most routes of each API apart."""
+
+_LITERAL: Final = r"(?:[A-Za-z0-9_\-]|\\\.)+"
+_LITERAL_SEGMENT: Final = re.compile(_LITERAL)
+_ONE_SEGMENT: Final = re.compile(rf"{_LITERAL}|\(\?(?::|P<\w+>){_LITERAL}(?:\|{_LITERAL})*\)")
+"""Pattern text that matches exactly one path segment: literal text, or a choice of literal texts."""
+
+
+def route_key(pattern: str) -> str | None:
+    """The literal text a route's pattern requires of path segment ``KEY_SEGMENT``, or None where
+    that cannot be read off the pattern simply (the route is then tried for every path).
+
+    It can be read off when the pattern, split at ``/``, starts with segments that each match
+    exactly one path segment (``_ONE_SEGMENT``) up to that one, which is literal text (followed
+    by ``/`` or the pattern's end), and no ``|`` outside a group makes the rest an alternative to
+    all of it. A group or class holding a ``/`` is cut by the split and matches neither."""
+    segments = pattern.split("/")
+    if len(segments) <= KEY_SEGMENT or segments[0] != "" or _top_level_choice(pattern):
+        return None
+    if not all(_ONE_SEGMENT.fullmatch(segment) for segment in segments[1:KEY_SEGMENT]):
+        return None
+    key = segments[KEY_SEGMENT]
+    if _LITERAL_SEGMENT.fullmatch(key) is None:
+        return None
+    return key.replace("\\.", ".")
+
+
+def _top_level_choice(pattern: str) -> bool:
+    """Whether ``pattern`` has a ``|`` outside every group (escapes and classes skipped)."""
+    depth = 0
+    in_class = False
+    chars = iter(pattern)
+    for char in chars:
+        if char == "\\":
+            next(chars, None)
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "|" and depth == 0:
+            return True
+    return False
+
+
 class Routes(Protocol):
     """Where servlets are registered: a ``JsonRouter``, or a filter in front of one."""
 
@@ -170,7 +221,15 @@ class JsonRouter(Resource):
     def __init__(self, metrics: HttpMetrics) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._metrics = metrics
+        # The children touched by every request (their labels are servlet names, HTTP method
+        # labels and status classes: bounded sets).
+        self._requests = Children(metrics.requests)
+        self._durations = Children(metrics.duration)
+        self._in_flight_by = Children(metrics.in_flight)
         self._routes: list[Route] = []
+        # Path segment KEY_SEGMENT -> the routes that may match such a path, in registration order
+        # (those of that key and those of none); None for a path whose segment no route names.
+        self._by_key: dict[str | None, list[Route]] | None = None
         self._in_flight = 0
         self._drain_waiters: list[Deferred[None]] = []
 
@@ -182,6 +241,7 @@ class JsonRouter(Resource):
             self._metrics.requests.labels(servlet=servlet, method=method.upper(), status_class="2xx")
         self._metrics.duration.labels(servlet=servlet)
         self._metrics.in_flight.labels(servlet=servlet)
+        self._by_key = None
 
     @property
     def in_flight(self) -> int:
@@ -221,10 +281,8 @@ class JsonRouter(Resource):
             self._in_flight -= 1
         self._respond(request, status, body)
         duration = time.perf_counter() - start
-        self._metrics.requests.labels(
-            servlet=servlet, method=method_label(method), status_class=f"{status // 100}xx"
-        ).inc()
-        self._metrics.duration.labels(servlet=servlet).observe(duration)
+        self._requests[servlet, method_label(method), f"{status // 100}xx"].inc()
+        self._durations[servlet].observe(duration)
         if access_logger.isEnabledFor(logging.INFO):
             peer = request.getClientAddress()
             access_logger.info(
@@ -235,12 +293,28 @@ class JsonRouter(Resource):
             for waiter in waiters:
                 waiter.callback(None)
 
+    def candidates(self, path: str) -> list[Route]:
+        """The routes that may match ``path``, in the order they were registered: a path is tried
+        only against the routes its segment ``KEY_SEGMENT`` allows (``route_key``), not all."""
+        by_key = self._by_key
+        if by_key is None:
+            by_key = self._by_key = self._index()
+        segments = path.split("/", KEY_SEGMENT + 1)
+        key = segments[KEY_SEGMENT] if len(segments) > KEY_SEGMENT else None
+        found = by_key.get(key)
+        return by_key[None] if found is None else found
+
+    def _index(self) -> dict[str | None, list[Route]]:
+        keys = [route_key(route.pattern.pattern) for route in self._routes]
+        return {k: [route for route, key in zip(self._routes, keys) if key is None or key == k]
+                for k in {*keys, None}}
+
     async def _dispatch(self, request: Request, method: str) -> tuple[int, Any, str]:
         path = request.path.decode("utf-8", "replace")
         if method == "OPTIONS":
             return 200, {}, "cors_preflight"
         allowed = False
-        for route in self._routes:
+        for route in self.candidates(path):
             match = route.pattern.fullmatch(path)
             if match is None:
                 continue
@@ -256,7 +330,7 @@ class JsonRouter(Resource):
             if isinstance(request, TributaryRequest):
                 request.servlet = route.servlet
                 request.path_params = params
-            gauge = self._metrics.in_flight.labels(servlet=route.servlet)
+            gauge = self._in_flight_by[route.servlet]
             gauge.inc()
             try:
                 status, body = await route.handler(request, params)

@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, readBody
@@ -198,3 +200,63 @@ async def test_a_pre_encoded_answer_is_json_and_other_bytes_keep_their_type(serv
     assert headers.getRawHeaders(b"Content-Type") == [b"application/json"]
     status, body, headers = await server.request("GET", "/media")
     assert headers.getRawHeaders(b"Content-Type") == [b"image/png"]
+
+
+# Patterns of each shape the servers register (homeserver/http/client_api, federation, admin).
+INDEXED_PATTERNS = [
+    r"/_matrix/client/versions/?",
+    r"/\.well-known/matrix/client",
+    r"/_matrix/client/(?:r0|v3)/register",
+    r"/_matrix/client/v1/register/m\.login\.registration_token/validity",
+    r"/_matrix/client/(?:r0|v3)/profile/(?P<user_id>[^/]+)/(?P<field>displayname|avatar_url)",
+    r"/_matrix/client/(?:r0|v3)/rooms/(?P<room_id>[^/]+)/(?P<action>join|leave|invite)",
+    r"/_matrix/client/(?:r0|v3)/rooms/(?P<room_id>[^/]+)/send/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)",
+    r"/_matrix/client/(?:r0|v3)/rooms/(?P<room_id>[^/]+)/state/(?P<event_type>[^/]+)(?:/(?P<state_key>[^/]*))?",
+    r"/_matrix/client/(?:r0|v3)/pushrules(?P<rest>/.*)?",
+    r"/_matrix/client/(?:r0|v3)/sync",
+    r"/_matrix/media/(?:v3|r0|v1)/download/(?P<server>[^/]+)/(?P<media_id>[^/]+)(?:/(?P<file_name>[^/]*))?",
+    r"/_matrix/federation/v1/send/(?P<txn_id>[^/]+)",
+    r"/_matrix/key/v2/server(?:/[^/]+)?",
+    r"/_synapse/admin/v2/users/(?P<user_id>[^/]+)",
+    r"/(?P<a>[^/]*)/(?P<b>[^/]*)/(?P<c>[^/]*)/rooms",   # a group holding a / : not read
+    r"/_matrix/client/v3/rooms/x|/_matrix/y",           # an alternative to all of it
+    r"/_matrix/(?:client|a.b)/v3/sync",                 # an unescaped . may be a /
+    r"/_matrix/(?P<any>.*)",
+]
+
+
+def test_route_keys_are_read_only_where_one_path_segment_each_leads_to_a_literal() -> None:
+    from homeserver.http.server import route_key
+
+    assert [route_key(p) for p in INDEXED_PATTERNS] == [
+        None, None, "register", "register", "profile", "rooms", "rooms", "rooms", None, "sync", "download",
+        "send", None, "users", None, None, None, None,
+    ]
+
+
+def _first_match(routes: list[Any], path: str, method: str) -> tuple[str, str] | None:
+    for route in routes:
+        if route.pattern.fullmatch(path) is not None and route.method == method:
+            return route.method, route.pattern.pattern
+    return None
+
+
+_segment = st.sampled_from(["_matrix", "client", "v3", "r0", "rooms", "send", "state", "sync", "register",
+                            "pushrules", "media", "download", "federation", "v1", "users", "x", "",
+                            ".well-known", "matrix", "key", "v2", "server", "m.login.registration_token", "y", "a", "b"])
+
+
+@settings(derandomize=True, max_examples=500)
+@given(st.lists(_segment, min_size=1, max_size=8), st.sampled_from(["GET", "PUT"]))
+@example(["_matrix", "y"], "PUT").via("the alternative to all of a pattern")
+@example(["_matrix", "a", "b", "v3", "sync"], "PUT").via("an unescaped . matching the /")
+def test_the_index_picks_the_route_a_scan_of_every_route_picks(segments: list[str], method: str) -> None:
+    router = JsonRouter(HttpMetrics.create(CollectorRegistry()))
+
+    async def handler(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, {}
+
+    for i, pattern in enumerate(INDEXED_PATTERNS):
+        router.register(["GET", "PUT"] if i % 2 else ["PUT"], pattern, handler, f"s{i}")
+    path = "/" + "/".join(segments)
+    assert _first_match(router.candidates(path), path, method) == _first_match(router._routes, path, method)
