@@ -10,18 +10,33 @@ passes ``origin_server_ts``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 
 import attrs
 from signedjson.types import SigningKey
+from unpaddedbase64 import encode_base64
 
 from homeserver.events import constants as C
 from homeserver.events.auth import auth_types_for
-from homeserver.events.canonical import JsonDict, JsonMapping, freeze, thaw
-from homeserver.events.event import FrozenEvent, StateKey, make_event
-from homeserver.events.hashing import assign_event_id, edge_hash
+from homeserver.events.canonical import JsonDict, JsonMapping, check_canonical, encode_canonical, freeze, thaw
+from homeserver.events.event import (
+    FrozenEvent,
+    StateKey,
+    check_edge_caps,
+    check_size,
+    hashed_part,
+    validate_pdu,
+)
+from homeserver.events.hashing import (
+    assign_event_id,
+    edge_hash,
+    encode_hash,
+    event_id_from_reference_bytes,
+    redacted_bytes,
+)
+from homeserver.events.errors import InvalidEvent
 from homeserver.events.room_versions import RoomVersion
-from homeserver.events.signing import add_hashes_and_signature
 
 
 def _freeze_mapping(value: Mapping[str, object]) -> JsonMapping:
@@ -152,9 +167,33 @@ def sign_pdu(
     """
     if room_version.event_ids_are_origin_assigned and "event_id" not in pdu:
         pdu = {**pdu, "event_id": assign_event_id(pdu, server_name)}
-    signed = add_hashes_and_signature(room_version, pdu, server_name, signing_key)
-    signed.setdefault("signatures", {})
-    return make_event(room_version, signed)
+    # What make_event(add_hashes_and_signature(...)) gives, encoding the event twice, not four
+    # times: the hashed part gives the content hash and the size; the redacted form is what the
+    # signature covers and, in v3+, what the event ID hashes.
+    check_canonical(pdu, what="PDU")  # before any of it is encoded
+    hashed = encode_canonical(hashed_part(pdu))
+    event: JsonDict = {**pdu, "hashes": {"sha256": encode_hash(hashlib.sha256(hashed).digest())}}
+    signed_bytes = redacted_bytes(room_version, event)
+    signatures = thaw(pdu.get("signatures", {}))  # others' (a template's) kept, as signing JSON does
+    if not isinstance(signatures, dict) or not all(isinstance(sigs, dict) for sigs in signatures.values()):
+        raise InvalidEvent("PDU signatures must map server names to objects")
+    signatures.setdefault(server_name, {})[f"{signing_key.alg}:{signing_key.version}"] = encode_base64(
+        signing_key.sign(signed_bytes).signature)
+    event["signatures"] = signatures
+    validate_pdu(room_version, event, canonical=False)
+    check_edge_caps(event)
+    check_size(hashed, event)
+    event_id = (_str_id(event) if room_version.event_ids_are_origin_assigned
+                else event_id_from_reference_bytes(room_version, signed_bytes))
+    frozen = freeze(event)
+    assert isinstance(frozen, Mapping)
+    return FrozenEvent(room_version=room_version, event_id=event_id, pdu=frozen)
+
+
+def _str_id(event: Mapping[str, object]) -> str:
+    event_id = event["event_id"]
+    assert isinstance(event_id, str)  # validate_pdu checked it
+    return event_id
 
 
 def create_local_event(

@@ -224,9 +224,11 @@ def _check_event_id_list(room_version: RoomVersion, pdu: Mapping[str, object], k
             raise InvalidEvent(f"PDU key '{key}': the hashes of {str(item[0])[:80]!r} must be strings")
 
 
-def validate_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> None:
-    """Raise ``InvalidEvent`` unless ``pdu`` has the event format of ``room_version``."""
-    check_canonical(pdu, what="PDU")
+def validate_pdu(room_version: RoomVersion, pdu: Mapping[str, object], *, canonical: bool = True) -> None:
+    """Raise ``InvalidEvent`` unless ``pdu`` has the event format of ``room_version``.
+    ``canonical=False``: the caller checked ``check_canonical`` of it already."""
+    if canonical:
+        check_canonical(pdu, what="PDU")
 
     event_type = _require(pdu, "type", str, "a string")
     _check_id_size("type", event_type)
@@ -333,6 +335,21 @@ class ReceivedPdu:
 _UNHASHED = ("unsigned", "signatures", "hashes")
 
 
+def hashed_part(pdu: Mapping[str, object]) -> dict[str, object]:
+    """The PDU without the keys its content hash leaves out (``unsigned``, ``signatures``, ``hashes``)."""
+    return {k: v for k, v in pdu.items() if k not in _UNHASHED}
+
+
+def check_size(hashed: bytes, pdu: Mapping[str, object]) -> None:
+    """Raise ``EventTooLarge`` when ``pdu`` is over ``MAX_PDU_SIZE`` bytes of canonical JSON,
+    given ``hashed``, the canonical JSON of its ``hashed_part``. An object's canonical JSON is
+    its members' ``"key":value`` joined by commas in braces, so each unhashed key adds a comma,
+    its quoted name, a colon and its value's encoding: only those small values are encoded."""
+    size = len(hashed) + sum(len(k) + 4 + len(encode_canonical(pdu[k])) for k in _UNHASHED if k in pdu)
+    if size > C.MAX_PDU_SIZE:
+        raise EventTooLarge(f"event is {size} bytes of canonical JSON; the limit is {C.MAX_PDU_SIZE}")
+
+
 def receive_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> ReceivedPdu:
     """``make_event`` for a PDU received from another server (same checks, same errors, in the
     same order), encoding it twice rather than four times: the PDU without its unhashed keys
@@ -342,12 +359,8 @@ def receive_pdu(room_version: RoomVersion, pdu: Mapping[str, object]) -> Receive
         raise InvalidEvent(f"a PDU must be a JSON object, got {type(pdu).__name__}")
     validate_pdu(room_version, pdu)
     check_edge_caps(pdu)
-    hashed = encode_canonical({k: v for k, v in pdu.items() if k not in _UNHASHED})
-    # An object's canonical JSON is its members' ``"key":value`` joined by commas in braces, so
-    # each unhashed key adds a comma, its quoted name, a colon and its value's encoding.
-    size = len(hashed) + sum(len(k) + 4 + len(encode_canonical(pdu[k])) for k in _UNHASHED if k in pdu)
-    if size > C.MAX_PDU_SIZE:
-        raise EventTooLarge(f"event is {size} bytes of canonical JSON; the limit is {C.MAX_PDU_SIZE}")
+    hashed = encode_canonical(hashed_part(pdu))
+    check_size(hashed, pdu)
     signed_bytes = redacted_bytes(room_version, pdu)
     if room_version.event_ids_are_origin_assigned:
         event_id = compute_event_id(room_version, pdu)

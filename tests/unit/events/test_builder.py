@@ -7,6 +7,7 @@ import pytest
 from homeserver.events import (
     EventTemplate,
     EventTooLarge,
+    InvalidEvent,
     check_auth_events_list,
     check_auth_rules,
     compute_depth,
@@ -84,3 +85,39 @@ def test_v12_create_event_has_no_room_id_and_defines_it() -> None:
     assert "room_id" not in create.pdu and create.depth == 1
     assert create.room_id == "!" + create.event_id[1:]
     assert create.auth_event_ids == () and create.prev_event_ids == ()
+
+
+def _signed_the_long_way(version: RoomVersion, pdu: dict[str, object]) -> object:
+    from homeserver.events import add_hashes_and_signature, make_event
+    from homeserver.events.hashing import assign_event_id
+
+    if version.event_ids_are_origin_assigned and "event_id" not in pdu:
+        pdu = {**pdu, "event_id": assign_event_id(pdu, "test")}
+    return make_event(version, add_hashes_and_signature(version, pdu, "test", SIGNING_KEY))
+
+
+@pytest.mark.parametrize("version", ALL_ROOM_VERSIONS)
+def test_sign_pdu_gives_what_hashing_signing_and_make_event_give(version: RoomVersion) -> None:
+    """sign_pdu encodes the event twice; the spec's steps one after the other encode it four times."""
+    from homeserver.events.builder import sign_pdu
+
+    base: dict[str, object] = {
+        "type": "m.room.member", "state_key": "@bob:other", "sender": "@bob:other", "room_id": "!r:test",
+        "content": {"membership": "join", "displayname": "Bób ✓", "n": 2**53 - 1}, "depth": 3,
+        "origin_server_ts": 1764300000000, "prev_events": [], "auth_events": [], "unsigned": {"age": 5},
+        "hashes": {"sha256": "stale"},
+    }
+    if version.event_ids_are_origin_assigned:
+        base["prev_events"] = [["$p:test", {"sha256": "x"}]]
+    else:
+        base["prev_events"] = ["$" + "a" * 43]
+    signed_by_other = {**base, "signatures": {"other": {"ed25519:o": "c2ln"}, "test": {"ed25519:old": "b2xk"}}}
+    for pdu in (base, signed_by_other):
+        ours = sign_pdu(version, pdu, "test", SIGNING_KEY)
+        assert ours == _signed_the_long_way(version, pdu)
+        assert ours.event_id == _signed_the_long_way(version, pdu).event_id  # type: ignore[attr-defined]
+    for bad in ({**base, "content": {"f": 1.5}}, {**base, "signatures": {"other": "c2ln"}}, {**base, "depth": "3"}):
+        with pytest.raises(InvalidEvent):
+            sign_pdu(version, bad, "test", SIGNING_KEY)
+    with pytest.raises(EventTooLarge):
+        sign_pdu(version, {**base, "content": {"body": "x" * C.MAX_PDU_SIZE}}, "test", SIGNING_KEY)
