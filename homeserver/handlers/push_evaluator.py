@@ -71,25 +71,53 @@ def evaluate(ruleset: Mapping[str, Sequence[Mapping[str, Any]]], event: Mapping[
 _Matcher = Callable[[Mapping[str, Any], PushContext], bool]
 
 
+MAX_INDEXED_TYPES: Final = 64
+"""Event types (lower-cased) a compiled ruleset keeps the rules of (``CompiledRuleset.for_type``):
+the types a server sees often are few; the rest, any text a sender picks, are not kept."""
+
+
 @attrs.frozen
 class CompiledRuleset:
     """A ruleset turned into ``(matcher, outcome)`` pairs, in evaluation order, its disabled rules
     left out: built once per ruleset (``compiled_rules`` keeps them per stored rules), then
-    each event costs only the matchers it reaches, with globs already compiled to regexes."""
+    each event costs only the matchers it reaches, with globs already compiled to regexes.
+
+    ``types``: for each rule, the event type it requires, lower-cased (an ``event_match`` of
+    ``type`` against an ASCII pattern without wildcards, which matches an ASCII type exactly
+    when the lower-cased strings are equal), or None. An event is tried only against the rules
+    whose type is None or its own: most default rules name a type (an invite, a tombstone, a
+    call...), and a message passes over them without a look."""
 
     rules: tuple[tuple[_Matcher, Outcome], ...]
+    types: tuple[str | None, ...]
+    _by_type: dict[str, tuple[tuple[_Matcher, Outcome], ...]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False)
 
     def evaluate(self, event: Mapping[str, Any], context: PushContext) -> Outcome:
-        for matches, outcome in self.rules:
+        for matches, outcome in self.for_type(event.get("type")):
             if matches(event, context):
                 return outcome
         return SILENT
+
+    def for_type(self, event_type: object) -> tuple[tuple[_Matcher, Outcome], ...]:
+        """The rules an event of ``event_type`` can match, in order (all of them for a type that
+        is not an ASCII string)."""
+        if type(event_type) is not str or not event_type.isascii():
+            return self.rules
+        lowered = event_type.lower()
+        found = self._by_type.get(lowered)
+        if found is None:
+            found = tuple(rule for rule, wanted in zip(self.rules, self.types) if wanted is None or wanted == lowered)
+            if len(self._by_type) < MAX_INDEXED_TYPES:
+                self._by_type[lowered] = found
+        return found
 
 
 def compile_ruleset(ruleset: Mapping[str, Sequence[Mapping[str, Any]]]) -> CompiledRuleset:
     """``ruleset`` as matchers. A malformed rule or condition (stored rules are the user's) never
     matches, rather than failing the whole evaluation."""
     compiled: list[tuple[_Matcher, Outcome]] = []
+    types: list[str | None] = []
     for kind in _KINDS:
         rules = ruleset.get(kind, ())
         if not isinstance(rules, Sequence) or isinstance(rules, str):
@@ -100,7 +128,24 @@ def compile_ruleset(ruleset: Mapping[str, Sequence[Mapping[str, Any]]]) -> Compi
             actions = rule.get("actions", ())
             outcome = _outcome(actions if isinstance(actions, Sequence) and not isinstance(actions, str) else ())
             compiled.append((_rule_matcher(kind, rule), outcome))
-    return CompiledRuleset(tuple(compiled))
+            types.append(_required_type(kind, rule))
+    return CompiledRuleset(tuple(compiled), tuple(types))
+
+
+def _required_type(kind: str, rule: Mapping[str, Any]) -> str | None:
+    """The event type, lower-cased, that ``rule`` matches only (``CompiledRuleset.types``), or None."""
+    if kind not in ("override", "underride"):
+        return None
+    conditions = rule.get("conditions", ())
+    if not isinstance(conditions, Sequence) or isinstance(conditions, str):
+        return None
+    for condition in conditions:
+        if (isinstance(condition, Mapping) and condition.get("kind") == "event_match"
+                and condition.get("key") == "type"):
+            pattern = condition.get("pattern")
+            if isinstance(pattern, str) and pattern.isascii() and "*" not in pattern and "?" not in pattern:
+                return pattern.lower()
+    return None
 
 
 # The server-default rules name the user they are for (an invite for them, a mention of them,

@@ -125,3 +125,40 @@ def test_a_display_name_is_found_as_its_pattern_finds_it(name: str, before: str,
         event = {"type": "m.room.message", "content": {"body": body}}
         found = _contains_display_name(event, PushContext(BOB, name, 3, 0))
         assert found == (_display_name_pattern(name).search(body) is not None), (name, body)
+
+
+event_types = st.sampled_from(["m.room.message", "M.Room.Message", "m.room.member", "m.reaction", "m.call.invite",
+                               "m.room.tombstone", "m.room.encrypted", "\u212a.room.message", "k.room.message",
+                               "m.room.méssage", "m.room.meſſage", "x", ""]) | text
+rule_types = st.sampled_from(["m.room.message", "M.ROOM.MESSAGE", "k.room.message", "m.room.*", "m.?oom.member",
+                              "m.room.méssage", "", "x"]) | text
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sampled_from(["override", "underride", "content"]), rule_types, st.booleans()),
+                max_size=6),
+       st.lists(st.one_of(st.none(), st.integers(), event_types), min_size=1, max_size=4),
+       st.booleans())
+def test_rules_skipped_by_event_type_are_rules_that_could_not_match(
+        added: list[tuple[str, str, bool]], types: list[Any], defaults: bool) -> None:
+    """A compiled ruleset tries an event only against the rules that can match its type
+    (``CompiledRuleset.for_type``); the outcome is that of trying every rule in order."""
+    from homeserver.handlers.push_evaluator import SILENT, compile_ruleset
+
+    ruleset: dict[str, list[dict[str, Any]]] = effective_rules(None, BOB) if defaults else {}
+    ruleset = {kind: list(rules) for kind, rules in ruleset.items()}
+    for i, (kind, pattern, with_body) in enumerate(added):
+        conditions: list[dict[str, Any]] = [{"kind": "event_match", "key": "type", "pattern": pattern}]
+        if with_body:
+            conditions.append({"kind": "event_match", "key": "content.body", "pattern": "hi"})
+        rule: dict[str, Any] = {"rule_id": f"r{i}", "enabled": True, "actions": ["notify", {"set_tweak": "n", "value": i}]}
+        rule.update({"pattern": pattern} if kind == "content" else {"conditions": conditions})
+        ruleset.setdefault(kind, []).insert(0, rule)
+    compiled = compile_ruleset(ruleset)
+    for event_type in types:
+        event: dict[str, Any] = {"sender": "@x:y", "content": {"body": "hi"}}
+        if event_type is not None:
+            event["type"] = event_type
+        every_rule = next((outcome for matches, outcome in compiled.rules if matches(event, CTX)), SILENT)
+        assert compiled.evaluate(event, CTX) == every_rule
+        assert compiled.evaluate(event, CTX).actions == every_rule.actions
