@@ -20,6 +20,7 @@ from unpaddedbase64 import encode_base64
 from homeserver.events import constants as C
 from homeserver.events.auth import auth_types_for
 from homeserver.events.canonical import JsonDict, JsonMapping, check_canonical, encode_canonical, freeze, thaw
+from homeserver.events.errors import InvalidEvent
 from homeserver.events.event import (
     FrozenEvent,
     StateKey,
@@ -35,7 +36,6 @@ from homeserver.events.hashing import (
     event_id_from_reference_bytes,
     redacted_bytes,
 )
-from homeserver.events.errors import InvalidEvent
 from homeserver.events.room_versions import RoomVersion
 
 
@@ -159,16 +159,18 @@ def build_pdu(
 def sign_pdu(
     room_version: RoomVersion, pdu: Mapping[str, object], server_name: str, signing_key: SigningKey
 ) -> FrozenEvent:
-    """Hash and sign a PDU we built, then ``make_event`` it. In room versions 1 and 2 a PDU
-    without an ``event_id`` first gets one of ``server_name`` (``assign_event_id``).
+    """Hash and sign a PDU we built and make it an event: what ``make_event`` of
+    ``signing.add_hashes_and_signature`` gives (a test holds them equal), with the event
+    encoded twice rather than four times. In room versions 1 and 2 a PDU without an
+    ``event_id`` first gets one of ``server_name`` (``assign_event_id``).
 
-    Raises ``EventTooLarge`` when the signed event is over 65,536 bytes of canonical JSON
+    Raises ``InvalidEvent`` for a malformed PDU (a make_join template is another server's);
+    ``EventTooLarge`` when the signed event is over 65,536 bytes of canonical JSON
     (or a size-limited key is over 255 bytes): the client API answers ``M_TOO_LARGE``.
     """
     if room_version.event_ids_are_origin_assigned and "event_id" not in pdu:
         pdu = {**pdu, "event_id": assign_event_id(pdu, server_name)}
-    # What make_event(add_hashes_and_signature(...)) gives, encoding the event twice, not four
-    # times: the hashed part gives the content hash and the size; the redacted form is what the
+    # The hashed part gives the content hash and the size; the redacted form is what the
     # signature covers and, in v3+, what the event ID hashes.
     check_canonical(pdu, what="PDU")  # before any of it is encoded
     hashed = encode_canonical(hashed_part(pdu))

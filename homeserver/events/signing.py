@@ -58,7 +58,8 @@ def add_hashes_and_signature(
     server_name: str,
     signing_key: SigningKey,
 ) -> JsonDict:
-    """Return a copy of ``pdu`` with ``hashes.sha256`` set and ``server_name``'s signature added.
+    """Return a copy of ``pdu`` with ``hashes.sha256`` set and ``server_name``'s signature added:
+    the spec's steps one after the other, which ``builder.sign_pdu`` takes in fewer encodings.
 
     Existing signatures from other servers are kept (they cover the same redacted
     form only if the content hash did not change).
