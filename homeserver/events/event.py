@@ -340,12 +340,23 @@ def hashed_part(pdu: Mapping[str, object]) -> dict[str, object]:
     return {k: v for k, v in pdu.items() if k not in _UNHASHED}
 
 
+def canonical_size(hashed: bytes, pdu: Mapping[str, object]) -> int:
+    """The length of ``pdu``'s canonical JSON, given ``hashed``, that of its ``hashed_part``. An
+    object's canonical JSON is its members' ``"key":value`` joined by commas in braces, whatever
+    their order, so the two parts' encodings, each in its braces, make the whole less one byte
+    (two braces gone, a comma come): only the small unhashed part is encoded again."""
+    rest = {k: pdu[k] for k in _UNHASHED if k in pdu}
+    if not rest:
+        return len(hashed)
+    if len(hashed) == 2:  # "{}": nothing but unhashed keys
+        return len(encode_canonical(rest))
+    return len(hashed) + len(encode_canonical(rest)) - 1
+
+
 def check_size(hashed: bytes, pdu: Mapping[str, object]) -> None:
-    """Raise ``EventTooLarge`` when ``pdu`` is over ``MAX_PDU_SIZE`` bytes of canonical JSON,
-    given ``hashed``, the canonical JSON of its ``hashed_part``. An object's canonical JSON is
-    its members' ``"key":value`` joined by commas in braces, so each unhashed key adds a comma,
-    its quoted name, a colon and its value's encoding: only those small values are encoded."""
-    size = len(hashed) + sum(len(k) + 4 + len(encode_canonical(pdu[k])) for k in _UNHASHED if k in pdu)
+    """Raise ``EventTooLarge`` when ``pdu`` is over ``MAX_PDU_SIZE`` bytes of canonical JSON
+    (``canonical_size``)."""
+    size = canonical_size(hashed, pdu)
     if size > C.MAX_PDU_SIZE:
         raise EventTooLarge(f"event is {size} bytes of canonical JSON; the limit is {C.MAX_PDU_SIZE}")
 

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from homeserver.events import EventTooLarge, InvalidEvent, make_event, parse_pdu
 from homeserver.events.identifiers import is_valid_user_id
@@ -151,3 +153,15 @@ def test_received_pdus_are_capped_on_edges(key: str, cap: int) -> None:
     pdu[key] = [f"$e{i}" for i in range(1300)]
     with pytest.raises(InvalidEvent):
         parse_pdu(V11, json.dumps(pdu))
+
+
+@settings(derandomize=True, max_examples=200)
+@given(st.dictionaries(st.sampled_from(["type", "content", "unsigned", "signatures", "hashes", "depth", "é"]),
+                       st.recursive(st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(max_size=5),
+                                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+                                    max_leaves=6)))
+def test_the_canonical_size_from_the_hashed_part_is_the_whole_encodings(pdu: dict[str, object]) -> None:
+    from homeserver.events import encode_canonical
+    from homeserver.events.event import canonical_size, hashed_part
+
+    assert canonical_size(encode_canonical(hashed_part(pdu)), pdu) == len(encode_canonical(pdu))
