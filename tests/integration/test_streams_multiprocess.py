@@ -185,6 +185,11 @@ async def test_four_writer_processes_and_a_reader_see_every_fact_once_in_order(d
         txn.execute("CREATE TABLE test_writers_done (instance_name TEXT PRIMARY KEY)")
 
     await db.run_interaction("create_barrier", create_barrier_txn)
+
+    def rows_with_id_txn(txn: Transaction, stream_id: int) -> list[tuple[int, str, list[str]]]:
+        txn.execute("SELECT stream_id, instance_name, keys FROM cache_invalidation_stream WHERE stream_id = %s",
+                    (stream_id,))
+        return [(int(r[0]), str(r[1]), list(r[2])) for r in txn.fetchall()]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     processes = [
         subprocess.Popen(
@@ -198,6 +203,7 @@ async def test_four_writer_processes_and_a_reader_see_every_fact_once_in_order(d
         reader = await create_id_generator(db, reactor, caches, instance_name="reader", writers=WRITERS)
         fetched = {w: reader.get_position(w) for w in WRITERS}
         buffered: list[tuple[int, str, str]] = []
+        fetches: dict[str, list[tuple[int, int, int, int]]] = {w: [] for w in WRITERS}
         released: list[int] = []
         seen: set[tuple[str, str]] = set()
         last_released = 0
@@ -212,6 +218,7 @@ async def test_four_writer_processes_and_a_reader_see_every_fact_once_in_order(d
                 target = reader.get_position(writer)
                 while fetched[writer] < target:
                     rows, upto, _ = await caches.get_updates_between(db, writer, fetched[writer], target, 5000)
+                    fetches[writer].append((fetched[writer], target, upto, len(rows)))
                     for stream_id, row in rows:
                         assert row.cache_name == writer
                         buffered.append((stream_id, writer, row.keys[0]))
@@ -221,8 +228,14 @@ async def test_four_writer_processes_and_a_reader_see_every_fact_once_in_order(d
             ready = sorted(r for r in buffered if r[0] <= linear)
             buffered[:] = [r for r in buffered if r[0] > linear]
             for stream_id, writer, seqno in ready:
-                assert stream_id > (released[-1] if released else 0), "released out of order"
-                assert (writer, seqno) not in seen, f"fact {writer}/{seqno} seen twice"
+                if stream_id <= (released[-1] if released else 0) or (writer, seqno) in seen:
+                    # Say which it is: the same row fetched twice, or two rows stored with one ID.
+                    stored = await db.run_interaction("diagnose", rows_with_id_txn, stream_id)
+                    raise AssertionError(
+                        f"fact {writer}/{seqno} with stream ID {stream_id} released after "
+                        f"{released[-1] if released else 0} (seen before: {(writer, seqno) in seen}); rows stored "
+                        f"with that ID: {stored}; the last fetches of {writer} (from, to, upto, rows): "
+                        f"{fetches[writer][-5:]}; the reader's current token {linear}, last released {last_released}")
                 seen.add((writer, seqno))
                 released.append(stream_id)
             last_released = linear
