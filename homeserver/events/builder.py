@@ -31,6 +31,7 @@ from homeserver.events.event import (
 )
 from homeserver.events.hashing import (
     assign_event_id,
+    compute_event_id,
     edge_hash,
     encode_hash,
     event_id_from_reference_bytes,
@@ -185,17 +186,12 @@ def sign_pdu(
     validate_pdu(room_version, event, canonical=False)
     check_edge_caps(event)
     check_size(hashed, event)
-    event_id = (_str_id(event) if room_version.event_ids_are_origin_assigned
+    event_id = (compute_event_id(room_version, event) if room_version.event_ids_are_origin_assigned
                 else event_id_from_reference_bytes(room_version, signed_bytes))
     frozen = freeze(event)
     assert isinstance(frozen, Mapping)
     return FrozenEvent(room_version=room_version, event_id=event_id, pdu=frozen)
 
-
-def _str_id(event: Mapping[str, object]) -> str:
-    event_id = event["event_id"]
-    assert isinstance(event_id, str)  # validate_pdu checked it
-    return event_id
 
 
 def create_local_event(
