@@ -36,14 +36,13 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
-from prometheus_client import Counter, Histogram
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from storage.metrics import StorageMetrics
+from storage.metrics import Children, StorageMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -473,8 +472,9 @@ class Database:
         self._in_use = 0
         self._waiting = 0
         self._counts_lock = threading.Lock()
-        # Each transaction name's labelled children of the txn metrics (duration, ok, error).
-        self._timings: dict[str, tuple[Histogram, Counter, Counter]] = {}
+        # The txn metrics' children, by transaction name (and outcome), each made once.
+        self._durations = Children(self._metrics.txn_duration)
+        self._totals = Children(self._metrics.txn_total)
         self.max_connections = max_connections
 
     @property
@@ -615,16 +615,10 @@ class Database:
             return result
         finally:
             duration = time.perf_counter() - start
-            timing = self._timings.get(name)
-            if timing is None:
-                # labels() takes a lock and builds its key on every call: once per name is enough
-                metrics = self._metrics
-                timing = self._timings[name] = (metrics.txn_duration.labels(txn=name),
-                                                metrics.txn_total.labels(txn=name, outcome="ok"),
-                                                metrics.txn_total.labels(txn=name, outcome="error"))
-            duration_child, ok, error = timing
-            duration_child.observe(duration)
-            (ok if outcome == "ok" else error).inc()
+            if name not in self._durations:
+                self._totals[name, "error"]  # the error series exists at 0 from a name's first transaction
+            self._durations[name].observe(duration)
+            self._totals[name, outcome].inc()
             with self._counts_lock:
                 self._in_use -= 1
                 self._metrics.pool_in_use.set(self._in_use)
