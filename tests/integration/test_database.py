@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import psycopg2
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -317,8 +319,13 @@ async def test_prepared_statements_survive_rollbacks_and_lost_connections(databa
         txn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
+    await _backends_at_once(database, 4)  # the pool holds four connections: three are lost below
     await database.run_interaction("lose_others", lose_others)
-    for v in range(200, 230):
+    # At once, so the lost connections are taken too: each is found gone and replaced.
+    added = await gatherResults([Deferred.fromCoroutine(database.run_interaction("add", add, v, False))
+                                 for v in range(200, 215)])
+    assert added == [v * 10 for v in range(200, 215)]
+    for v in range(215, 230):
         assert await database.run_interaction("add", add, v, False) == v * 10
 
     def rows(txn: Transaction) -> list[tuple[int, str]]:
@@ -328,6 +335,50 @@ async def test_prepared_statements_survive_rollbacks_and_lost_connections(databa
     stored = await database.run_interaction("rows", rows)
     assert [v for v, _ in stored] == [*range(2, 30), 100, 101, *range(200, 230)]
     assert stored[0] == (2, "label 2")
+
+
+async def _backends_at_once(database: Database, count: int) -> set[int]:
+    """The server backends of ``count`` transactions that run at the same time (each waits
+    for the others before it ends): ``count`` connections of the pool."""
+    barrier = threading.Barrier(count, timeout=10)
+
+    def backend(txn: Transaction) -> int:
+        txn.execute("SELECT pg_backend_pid()")
+        row = txn.fetchone()
+        assert row is not None
+        barrier.wait()
+        return int(row[0])
+
+    pids = await gatherResults([Deferred.fromCoroutine(database.run_interaction("backend", backend))
+                                for _ in range(count)])
+    return set(pids)
+
+
+async def test_sequential_transactions_keep_to_the_connection_used_last(database: Database) -> None:
+    """One transaction after another runs on one connection, the one given back last (its
+    server backend's caches are warm), not on each of the pool's in turn; transactions at
+    the same time still get a connection each, and the pool opens no more than it needs."""
+    four = await _backends_at_once(database, 4)
+    assert len(four) == 4
+
+    def backend(txn: Transaction) -> int:
+        txn.execute("SELECT pg_backend_pid()")
+        row = txn.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    sequential = [await database.run_interaction("backend", backend) for _ in range(20)]
+    assert len(set(sequential)) == 1 and sequential[0] in four
+    autocommitted = [await database.run_autocommit("backend", backend) for _ in range(5)]
+    assert set(autocommitted) == {sequential[0]}
+    with pytest.raises(ValueError):
+        await database.run_interaction("fails", lambda txn: (backend(txn), _raise(ValueError("boom"))))
+    assert await database.run_interaction("backend", backend) == sequential[0]  # rolled back, kept
+    assert await _backends_at_once(database, 4) == four
+
+
+def _raise(error: Exception) -> None:
+    raise error
 
 
 _TEXT_ELEMENTS = st.one_of(st.none(), st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
