@@ -235,6 +235,13 @@ class Prepared(str):
         return self
 
 
+@functools.lru_cache(maxsize=512)
+def prepared(sql: str) -> Prepared:
+    """``Prepared(sql)``, made once per text: for a statement assembled from a few fragments
+    (a stream position's condition has two forms), each form prepared on its own."""
+    return Prepared(sql)
+
+
 # Sent in front of a transaction's first statement (the isolation level named, whatever the
 # server's default_transaction_isolation says).
 _BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED;\n"

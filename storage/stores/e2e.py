@@ -19,12 +19,22 @@ chain has no forks.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import Final
 
 import attrs
 
-from storage.database import Database, Transaction
+from storage.database import Database, Prepared, Transaction, prepared
 from storage.room_tokens import RoomPosition
 from storage.stores.streams import insert_device_inbox_txn, insert_device_list_changes_txn
+
+# Every /sync runs these two (key_counts): Prepared.
+_ONE_TIME_KEY_COUNTS: Final = Prepared(
+    "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys WHERE user_id = %s AND device_id = %s GROUP BY algorithm")
+# /sync's device-list changes (membership_device_changes): the rooms the user has a membership in.
+_ROOMS_OF_MEMBER: Final = Prepared(
+    "SELECT room_id FROM current_state_events WHERE type = 'm.room.member' AND state_key = %s")
+_UNUSED_FALLBACK_TYPES: Final = Prepared(
+    "SELECT algorithm FROM e2e_fallback_keys WHERE user_id = %s AND device_id = %s AND NOT used ORDER BY algorithm")
 
 
 @attrs.frozen
@@ -223,16 +233,13 @@ class E2eStore:
         def txn_fn(txn: Transaction) -> MembershipDeviceChanges:
             lower, lower_params = since.sql_after("e.")
             upper, upper_params = upto.sql_upto("e.")
-            txn.execute(
-                "SELECT room_id FROM current_state_events WHERE type = 'm.room.member' AND state_key = %s",
-                (user_id,),
-            )
+            txn.execute(_ROOMS_OF_MEMBER, (user_id,))
             my_rooms = [str(r[0]) for r in txn.fetchall()]
             if not my_rooms:
                 return MembershipDeviceChanges(frozenset(), frozenset())
             txn.execute(
-                "SELECT e.room_id, e.state_key FROM events e WHERE e.type = 'm.room.member' "
-                f"AND e.room_id = ANY(%s) AND {lower} AND {upper}",
+                prepared("SELECT e.room_id, e.state_key FROM events e WHERE e.type = 'm.room.member' "
+                         f"AND e.room_id = ANY(%s::text[]) AND {lower} AND {upper}"),
                 (my_rooms, *lower_params, *upper_params),
             )
             rows = [(str(r[0]), str(r[1])) for r in txn.fetchall()]
@@ -415,17 +422,9 @@ class E2eStore:
         """``/sync``'s one-time key counts and unused fallback key types, in one transaction."""
 
         def txn_fn(txn: Transaction) -> tuple[dict[str, int], list[str]]:
-            txn.execute(
-                "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys WHERE user_id = %s AND device_id = %s "
-                "GROUP BY algorithm",
-                (user_id, device_id),
-            )
+            txn.execute(_ONE_TIME_KEY_COUNTS, (user_id, device_id))
             counts = {str(r[0]): int(r[1]) for r in txn.fetchall()}
-            txn.execute(
-                "SELECT algorithm FROM e2e_fallback_keys WHERE user_id = %s AND device_id = %s AND NOT used "
-                "ORDER BY algorithm",
-                (user_id, device_id),
-            )
+            txn.execute(_UNUSED_FALLBACK_TYPES, (user_id, device_id))
             return counts, [str(r[0]) for r in txn.fetchall()]
 
         return await self._db.run_interaction("get_key_counts", txn_fn)

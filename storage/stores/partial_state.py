@@ -20,7 +20,7 @@ from typing import Final
 
 import attrs
 
-from storage.database import Database, Transaction
+from storage.database import Database, Prepared, Transaction
 from storage.stores.events import StateMap
 from storage.stores.room_state import CHUNK_ROWS, BulkEventRow, existing_event_ids_txn, insert_events_bulk_txn
 
@@ -65,6 +65,9 @@ def _row(r: Sequence[object]) -> PartialStateRow:
 
 
 _COLUMNS: Final = "room_id, join_event_id, servers, joined_ts, completed_instance, completed_stream"
+# Every /sync runs it: Prepared.
+_ROWS_FOR_SYNC: Final = Prepared(
+    f"SELECT {_COLUMNS} FROM partial_state_rooms WHERE completed_stream IS NULL OR completed_stream > %s::bigint")
 
 
 def get_partial_state_rows_txn(txn: Transaction, room_ids: Collection[str] | None) -> dict[str, PartialStateRow]:
@@ -174,8 +177,7 @@ class PartialStateStore:
         for an initial sync); older ones change nothing for it."""
 
         def txn_fn(txn: Transaction) -> dict[str, PartialStateRow]:
-            txn.execute(f"SELECT {_COLUMNS} FROM partial_state_rooms "
-                        "WHERE completed_stream IS NULL OR completed_stream > %s", (after,))
+            txn.execute(_ROWS_FOR_SYNC, (after,))
             return {str(r[0]): _row(r) for r in txn.fetchall()}
 
         return await self._db.run_interaction("get_partial_state_rows_for_sync", txn_fn)

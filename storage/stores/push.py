@@ -210,6 +210,14 @@ UNREAD_PUSH_ACTIONS: Final = """
 """
 
 
+# Every /sync that shows a room runs it: Prepared.
+_UNREAD_COUNTS: Final = Prepared(f"""
+    WITH {UNREAD_PUSH_ACTIONS}
+    SELECT room_id, thread_id, count(*), count(*) FILTER (WHERE highlight)
+    FROM unread WHERE stream_ordering <= %s::bigint GROUP BY room_id, thread_id
+    """)
+
+
 def unread_params(user_id: str, room_ids: list[str]) -> tuple[object, ...]:
     return (user_id, room_ids, user_id, room_ids)
 
@@ -230,14 +238,7 @@ class PushStore:
             return {}
 
         def txn_fn(txn: Transaction) -> dict[str, dict[str | None, tuple[int, int]]]:
-            txn.execute(
-                f"""
-                WITH {UNREAD_PUSH_ACTIONS}
-                SELECT room_id, thread_id, count(*), count(*) FILTER (WHERE highlight)
-                FROM unread WHERE stream_ordering <= %s GROUP BY room_id, thread_id
-                """,
-                (*unread_params(user_id, sorted(room_ids)), upto),
-            )
+            txn.execute(_UNREAD_COUNTS, (*unread_params(user_id, sorted(room_ids)), upto))
             out: dict[str, dict[str | None, tuple[int, int]]] = {}
             for room_id, thread_id, count, highlights in txn.fetchall():
                 out.setdefault(str(room_id), {})[None if thread_id is None else str(thread_id)] = (

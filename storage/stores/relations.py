@@ -16,7 +16,7 @@ from typing import Final
 
 import attrs
 
-from storage.database import Database, Transaction
+from storage.database import Database, Prepared, Transaction
 from storage.room_tokens import RoomPosition
 
 # A child is live: in the timeline and not redacted by a live redaction.
@@ -97,34 +97,33 @@ def _relations_txn(
     return [(str(row[0]), int(row[1])) for row in txn.fetchall()]
 
 
+# Every /sync serving events runs these two (get_aggregation_rows): Prepared.
+_CHILDREN: Final = Prepared(f"""
+    SELECT e.event_id, r.relates_to_id, r.relation_type, e.sender, e.type, e.stream_ordering
+    FROM event_relations r JOIN events e ON e.event_id = r.event_id
+    JOIN events p ON p.event_id = r.relates_to_id AND p.room_id = r.room_id
+    WHERE r.relates_to_id = ANY(%s::text[]) AND r.relation_type = ANY(%s::text[]) AND {LIVE_CHILD}
+    ORDER BY e.stream_ordering
+    """)
+_THREAD_SUMMARIES: Final = Prepared(f"""
+    SELECT r.relates_to_id, count(*), (array_agg(e.event_id ORDER BY e.stream_ordering DESC))[1:%s::int],
+           bool_or(e.sender = %s::text)
+    FROM event_relations r JOIN events e ON e.event_id = r.event_id
+    JOIN events p ON p.event_id = r.relates_to_id AND p.room_id = r.room_id
+    WHERE r.relates_to_id = ANY(%s::text[]) AND r.relation_type = 'm.thread' AND {LIVE_CHILD}
+    GROUP BY r.relates_to_id
+    """)
+
+
 def _children_txn(txn: Transaction, parent_ids: list[str], relation_types: list[str]) -> list[RelationRow]:
-    txn.execute(
-        f"""
-        SELECT e.event_id, r.relates_to_id, r.relation_type, e.sender, e.type, e.stream_ordering
-        FROM event_relations r JOIN events e ON e.event_id = r.event_id
-        JOIN events p ON p.event_id = r.relates_to_id AND p.room_id = r.room_id
-        WHERE r.relates_to_id = ANY(%s) AND r.relation_type = ANY(%s) AND {LIVE_CHILD}
-        ORDER BY e.stream_ordering
-        """,
-        (parent_ids, relation_types),
-    )
+    txn.execute(_CHILDREN, (parent_ids, relation_types))
     return [RelationRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5])) for r in txn.fetchall()]
 
 
 def _thread_summaries_txn(
     txn: Transaction, root_ids: list[str], user_id: str, latest: int
 ) -> dict[str, ThreadSummaryRow]:
-    txn.execute(
-        f"""
-        SELECT r.relates_to_id, count(*), (array_agg(e.event_id ORDER BY e.stream_ordering DESC))[1:%s],
-               bool_or(e.sender = %s)
-        FROM event_relations r JOIN events e ON e.event_id = r.event_id
-        JOIN events p ON p.event_id = r.relates_to_id AND p.room_id = r.room_id
-        WHERE r.relates_to_id = ANY(%s) AND r.relation_type = 'm.thread' AND {LIVE_CHILD}
-        GROUP BY r.relates_to_id
-        """,
-        (latest, user_id, root_ids),
-    )
+    txn.execute(_THREAD_SUMMARIES, (latest, user_id, root_ids))
     return {
         str(r[0]): ThreadSummaryRow(str(r[0]), int(r[1]), tuple(str(x) for x in r[2]), bool(r[3]))
         for r in txn.fetchall()

@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
-from storage.database import Database, Transaction
+from storage.database import Database, Prepared, Transaction
 
 
 @attrs.frozen
@@ -26,10 +26,12 @@ class RemoteInviteRow:
 
 _COLUMNS = ("user_id, room_id, membership, event_id, room_version, event_json, invite_state, "
             "stream_ordering, instance_name")
+# Every /sync runs it: Prepared.
+_FOR_USER: Final = Prepared(f"SELECT {_COLUMNS} FROM remote_invites WHERE user_id = %s ORDER BY room_id")
 
 
 def get_remote_invites_txn(txn: Transaction, user_id: str) -> list[RemoteInviteRow]:
-    txn.execute(f"SELECT {_COLUMNS} FROM remote_invites WHERE user_id = %s ORDER BY room_id", (user_id,))
+    txn.execute(_FOR_USER, (user_id,))
     return [_row(r) for r in txn.fetchall()]
 
 

@@ -10,11 +10,11 @@ visibility rules or the client event format; handlers decide those.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
-from storage.database import Database, Transaction
+from storage.database import Database, Prepared, Transaction, prepared
 from storage.room_tokens import RoomPosition
 from storage.stores.remote_invites import RemoteInviteRow, get_remote_invites_txn
 
@@ -98,15 +98,15 @@ def _recent_events_txn(
     lower, lower_params = _position(after).sql_after()
     upper, upper_params = _position(upto).sql_upto()
     txn.execute(
-        f"""
+        prepared(f"""
         SELECT r.room_id, e.event_id, e.stream_ordering FROM unnest(%s::text[]) AS r(room_id)
         CROSS JOIN LATERAL (
             SELECT event_id, stream_ordering FROM events
             WHERE events.room_id = r.room_id AND {_LIVE} AND {lower} AND {upper}
-            ORDER BY stream_ordering DESC LIMIT %s
+            ORDER BY stream_ordering DESC LIMIT %s::int
         ) e
         ORDER BY r.room_id, e.stream_ordering DESC
-        """,
+        """),
         (list(room_ids), *lower_params, *upper_params, limit),
     )
     out: dict[str, list[tuple[str, int]]] = {}
@@ -135,15 +135,25 @@ def _room_events_txn(
     return [(str(row[0]), int(row[1])) for row in txn.fetchall()]
 
 
+# The statements every incremental /sync runs are Prepared (storage/database.py): their
+# planning was most of PostgreSQL's CPU for a /sync woken by one message.
+_REDACTIONS: Final = Prepared(
+    "SELECT r.redacts, r.redaction_id FROM event_redactions r "
+    "JOIN events e ON e.event_id = r.redacts "
+    "JOIN events red ON red.event_id = r.redaction_id "
+    "WHERE r.redacts = ANY(%s::text[]) AND e.room_id = r.room_id "
+    "AND red.rejection_reason IS NULL AND NOT red.outlier AND NOT red.soft_failed ORDER BY r.redaction_id")
+_TXN_IDS: Final = Prepared(
+    "SELECT event_id, txn_id FROM event_txn_ids WHERE access_token_id = %s AND event_id = ANY(%s::text[])")
+_OWN_MEMBERSHIPS: Final = Prepared(
+    "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering, e.instance_name "
+    "FROM current_state_events c JOIN events e ON e.event_id = c.event_id "
+    "WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership IS NOT NULL")
+_FORGOTTEN: Final = Prepared("SELECT room_id FROM room_forgotten WHERE user_id = %s")
+
+
 def _get_redactions_txn(txn: Transaction, event_ids: list[str]) -> dict[str, list[str]]:
-    txn.execute(
-        "SELECT r.redacts, r.redaction_id FROM event_redactions r "
-        "JOIN events e ON e.event_id = r.redacts "
-        "JOIN events red ON red.event_id = r.redaction_id "
-        "WHERE r.redacts = ANY(%s) AND e.room_id = r.room_id "
-        "AND red.rejection_reason IS NULL AND NOT red.outlier AND NOT red.soft_failed ORDER BY r.redaction_id",
-        (event_ids,),
-    )
+    txn.execute(_REDACTIONS, (event_ids,))
     out: dict[str, list[str]] = {}
     for redacts, redaction_id in txn.fetchall():
         out.setdefault(str(redacts), []).append(str(redaction_id))
@@ -151,10 +161,7 @@ def _get_redactions_txn(txn: Transaction, event_ids: list[str]) -> dict[str, lis
 
 
 def _get_txn_ids_txn(txn: Transaction, access_token_id: int, event_ids: list[str]) -> dict[str, str]:
-    txn.execute(
-        "SELECT event_id, txn_id FROM event_txn_ids WHERE access_token_id = %s AND event_id = ANY(%s)",
-        (access_token_id, event_ids),
-    )
+    txn.execute(_TXN_IDS, (access_token_id, event_ids))
     return {str(row[0]): str(row[1]) for row in txn.fetchall()}
 
 
@@ -336,7 +343,7 @@ class TimelineStore:
 
     async def get_forgotten_rooms(self, user_id: str) -> set[str]:
         def txn_fn(txn: Transaction) -> set[str]:
-            txn.execute("SELECT room_id FROM room_forgotten WHERE user_id = %s", (user_id,))
+            txn.execute(_FORGOTTEN, (user_id,))
             return {str(r[0]) for r in txn.fetchall()}
 
         return await self._db.run_interaction("get_forgotten_rooms", txn_fn)
@@ -377,25 +384,20 @@ class TimelineStore:
         end = _position(upto)
 
         def txn_fn(txn: Transaction) -> SyncRooms:
-            txn.execute(
-                "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering, e.instance_name "
-                "FROM current_state_events c JOIN events e ON e.event_id = c.event_id "
-                "WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership IS NOT NULL",
-                (user_id,),
-            )
+            txn.execute(_OWN_MEMBERSHIPS, (user_id,))
             rows = txn.fetchall()
             rooms_at = {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in rows}
             late = {str(r[0]) for r in rows if not end.covers(str(r[4]), int(r[3]))}
-            txn.execute("SELECT room_id FROM room_forgotten WHERE user_id = %s", (user_id,))
+            txn.execute(_FORGOTTEN, (user_id,))
             forgotten = {str(r[0]) for r in txn.fetchall()}
             changes: list[MembershipRow] = []
             if since is not None:
                 lower, lower_params = _position(since).sql_after("e.")
                 upper, upper_params = end.sql_upto("e.")
                 txn.execute(
-                    "SELECT m.room_id, m.user_id, m.membership, m.event_id, m.stream_ordering FROM room_memberships m "
-                    f"JOIN events e ON e.event_id = m.event_id WHERE m.user_id = %s AND {lower} AND {upper} "
-                    "ORDER BY m.stream_ordering",
+                    prepared("SELECT m.room_id, m.user_id, m.membership, m.event_id, m.stream_ordering "
+                             f"FROM room_memberships m JOIN events e ON e.event_id = m.event_id "
+                             f"WHERE m.user_id = %s AND {lower} AND {upper} ORDER BY m.stream_ordering"),
                     (user_id, *lower_params, *upper_params),
                 )
                 changes = [MembershipRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in txn.fetchall()]
@@ -405,9 +407,9 @@ class TimelineStore:
                 # of a joined user is a join "change" that must not send the room whole again.
                 before, before_params = _position(since).sql_upto("e.")
                 txn.execute(
-                    "SELECT DISTINCT ON (m.room_id) m.room_id, m.membership FROM room_memberships m "
-                    f"JOIN events e ON e.event_id = m.event_id WHERE m.user_id = %s AND m.room_id = ANY(%s) "
-                    f"AND {before} ORDER BY m.room_id, m.stream_ordering DESC",
+                    prepared("SELECT DISTINCT ON (m.room_id) m.room_id, m.membership FROM room_memberships m "
+                             "JOIN events e ON e.event_id = m.event_id WHERE m.user_id = %s "
+                             f"AND m.room_id = ANY(%s::text[]) AND {before} ORDER BY m.room_id, m.stream_ordering DESC"),
                     (user_id, sorted({row.room_id for row in changes}), *before_params),
                 )
                 at_since = {str(r[0]): str(r[1]) for r in txn.fetchall()}
