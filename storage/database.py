@@ -54,6 +54,12 @@ MAX_RETRIES = 5
 
 _RETRYABLE = (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDetected)
 
+# How Database._submit runs a function: in a transaction, its statements each on its own, or
+# its reads each on their own.
+_TXN: Final = "txn"
+_AUTOCOMMIT: Final = "autocommit"
+_READS: Final = "reads"
+
 
 def delay_cancellation(deferred: Deferred[T]) -> Deferred[T]:
     """A Deferred with ``deferred``'s result whose cancellation waits for ``deferred``.
@@ -385,6 +391,32 @@ class Transaction:
         self._exception_callbacks.append((callback, args))
 
 
+_READ_STATEMENTS: Final = ("SELECT", "WITH", "SHOW", "VALUES", "TABLE", "EXPLAIN")
+
+
+class _Reads(Transaction):
+    """The statements of a function run by ``Database.run_reads``: each on its own, with no
+    transaction around them, so only reads are let through (a ``WITH`` is taken at its
+    word: one that writes would go unnoticed)."""
+
+    __slots__ = ()
+
+    def _bind(self, sql: str, params: Sequence[object] | None) -> bytes:
+        text = sql.server_sql if isinstance(sql, Prepared) else sql
+        if not text.lstrip()[:7].upper().startswith(_READ_STATEMENTS):
+            raise ValueError(f"run_reads runs only reads, not {text.strip()[:60]!r}")
+        return super()._bind(sql, params)
+
+    def execute_values(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 1000) -> None:
+        raise ValueError("run_reads runs only reads, not execute_values")
+
+    def execute_batch(self, sql: str, rows: Iterable[Sequence[object]], page_size: int = 100) -> None:
+        raise ValueError("run_reads runs only reads, not execute_batch")
+
+    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+        raise ValueError("run_reads runs only reads, not copy_rows")
+
+
 class DeferredStatements(Transaction):
     """A view of a transaction that holds back ``execute_statements`` until the next read.
 
@@ -620,7 +652,25 @@ class Database:
         **kwargs: P.kwargs,
     ) -> R:
         """Run ``func(txn, *args, **kwargs)`` in a transaction on the pool; return its result."""
-        result: R = await self._submit(name, func, args, kwargs, autocommit=False)
+        result: R = await self._submit(name, func, args, kwargs, mode=_TXN)
+        return result
+
+    async def run_reads(
+        self,
+        name: str,
+        func: Callable[Concatenate[Transaction, P], R],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> R:
+        """Run ``func``, which only reads, with no transaction around its statements.
+
+        Under READ COMMITTED each statement of a transaction takes a snapshot of its own, so
+        a transaction around reads adds nothing but its ``COMMIT``, a round trip of its own at
+        the end (the reads of every ``/sync``). A statement that is not a read is refused.
+        Retried once on a new connection when the connection is lost (a read is safe to
+        repeat); ``call_after`` callbacks run once ``func`` has returned.
+        """
+        result: R = await self._submit(name, func, args, kwargs, mode=_READS)
         return result
 
     async def run_autocommit(
@@ -635,7 +685,7 @@ class Database:
         For work that needs no atomicity, such as ``nextval`` (which no rollback
         undoes anyway): one round trip per statement instead of three.
         """
-        result: R = await self._submit(name, func, args, kwargs, autocommit=True)
+        result: R = await self._submit(name, func, args, kwargs, mode=_AUTOCOMMIT)
         return result
 
     async def _submit(
@@ -645,14 +695,14 @@ class Database:
         args: tuple[object, ...],
         kwargs: dict[str, object],
         *,
-        autocommit: bool,
+        mode: str,
     ) -> Any:
         """Queue ``func`` on the pool, wait for it (cancellation-safely), run its after-callbacks."""
         with self._counts_lock:
             self._waiting += 1
             self._metrics.pool_waiting.set(self._waiting)
         outcome: _Outcome = await delay_cancellation(
-            self._workers.submit(self._run_on_thread, name, func, args, kwargs, autocommit)
+            self._workers.submit(self._run_on_thread, name, func, args, kwargs, mode)
         )
         for callback, cb_args in outcome.callbacks:
             try:
@@ -703,7 +753,7 @@ class Database:
         func: Callable[..., Any],
         args: tuple[object, ...],
         kwargs: dict[str, object],
-        autocommit: bool,
+        mode: str,
     ) -> _Outcome:
         with self._counts_lock:
             self._waiting -= 1
@@ -713,10 +763,10 @@ class Database:
         start = time.perf_counter()
         outcome = "error"
         try:
-            if autocommit:
-                result = self._run_autocommit(name, func, args, kwargs)
-            else:
+            if mode == _TXN:
                 result = self._run_with_retries(name, func, args, kwargs)
+            else:
+                result = self._run_autocommit(name, func, args, kwargs, reads=mode == _READS)
             outcome = "ok"
             return result
         finally:
@@ -778,15 +828,23 @@ class Database:
         func: Callable[..., Any],
         args: tuple[object, ...],
         kwargs: dict[str, object],
+        *,
+        reads: bool,
     ) -> _Outcome:
-        conn = self._connection()
-        try:
-            with conn.cursor() as cursor:
-                txn = Transaction(name, cursor, self._local.prepared)
-                return _Outcome(func(txn, *args, **kwargs), tuple(txn._after_callbacks))
-        except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
-            self._drop_connection(conn)
-            raise DatabaseError(f"database connection lost during {name}: {str(e).strip()}") from e
+        kind = _Reads if reads else Transaction
+        attempt = 0
+        while True:
+            attempt += 1
+            conn = self._connection()
+            try:
+                with conn.cursor() as cursor:
+                    txn = kind(name, cursor, self._local.prepared)
+                    return _Outcome(func(txn, *args, **kwargs), tuple(txn._after_callbacks))
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
+                self._drop_connection(conn)
+                if not reads or attempt > 1:
+                    raise DatabaseError(f"database connection lost during {name}: {str(e).strip()}") from e
+                logger.warning("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
 
     @staticmethod
     def _rollback(conn: psycopg2.extensions.connection) -> None:

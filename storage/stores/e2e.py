@@ -268,7 +268,7 @@ class E2eStore:
             sharing = frozenset(str(r[0]) for r in txn.fetchall())
             return MembershipDeviceChanges(sharing, frozenset(candidates - sharing))
 
-        return await self._db.run_interaction("get_membership_device_changes", txn_fn)
+        return await self._db.run_reads("get_membership_device_changes", txn_fn)
 
     # --- remote users' device lists ------------------------------------------------------------
 
@@ -427,7 +427,7 @@ class E2eStore:
             txn.execute(_UNUSED_FALLBACK_TYPES, (user_id, device_id))
             return counts, [str(r[0]) for r in txn.fetchall()]
 
-        return await self._db.run_interaction("get_key_counts", txn_fn)
+        return await self._db.run_reads("get_key_counts", txn_fn)
 
     async def unused_fallback_key_types(self, user_id: str, device_id: str) -> list[str]:
         def txn_fn(txn: Transaction) -> list[str]:

@@ -180,7 +180,7 @@ class PartialStateStore:
             txn.execute(_ROWS_FOR_SYNC, (after,))
             return {str(r[0]): _row(r) for r in txn.fetchall()}
 
-        return await self._db.run_interaction("get_partial_state_rows_for_sync", txn_fn)
+        return await self._db.run_reads("get_partial_state_rows_for_sync", txn_fn)
 
     async def partial_rooms(self) -> dict[str, PartialStateRow]:
         """The rooms whose state is partial now."""

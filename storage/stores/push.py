@@ -245,7 +245,7 @@ class PushStore:
                     int(count), int(highlights))
             return out
 
-        return await self._db.run_interaction("get_unread_push_counts", txn_fn)
+        return await self._db.run_reads("get_unread_push_counts", txn_fn)
 
     async def get_badge_count(self, user_id: str) -> int:
         """The user's unread notifications over all their joined rooms (the push badge)."""

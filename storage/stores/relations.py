@@ -195,7 +195,7 @@ class RelationsStore:
             return (_children_txn(txn, parents, sorted(relation_types)),
                     _thread_summaries_txn(txn, parents, user_id, latest))
 
-        return await self._db.run_interaction("get_aggregations", read)
+        return await self._db.run_reads("get_aggregations", read)
 
     async def get_thread_summaries(
         self, root_ids: Collection[str], user_id: str, *, latest: int = 5

@@ -430,7 +430,7 @@ class TimelineStore:
             }
             return SyncRooms(rooms_at, forgotten, changes, full, recent, remote, at_since)
 
-        return await self._db.run_interaction("get_sync_rooms", txn_fn)
+        return await self._db.run_reads("get_sync_rooms", txn_fn)
 
     async def get_redactions_and_txn_ids(
         self, event_ids: Collection[str], access_token_id: int | None
@@ -445,7 +445,7 @@ class TimelineStore:
             txn_ids = {} if access_token_id is None else _get_txn_ids_txn(txn, access_token_id, ids)
             return redactions, txn_ids
 
-        return await self._db.run_interaction("get_redactions_and_txn_ids", txn_fn)
+        return await self._db.run_reads("get_redactions_and_txn_ids", txn_fn)
 
     async def get_hidden_events(self, event_ids: Collection[str]) -> set[str]:
         """Those of ``event_ids`` clients must not be served: outliers, rejected or soft-failed."""

@@ -477,3 +477,62 @@ async def test_literals_hold_whatever_the_servers_string_settings(database_dsn: 
         assert await db.run_interaction("echo", echo, "still usable") == "still usable"
     finally:
         db.close()
+
+
+async def test_reads_run_without_a_transaction_and_refuse_writes(database: Database) -> None:
+    """``run_reads`` sends a function's reads with no BEGIN and no COMMIT (a transaction around
+    them adds only the COMMIT's round trip under READ COMMITTED) and refuses anything else,
+    before it reaches the server."""
+
+    def setup(txn: Transaction) -> None:
+        txn.execute("CREATE TABLE r (v INT)")
+        txn.execute("INSERT INTO r VALUES (1), (2)")
+
+    await database.run_interaction("setup", setup)
+    count = Prepared("SELECT count(*) FROM r WHERE v >= %s")
+
+    def read(txn: Transaction) -> tuple[int, int, bool]:
+        txn.execute(count, (1,))
+        first = txn.fetchone()
+        txn.execute("WITH x AS (SELECT v FROM r) SELECT sum(v) FROM x")
+        second = txn.fetchone()
+        # No transaction is open between the statements.
+        txn.execute("SELECT now() = statement_timestamp()")
+        alone = txn.fetchone()
+        assert first is not None and second is not None and alone is not None
+        return int(first[0]), int(second[0]), bool(alone[0])
+
+    assert await database.run_reads("read", read) == (2, 3, True)
+
+    def writes(txn: Transaction) -> None:
+        txn.execute("SELECT 1")
+        txn.execute("INSERT INTO r VALUES (3)")
+
+    with pytest.raises(ValueError, match="only reads"):
+        await database.run_reads("writes", writes)
+    with pytest.raises(ValueError, match="only reads"):
+        await database.run_reads("writes", lambda txn: txn.execute_values("INSERT INTO r (v) VALUES %s", [(4,)]))
+    with pytest.raises(ValueError, match="only reads"):
+        await database.run_reads("writes", lambda txn: txn.execute(Prepared("DELETE FROM r WHERE v = %s"), (1,)))
+    assert await database.run_reads("read", read) == (2, 3, True)
+
+
+async def test_reads_are_retried_once_on_a_new_connection_when_theirs_is_lost(database: Database) -> None:
+    def backend(txn: Transaction) -> int:
+        txn.execute("SELECT pg_backend_pid()")
+        row = txn.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    lost = await database.run_reads("backend", backend)
+
+    # From a connection of its own: the pool would run this on the very connection it ends.
+    conn = psycopg2.connect(database.dsn)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", (lost,))
+    finally:
+        conn.close()
+    again = await database.run_reads("backend", backend)
+    assert again != lost
