@@ -701,9 +701,14 @@ class Database:
         with self._counts_lock:
             self._waiting += 1
             self._metrics.pool_waiting.set(self._waiting)
-        outcome: _Outcome = await delay_cancellation(
-            self._workers.submit(self._run_on_thread, name, func, args, kwargs, mode)
-        )
+        try:
+            queued = self._workers.submit(self._run_on_thread, name, func, args, kwargs, mode)
+        except DatabaseError:  # the pool is closed: nothing waits
+            with self._counts_lock:
+                self._waiting -= 1
+                self._metrics.pool_waiting.set(self._waiting)
+            raise
+        outcome: _Outcome = await delay_cancellation(queued)
         for callback, cb_args in outcome.callbacks:
             try:
                 callback(*cb_args)

@@ -536,3 +536,14 @@ async def test_reads_are_retried_once_on_a_new_connection_when_theirs_is_lost(da
         conn.close()
     again = await database.run_reads("backend", backend)
     assert again != lost
+
+
+async def test_a_closed_pool_refuses_work_with_a_database_error(database_dsn: str) -> None:
+    registry = CollectorRegistry()
+    db = Database(reactor, database_dsn, metrics=StorageMetrics.create(registry), max_connections=2)
+    db.start()
+    assert await db.run_reads("one", lambda txn: txn.execute("SELECT 1")) is None
+    db.close()
+    with pytest.raises(DatabaseError, match="closed"):
+        await db.run_interaction("after", lambda txn: None)
+    assert registry.get_sample_value("tributary_storage_pool_transactions_waiting") == 0
