@@ -104,6 +104,12 @@ class DatabaseError(Exception):
     """The database could not be reached or used."""
 
 
+class PoolClosed(DatabaseError, CancelledError):
+    """Work given to a pool that was closed (the process is stopping): it is not run. It is
+    a cancellation too, so background work cut short by a shutdown (``run_in_background``)
+    ends quietly, as cancelled work does, and does not count as a failure."""
+
+
 def _copy_value(value: object) -> str:
     """One value in COPY's text format: NULL as ``\\N``, booleans as t/f, backslash and the
     separators escaped (found by plain ``in`` scans first: most values have none)."""
@@ -514,7 +520,7 @@ class _Workers:
         work: _Work = (result, func, args)
         with self._lock:
             if self._stopping:
-                raise DatabaseError(f"the {self._name} pool is closed")
+                raise PoolClosed(f"the {self._name} pool is closed")
             if self._idle:
                 inbox = self._idle.pop()
             elif len(self._threads) < self._size:
@@ -703,10 +709,11 @@ class Database:
             self._metrics.pool_waiting.set(self._waiting)
         try:
             queued = self._workers.submit(self._run_on_thread, name, func, args, kwargs, mode)
-        except DatabaseError:  # the pool is closed: nothing waits
+        except PoolClosed:  # nothing waits
             with self._counts_lock:
                 self._waiting -= 1
                 self._metrics.pool_waiting.set(self._waiting)
+            logger.info("[%s] not run: the database pool is closed", name)
             raise
         outcome: _Outcome = await delay_cancellation(queued)
         for callback, cb_args in outcome.callbacks:

@@ -9,9 +9,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import CancelledError, Deferred, gatherResults
 
-from storage.database import Database, DatabaseError, DeferredStatements, Prepared, Transaction, array_literal
+from storage.database import (
+    Database,
+    DatabaseError,
+    DeferredStatements,
+    PoolClosed,
+    Prepared,
+    Transaction,
+    array_literal,
+)
+from storage.kernel.background import FAILURES, run_in_background
 from storage.metrics import StorageMetrics
 from tests.twisted_plugin import reactor
 
@@ -544,6 +553,10 @@ async def test_a_closed_pool_refuses_work_with_a_database_error(database_dsn: st
     db.start()
     assert await db.run_reads("one", lambda txn: txn.execute("SELECT 1")) is None
     db.close()
-    with pytest.raises(DatabaseError, match="closed"):
+    with pytest.raises(PoolClosed, match="closed") as refused:
         await db.run_interaction("after", lambda txn: None)
+    # A DatabaseError, and a cancellation: background work cut short by a shutdown ends quietly.
+    assert isinstance(refused.value, DatabaseError) and isinstance(refused.value, CancelledError)
+    assert await run_in_background("cut short", db.run_interaction("after", lambda txn: None)) is None
+    assert not [s for m in FAILURES.collect() for s in m.samples if s.labels.get("task") == "cut short"]
     assert registry.get_sample_value("tributary_storage_pool_transactions_waiting") == 0
