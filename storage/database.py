@@ -397,7 +397,8 @@ class Transaction:
         self._exception_callbacks.append((callback, args))
 
 
-_READ_STATEMENTS: Final = ("SELECT", "WITH", "SHOW", "VALUES", "TABLE", "EXPLAIN")
+# A statement run_reads lets through: its first keyword is one of a read's.
+_READ_STATEMENT: Final = re.compile(r"\s*(?:SELECT|WITH|SHOW|VALUES|TABLE|EXPLAIN)\b", re.IGNORECASE)
 
 
 class _Reads(Transaction):
@@ -409,7 +410,7 @@ class _Reads(Transaction):
 
     def _bind(self, sql: str, params: Sequence[object] | None) -> bytes:
         text = sql.server_sql if isinstance(sql, Prepared) else sql
-        if not text.lstrip()[:7].upper().startswith(_READ_STATEMENTS):
+        if _READ_STATEMENT.match(text) is None:
             raise ValueError(f"run_reads runs only reads, not {text.strip()[:60]!r}")
         return super()._bind(sql, params)
 

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from twisted.internet.defer import gatherResults
+from twisted.internet.threads import deferToThread
 
 from storage.database import DatabaseError, _Workers
 from tests.twisted_plugin import reactor
@@ -44,8 +45,6 @@ async def test_work_one_piece_after_another_runs_on_the_thread_idle_last() -> No
 
 async def reactor_thread_wait(barrier: threading.Barrier) -> None:
     """Join ``barrier`` from a thread of the reactor's own pool (the reactor must keep running)."""
-    from twisted.internet.threads import deferToThread
-
     await deferToThread(barrier.wait)
 
 
