@@ -43,7 +43,7 @@ from storage.notifier import Notifier
 from storage.caches import DictCache
 from storage.stores.account_data import AccountDataStore, UserAccountData
 from storage.stores.events import EventsStore, StateKey
-from storage.stores.partial_state import PartialStateStore
+from storage.stores.partial_state import PartialStateRow, PartialStateStore
 from storage.stores.push import PushStore
 from storage.stores.timeline import MembershipRow, TimelineStore
 from storage.streams import StreamName
@@ -316,6 +316,7 @@ class SyncHandler:
             changes: Sequence[MembershipRow],
             late: set[str],
             at_since: Mapping[str, str],
+            partial_rows: Mapping[str, PartialStateRow],
         ) -> set[str]:
             joined = {r for r, (m, _, _) in rooms_at.items() if m == C.JOIN}
             if partial_rows:
@@ -340,13 +341,16 @@ class SyncHandler:
         to_device_after = _stream_position(since, SyncStreamKey.TO_DEVICE) if since is not None else 0
         to_device_upto = _stream_position(now, SyncStreamKey.TO_DEVICE)
         # Rooms joined with partial state, hidden from a client that does not lazy-load members
-        # until their state is whole (``homeserver/handlers/partial_state.py``).
-        partial_rows = {}
-        if self._partial_state is not None and not sync_filter.state.lazy_load_members:
-            partial_rows = await self._partial_state.get_rows_for_sync((upto if initial else since_pos).minimum)
+        # until their state is whole (``homeserver/handlers/partial_state.py``); their rows are
+        # read with the rooms, since ``full_rooms`` needs them.
+        partial_after = (
+            (upto if initial else since_pos).minimum
+            if self._partial_state is not None and not sync_filter.state.lazy_load_members else None
+        )
         partial_hidden: set[str] = set()
         rooms_read = _start(self._timeline.get_sync_rooms(
-            user_id, since=since_pos if since is not None else None, upto=upto, limit=limit + 1, full_rooms=full_rooms
+            user_id, since=since_pos if since is not None else None, upto=upto, limit=limit + 1, full_rooms=full_rooms,
+            partial_after=partial_after,
         ))
         account_data_read = None
         if since is None:  # all of it

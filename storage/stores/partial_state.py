@@ -70,6 +70,14 @@ _ROWS_FOR_SYNC: Final = Prepared(
     f"SELECT {_COLUMNS} FROM partial_state_rooms WHERE completed_stream IS NULL OR completed_stream > %s::bigint")
 
 
+def get_rows_for_sync_txn(txn: Transaction, after: int) -> dict[str, PartialStateRow]:
+    """The rows a sync needs: the rooms partial now, and those made whole at an events stream
+    position after ``after`` (the smallest position of the sync's ``since``, or of its end for
+    an initial sync); older ones change nothing for it."""
+    txn.execute(_ROWS_FOR_SYNC, (after,))
+    return {str(r[0]): _row(r) for r in txn.fetchall()}
+
+
 def get_partial_state_rows_txn(txn: Transaction, room_ids: Collection[str] | None) -> dict[str, PartialStateRow]:
     if room_ids is None:
         txn.execute(f"SELECT {_COLUMNS} FROM partial_state_rooms")
@@ -172,15 +180,9 @@ class PartialStateStore:
                                               None if room_ids is None else list(room_ids))
 
     async def get_rows_for_sync(self, after: int) -> dict[str, PartialStateRow]:
-        """The rows /sync needs: the rooms partial now, and those made whole at an events stream
-        position after ``after`` (the smallest position of the sync's ``since``, or of its end
-        for an initial sync); older ones change nothing for it."""
-
-        def txn_fn(txn: Transaction) -> dict[str, PartialStateRow]:
-            txn.execute(_ROWS_FOR_SYNC, (after,))
-            return {str(r[0]): _row(r) for r in txn.fetchall()}
-
-        return await self._db.run_reads("get_partial_state_rows_for_sync", txn_fn)
+        """``get_rows_for_sync_txn`` in a read of its own (sliding sync; ``/sync`` reads the rows
+        in ``TimelineStore.get_sync_rooms``)."""
+        return await self._db.run_reads("get_partial_state_rows_for_sync", get_rows_for_sync_txn, after)
 
     async def partial_rooms(self) -> dict[str, PartialStateRow]:
         """The rooms whose state is partial now."""

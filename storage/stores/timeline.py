@@ -16,6 +16,7 @@ import attrs
 
 from storage.database import Database, Prepared, Transaction, prepared
 from storage.room_tokens import RoomPosition
+from storage.stores.partial_state import PartialStateRow, get_rows_for_sync_txn
 from storage.stores.remote_invites import RemoteInviteRow, get_remote_invites_txn
 
 # A bound in the events stream: a plain stream ordering, or a position per writer.
@@ -66,6 +67,8 @@ class SyncRooms:
     remote_invites: dict[str, RemoteInviteRow] = attrs.Factory(dict)
     # Per room in ``changes``: the user's membership as of the sync's start (absent: none).
     memberships_at_since: dict[str, str] = attrs.Factory(dict)
+    # The partial-state rows the sync asked for (``partial_after``), by room.
+    partial: dict[str, PartialStateRow] = attrs.Factory(dict)
 
 
 @attrs.frozen
@@ -79,10 +82,12 @@ class RoomSummary:
 
 
 # Chooses the full rooms of a sync from the user's rooms, membership changes, the rooms
-# whose membership event is past the sync's end (a race with the request), and the user's
-# membership at the sync's start of the rooms in the changes.
+# whose membership event is past the sync's end (a race with the request), the user's
+# membership at the sync's start of the rooms in the changes, and the partial-state rows.
 FullRoomsRule = Callable[
-    [Mapping[str, tuple[str, str, int]], Sequence[MembershipRow], set[str], Mapping[str, str]], set[str]
+    [Mapping[str, tuple[str, str, int]], Sequence[MembershipRow], set[str], Mapping[str, str],
+     Mapping[str, PartialStateRow]],
+    set[str],
 ]
 
 # Events clients may see in timelines: in the graph, accepted, not soft-failed (schema 0008).
@@ -375,15 +380,19 @@ class TimelineStore:
         )
 
     async def get_sync_rooms(
-        self, user_id: str, *, since: Bound | None, upto: Bound, limit: int, full_rooms: FullRoomsRule
+        self, user_id: str, *, since: Bound | None, upto: Bound, limit: int, full_rooms: FullRoomsRule,
+        partial_after: int | None = None,
     ) -> SyncRooms:
-        """What ``/sync`` needs of the user's rooms (see ``SyncRooms``), in one transaction.
+        """What ``/sync`` needs of the user's rooms (see ``SyncRooms``), in one read.
         ``since`` None: an initial sync. ``full_rooms`` picks the joined rooms whose timeline
-        is read from scratch (it is given the rooms, the membership changes and the rooms whose
-        membership event is past ``upto``)."""
+        is read from scratch (it is given the rooms, the membership changes, the rooms whose
+        membership event is past ``upto`` and the partial-state rows). ``partial_after``: read
+        the partial-state rows made whole after that events position, or partial now
+        (``get_rows_for_sync_txn``); None: none are read."""
         end = _position(upto)
 
         def txn_fn(txn: Transaction) -> SyncRooms:
+            partial = get_rows_for_sync_txn(txn, partial_after) if partial_after is not None else {}
             txn.execute(_OWN_MEMBERSHIPS, (user_id,))
             rows = txn.fetchall()
             rooms_at = {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in rows}
@@ -413,7 +422,7 @@ class TimelineStore:
                     (user_id, sorted({row.room_id for row in changes}), *before_params),
                 )
                 at_since = {str(r[0]): str(r[1]) for r in txn.fetchall()}
-            full = full_rooms(rooms_at, changes, late, at_since)
+            full = full_rooms(rooms_at, changes, late, at_since, partial)
             joined = sorted(r for r, (m, _, _) in rooms_at.items() if m == "join")
             recent = _recent_events_txn(txn, sorted(full), after=0, upto=upto, limit=limit)
             incremental = [r for r in joined if r not in full]
@@ -428,7 +437,7 @@ class TimelineStore:
                 and (row.membership in ("invite", "knock") if start is None else not start.covers(row.instance_name,
                                                                                        row.stream_ordering))
             }
-            return SyncRooms(rooms_at, forgotten, changes, full, recent, remote, at_since)
+            return SyncRooms(rooms_at, forgotten, changes, full, recent, remote, at_since, partial)
 
         return await self._db.run_reads("get_sync_rooms", txn_fn)
 
