@@ -31,8 +31,8 @@ from storage.stores.streams import insert_device_inbox_txn, insert_device_list_c
 _ONE_TIME_KEY_COUNTS: Final = Prepared(
     "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys WHERE user_id = %s AND device_id = %s GROUP BY algorithm")
 # /sync's device-list changes (membership_device_changes): the rooms the user has a membership in.
-_ROOMS_OF_MEMBER: Final = Prepared(
-    "SELECT room_id FROM current_state_events WHERE type = 'm.room.member' AND state_key = %s")
+# The rooms a user is or was in (a subquery of the device-list changes' read).
+_ROOMS_OF_MEMBER: Final = "SELECT room_id FROM current_state_events WHERE type = 'm.room.member' AND state_key = %s"
 _UNUSED_FALLBACK_TYPES: Final = Prepared(
     "SELECT algorithm FROM e2e_fallback_keys WHERE user_id = %s AND device_id = %s AND NOT used ORDER BY algorithm")
 
@@ -233,14 +233,11 @@ class E2eStore:
         def txn_fn(txn: Transaction) -> MembershipDeviceChanges:
             lower, lower_params = since.sql_after("e.")
             upper, upper_params = upto.sql_upto("e.")
-            txn.execute(_ROOMS_OF_MEMBER, (user_id,))
-            my_rooms = [str(r[0]) for r in txn.fetchall()]
-            if not my_rooms:
-                return MembershipDeviceChanges(frozenset(), frozenset())
+            # The membership events in range of the rooms the user is or was in: one round trip.
             txn.execute(
                 prepared("SELECT e.room_id, e.state_key FROM events e WHERE e.type = 'm.room.member' "
-                         f"AND e.room_id = ANY(%s::text[]) AND {lower} AND {upper}"),
-                (my_rooms, *lower_params, *upper_params),
+                         f"AND e.room_id IN ({_ROOMS_OF_MEMBER}) AND {lower} AND {upper}"),
+                (user_id, *lower_params, *upper_params),
             )
             rows = [(str(r[0]), str(r[1])) for r in txn.fetchall()]
             if not rows:
