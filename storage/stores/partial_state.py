@@ -16,7 +16,7 @@ join. Which events are valid and what the state is, the caller decides
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -76,6 +76,16 @@ def get_rows_for_sync_txn(txn: Transaction, after: int) -> dict[str, PartialStat
     an initial sync); older ones change nothing for it."""
     txn.execute(_ROWS_FOR_SYNC, (after,))
     return {str(r[0]): _row(r) for r in txn.fetchall()}
+
+
+# ``get_rows_for_sync_txn``'s rows as one JSON array of arrays (NULL: none), a subquery of
+# /sync's one read of the user's rooms (storage/stores/timeline.py); ``rows_from_json`` reads it.
+ROWS_FOR_SYNC_JSON: Final = (f"SELECT json_agg(json_build_array({_COLUMNS})) FROM partial_state_rooms "
+                             "WHERE completed_stream IS NULL OR completed_stream > %s::bigint")
+
+
+def rows_from_json(rows: list[Any] | None) -> dict[str, PartialStateRow]:
+    return {str(r[0]): _row(r) for r in rows or ()}
 
 
 def get_partial_state_rows_txn(txn: Transaction, room_ids: Collection[str] | None) -> dict[str, PartialStateRow]:

@@ -30,9 +30,19 @@ _COLUMNS = ("user_id, room_id, membership, event_id, room_version, event_json, i
 _FOR_USER: Final = Prepared(f"SELECT {_COLUMNS} FROM remote_invites WHERE user_id = %s ORDER BY room_id")
 
 
+# The same rows as one JSON array of arrays (NULL: none), a subquery of /sync's one read of
+# the user's rooms (storage/stores/timeline.py); ``remote_invites_from_json`` reads it.
+FOR_USER_JSON: Final = (f"SELECT json_agg(json_build_array({_COLUMNS}) ORDER BY room_id) "
+                        "FROM remote_invites WHERE user_id = %s")
+
+
 def get_remote_invites_txn(txn: Transaction, user_id: str) -> list[RemoteInviteRow]:
     txn.execute(_FOR_USER, (user_id,))
     return [_row(r) for r in txn.fetchall()]
+
+
+def remote_invites_from_json(rows: list[Any] | None) -> list[RemoteInviteRow]:
+    return [_row(r) for r in rows or ()]
 
 
 def _row(r: Any) -> RemoteInviteRow:

@@ -9,6 +9,7 @@ visibility rules or the client event format; handlers decide those.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final
 
@@ -16,8 +17,8 @@ import attrs
 
 from storage.database import Database, Prepared, Transaction, prepared
 from storage.room_tokens import RoomPosition
-from storage.stores.partial_state import PartialStateRow, get_rows_for_sync_txn
-from storage.stores.remote_invites import RemoteInviteRow, get_remote_invites_txn
+from storage.stores.partial_state import ROWS_FOR_SYNC_JSON, PartialStateRow, rows_from_json
+from storage.stores.remote_invites import FOR_USER_JSON, RemoteInviteRow, remote_invites_from_json
 
 # A bound in the events stream: a plain stream ordering, or a position per writer.
 Bound = RoomPosition | int
@@ -150,11 +151,30 @@ _REDACTIONS: Final = Prepared(
     "AND red.rejection_reason IS NULL AND NOT red.outlier AND NOT red.soft_failed ORDER BY r.redaction_id")
 _TXN_IDS: Final = Prepared(
     "SELECT event_id, txn_id FROM event_txn_ids WHERE access_token_id = %s AND event_id = ANY(%s::text[])")
-_OWN_MEMBERSHIPS: Final = Prepared(
-    "SELECT c.room_id, c.membership, c.event_id, e.stream_ordering, e.instance_name "
+# /sync's one read of the user's rooms (``_user_rooms_sql``): each part is a subquery giving
+# its rows as one JSON array of arrays, or NULL when there are none, so that one statement
+# (one round trip) brings them all; text, bigint and text[] columns come back as they were.
+_OWN_MEMBERSHIPS_JSON: Final = (
+    "SELECT json_agg(json_build_array(c.room_id, c.membership, c.event_id, e.stream_ordering, e.instance_name)) "
     "FROM current_state_events c JOIN events e ON e.event_id = c.event_id "
     "WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership IS NOT NULL")
+_FORGOTTEN_JSON: Final = "SELECT json_agg(room_id) FROM room_forgotten WHERE user_id = %s"
 _FORGOTTEN: Final = Prepared("SELECT room_id FROM room_forgotten WHERE user_id = %s")
+
+
+@functools.lru_cache(maxsize=64)
+def _user_rooms_sql(partial: bool, changes: tuple[str, str] | None) -> Prepared:
+    """The statement of ``get_sync_rooms``'s first read: the user's memberships, its forgotten
+    rooms, its invites to rooms this server is not in, the partial-state rows (``partial``) and
+    its membership events in a range (``changes``: the range's conditions on ``e.``)."""
+    in_range = None
+    if changes is not None:
+        lower, upper = changes
+        in_range = ("SELECT json_agg(json_build_array(m.room_id, m.membership, m.event_id, m.stream_ordering) "
+                    "ORDER BY m.stream_ordering) FROM room_memberships m JOIN events e ON e.event_id = m.event_id "
+                    f"WHERE m.user_id = %s AND {lower} AND {upper}")
+    parts = [_OWN_MEMBERSHIPS_JSON, _FORGOTTEN_JSON, FOR_USER_JSON, ROWS_FOR_SYNC_JSON if partial else None, in_range]
+    return Prepared("SELECT " + ", ".join("NULL" if part is None else f"({part})" for part in parts))
 
 
 def _get_redactions_txn(txn: Transaction, event_ids: list[str]) -> dict[str, list[str]]:
@@ -388,28 +408,30 @@ class TimelineStore:
         is read from scratch (it is given the rooms, the membership changes, the rooms whose
         membership event is past ``upto`` and the partial-state rows). ``partial_after``: read
         the partial-state rows made whole after that events position, or partial now
-        (``get_rows_for_sync_txn``); None: none are read."""
+        (``storage/stores/partial_state.py``); None: none are read. All but the timelines' reads
+        are one statement (``_user_rooms_sql``)."""
         end = _position(upto)
 
         def txn_fn(txn: Transaction) -> SyncRooms:
-            partial = get_rows_for_sync_txn(txn, partial_after) if partial_after is not None else {}
-            txn.execute(_OWN_MEMBERSHIPS, (user_id,))
-            rows = txn.fetchall()
-            rooms_at = {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in rows}
-            late = {str(r[0]) for r in rows if not end.covers(str(r[4]), int(r[3]))}
-            txn.execute(_FORGOTTEN, (user_id,))
-            forgotten = {str(r[0]) for r in txn.fetchall()}
-            changes: list[MembershipRow] = []
+            params: list[object] = [user_id, user_id, user_id]
+            if partial_after is not None:
+                params.append(partial_after)
+            range_sql = None
             if since is not None:
                 lower, lower_params = _position(since).sql_after("e.")
                 upper, upper_params = end.sql_upto("e.")
-                txn.execute(
-                    prepared("SELECT m.room_id, m.user_id, m.membership, m.event_id, m.stream_ordering "
-                             f"FROM room_memberships m JOIN events e ON e.event_id = m.event_id "
-                             f"WHERE m.user_id = %s AND {lower} AND {upper} ORDER BY m.stream_ordering"),
-                    (user_id, *lower_params, *upper_params),
-                )
-                changes = [MembershipRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in txn.fetchall()]
+                range_sql = (lower, upper)
+                params += [user_id, *lower_params, *upper_params]
+            txn.execute(_user_rooms_sql(partial_after is not None, range_sql), params)
+            row = txn.fetchone()
+            assert row is not None
+            memberships, forgotten_rows, invites, partial_rows, change_rows = (
+                row[0] or (), row[1] or (), row[2], row[3], row[4] or ())
+            rooms_at = {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in memberships}
+            late = {str(r[0]) for r in memberships if not end.covers(str(r[4]), int(r[3]))}
+            forgotten = {str(r) for r in forgotten_rows}
+            partial = rows_from_json(partial_rows)
+            changes = [MembershipRow(str(r[0]), user_id, str(r[1]), str(r[2]), int(r[3])) for r in change_rows]
             at_since: dict[str, str] = {}
             if since is not None and changes:
                 # The membership each changed room had at the sync's start: a displayname change
@@ -432,7 +454,7 @@ class TimelineStore:
                 )
             start = None if since is None else _position(since)
             remote = {
-                row.room_id: row for row in get_remote_invites_txn(txn, user_id)
+                row.room_id: row for row in remote_invites_from_json(invites)
                 if row.room_id not in rooms_at and end.covers(row.instance_name, row.stream_ordering)
                 and (row.membership in ("invite", "knock") if start is None else not start.covers(row.instance_name,
                                                                                        row.stream_ordering))
