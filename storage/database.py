@@ -254,6 +254,21 @@ def prepared(sql: str) -> Prepared:
     return Prepared(sql)
 
 
+def json_rows(columns: str, rest: str, order_by: str | None = None) -> str:
+    """A subquery whose one value is the rows of ``SELECT {columns} {rest}`` as one JSON array
+    of arrays (NULL when there are none), for ``one_statement``. Text, numbers, booleans, NULL
+    and text[] come back as psycopg2 would give them; bytea, timestamps and numerics would not."""
+    order = f" ORDER BY {order_by}" if order_by else ""
+    return f"SELECT json_agg(json_build_array({columns}){order}) {rest}"
+
+
+def one_statement(*parts: str | None) -> Prepared:
+    """Several independent reads in one statement, so one round trip: a row of one value per
+    part, each part a ``json_rows`` subquery (a None part is a NULL, to keep the positions).
+    Made once per text (``prepared``)."""
+    return prepared("SELECT " + ", ".join("NULL" if part is None else f"({part})" for part in parts))
+
+
 # Sent in front of a transaction's first statement (the isolation level named, whatever the
 # server's default_transaction_isolation says).
 _BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED;\n"

@@ -23,18 +23,18 @@ from typing import Final
 
 import attrs
 
-from storage.database import Database, Prepared, Transaction, prepared
+from storage.database import Database, Prepared, Transaction, json_rows, one_statement, prepared
 from storage.room_tokens import RoomPosition
 from storage.stores.streams import insert_device_inbox_txn, insert_device_list_changes_txn
 
-# Every /sync runs these two (key_counts): Prepared.
-_ONE_TIME_KEY_COUNTS: Final = Prepared(
-    "SELECT algorithm, COUNT(*) FROM e2e_one_time_keys WHERE user_id = %s AND device_id = %s GROUP BY algorithm")
-# /sync's device-list changes (membership_device_changes): the rooms the user has a membership in.
-# The rooms a user is or was in (a subquery of the device-list changes' read).
+# Every /sync runs it (key_counts): a device's one-time key counts by algorithm and its unused
+# fallback key types, in one round trip.
+_KEY_COUNTS: Final = one_statement(
+    json_rows("algorithm, n", "FROM (SELECT algorithm, COUNT(*) AS n FROM e2e_one_time_keys "
+                              "WHERE user_id = %s AND device_id = %s GROUP BY algorithm) AS counts"),
+    json_rows("algorithm", "FROM e2e_fallback_keys WHERE user_id = %s AND device_id = %s AND NOT used", "algorithm"))
+# The rooms a user is or was in (a subquery of /sync's device-list changes' read).
 _ROOMS_OF_MEMBER: Final = "SELECT room_id FROM current_state_events WHERE type = 'm.room.member' AND state_key = %s"
-_UNUSED_FALLBACK_TYPES: Final = Prepared(
-    "SELECT algorithm FROM e2e_fallback_keys WHERE user_id = %s AND device_id = %s AND NOT used ORDER BY algorithm")
 
 
 @attrs.frozen
@@ -419,10 +419,10 @@ class E2eStore:
         """``/sync``'s one-time key counts and unused fallback key types, in one transaction."""
 
         def txn_fn(txn: Transaction) -> tuple[dict[str, int], list[str]]:
-            txn.execute(_ONE_TIME_KEY_COUNTS, (user_id, device_id))
-            counts = {str(r[0]): int(r[1]) for r in txn.fetchall()}
-            txn.execute(_UNUSED_FALLBACK_TYPES, (user_id, device_id))
-            return counts, [str(r[0]) for r in txn.fetchall()]
+            txn.execute(_KEY_COUNTS, (user_id, device_id, user_id, device_id))
+            row = txn.fetchone()
+            assert row is not None
+            return {str(r[0]): int(r[1]) for r in row[0] or ()}, [str(r[0]) for r in row[1] or ()]
 
         return await self._db.run_reads("get_key_counts", txn_fn)
 

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import attrs
 
-from storage.database import Database, Prepared, Transaction
+from storage.database import Database, Prepared, Transaction, json_rows
 from storage.stores.events import StateMap
 from storage.stores.room_state import CHUNK_ROWS, BulkEventRow, existing_event_ids_txn, insert_events_bulk_txn
 
@@ -80,8 +80,8 @@ def get_rows_for_sync_txn(txn: Transaction, after: int) -> dict[str, PartialStat
 
 # ``get_rows_for_sync_txn``'s rows as one JSON array of arrays (NULL: none), a subquery of
 # /sync's one read of the user's rooms (storage/stores/timeline.py); ``rows_from_json`` reads it.
-ROWS_FOR_SYNC_JSON: Final = (f"SELECT json_agg(json_build_array({_COLUMNS})) FROM partial_state_rooms "
-                             "WHERE completed_stream IS NULL OR completed_stream > %s::bigint")
+ROWS_FOR_SYNC_JSON: Final = json_rows(
+    _COLUMNS, "FROM partial_state_rooms WHERE completed_stream IS NULL OR completed_stream > %s::bigint")
 
 
 def rows_from_json(rows: list[Any] | None) -> dict[str, PartialStateRow]:

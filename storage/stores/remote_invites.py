@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import attrs
 
-from storage.database import Database, Prepared, Transaction
+from storage.database import Database, Prepared, Transaction, json_rows
 
 
 @attrs.frozen
@@ -32,8 +32,7 @@ _FOR_USER: Final = Prepared(f"SELECT {_COLUMNS} FROM remote_invites WHERE user_i
 
 # The same rows as one JSON array of arrays (NULL: none), a subquery of /sync's one read of
 # the user's rooms (storage/stores/timeline.py); ``remote_invites_from_json`` reads it.
-FOR_USER_JSON: Final = (f"SELECT json_agg(json_build_array({_COLUMNS}) ORDER BY room_id) "
-                        "FROM remote_invites WHERE user_id = %s")
+FOR_USER_JSON: Final = json_rows(_COLUMNS, "FROM remote_invites WHERE user_id = %s", "room_id")
 
 
 def get_remote_invites_txn(txn: Transaction, user_id: str) -> list[RemoteInviteRow]:

@@ -9,13 +9,12 @@ visibility rules or the client event format; handlers decide those.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
 
-from storage.database import Database, Prepared, Transaction, prepared
+from storage.database import Database, Prepared, Transaction, json_rows, one_statement, prepared
 from storage.room_tokens import RoomPosition
 from storage.stores.partial_state import ROWS_FOR_SYNC_JSON, PartialStateRow, rows_from_json
 from storage.stores.remote_invites import FOR_USER_JSON, RemoteInviteRow, remote_invites_from_json
@@ -143,26 +142,28 @@ def _room_events_txn(
 
 # The statements every incremental /sync runs are Prepared (storage/database.py): their
 # planning was most of PostgreSQL's CPU for a /sync woken by one message.
-_REDACTIONS: Final = Prepared(
-    "SELECT r.redacts, r.redaction_id FROM event_redactions r "
+_REDACTION_COLUMNS: Final = "r.redacts, r.redaction_id"
+_REDACTIONS_FROM: Final = (
+    "FROM event_redactions r "
     "JOIN events e ON e.event_id = r.redacts "
     "JOIN events red ON red.event_id = r.redaction_id "
     "WHERE r.redacts = ANY(%s::text[]) AND e.room_id = r.room_id "
-    "AND red.rejection_reason IS NULL AND NOT red.outlier AND NOT red.soft_failed ORDER BY r.redaction_id")
-_TXN_IDS: Final = Prepared(
-    "SELECT event_id, txn_id FROM event_txn_ids WHERE access_token_id = %s AND event_id = ANY(%s::text[])")
-# /sync's one read of the user's rooms (``_user_rooms_sql``): each part is a subquery giving
-# its rows as one JSON array of arrays, or NULL when there are none, so that one statement
-# (one round trip) brings them all; text, bigint and text[] columns come back as they were.
-_OWN_MEMBERSHIPS_JSON: Final = (
-    "SELECT json_agg(json_build_array(c.room_id, c.membership, c.event_id, e.stream_ordering, e.instance_name)) "
+    "AND red.rejection_reason IS NULL AND NOT red.outlier AND NOT red.soft_failed")
+_REDACTIONS: Final = Prepared(f"SELECT {_REDACTION_COLUMNS} {_REDACTIONS_FROM} ORDER BY r.redaction_id")
+_TXN_IDS_FROM: Final = "FROM event_txn_ids WHERE access_token_id = %s AND event_id = ANY(%s::text[])"
+_TXN_IDS: Final = Prepared(f"SELECT event_id, txn_id {_TXN_IDS_FROM}")
+# Both in one round trip (``get_redactions_and_txn_ids``: every /sync that serves events).
+_REDACTIONS_AND_TXN_IDS: Final = one_statement(
+    json_rows(_REDACTION_COLUMNS, _REDACTIONS_FROM, "r.redaction_id"), json_rows("event_id, txn_id", _TXN_IDS_FROM))
+# /sync's one read of the user's rooms (``_user_rooms_sql``), each part a ``json_rows``.
+_OWN_MEMBERSHIPS_JSON: Final = json_rows(
+    "c.room_id, c.membership, c.event_id, e.stream_ordering, e.instance_name",
     "FROM current_state_events c JOIN events e ON e.event_id = c.event_id "
     "WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership IS NOT NULL")
 _FORGOTTEN_JSON: Final = "SELECT json_agg(room_id) FROM room_forgotten WHERE user_id = %s"
 _FORGOTTEN: Final = Prepared("SELECT room_id FROM room_forgotten WHERE user_id = %s")
 
 
-@functools.lru_cache(maxsize=64)
 def _user_rooms_sql(partial: bool, changes: tuple[str, str] | None) -> Prepared:
     """The statement of ``get_sync_rooms``'s first read: the user's memberships, its forgotten
     rooms, its invites to rooms this server is not in, the partial-state rows (``partial``) and
@@ -170,17 +171,22 @@ def _user_rooms_sql(partial: bool, changes: tuple[str, str] | None) -> Prepared:
     in_range = None
     if changes is not None:
         lower, upper = changes
-        in_range = ("SELECT json_agg(json_build_array(m.room_id, m.membership, m.event_id, m.stream_ordering) "
-                    "ORDER BY m.stream_ordering) FROM room_memberships m JOIN events e ON e.event_id = m.event_id "
-                    f"WHERE m.user_id = %s AND {lower} AND {upper}")
-    parts = [_OWN_MEMBERSHIPS_JSON, _FORGOTTEN_JSON, FOR_USER_JSON, ROWS_FOR_SYNC_JSON if partial else None, in_range]
-    return Prepared("SELECT " + ", ".join("NULL" if part is None else f"({part})" for part in parts))
+        in_range = json_rows("m.room_id, m.membership, m.event_id, m.stream_ordering",
+                             "FROM room_memberships m JOIN events e ON e.event_id = m.event_id "
+                             f"WHERE m.user_id = %s AND {lower} AND {upper}", "m.stream_ordering")
+    return one_statement(_OWN_MEMBERSHIPS_JSON, _FORGOTTEN_JSON, FOR_USER_JSON,
+                         ROWS_FOR_SYNC_JSON if partial else None, in_range)
 
 
 def _get_redactions_txn(txn: Transaction, event_ids: list[str]) -> dict[str, list[str]]:
     txn.execute(_REDACTIONS, (event_ids,))
+    return _redactions_by_event(txn.fetchall())
+
+
+def _redactions_by_event(rows: Iterable[Sequence[Any]]) -> dict[str, list[str]]:
+    """Rows of (redacted event, redaction) as the redactions of each event, in the rows' order."""
     out: dict[str, list[str]] = {}
-    for redacts, redaction_id in txn.fetchall():
+    for redacts, redaction_id in rows:
         out.setdefault(str(redacts), []).append(str(redaction_id))
     return out
 
@@ -472,9 +478,12 @@ class TimelineStore:
         ids = list(event_ids)
 
         def txn_fn(txn: Transaction) -> tuple[dict[str, list[str]], dict[str, str]]:
-            redactions = _get_redactions_txn(txn, ids)
-            txn_ids = {} if access_token_id is None else _get_txn_ids_txn(txn, access_token_id, ids)
-            return redactions, txn_ids
+            if access_token_id is None:
+                return _get_redactions_txn(txn, ids), {}
+            txn.execute(_REDACTIONS_AND_TXN_IDS, (ids, access_token_id, ids))
+            row = txn.fetchone()
+            assert row is not None
+            return _redactions_by_event(row[0] or ()), {str(event_id): str(txn_id) for event_id, txn_id in row[1] or ()}
 
         return await self._db.run_reads("get_redactions_and_txn_ids", txn_fn)
 

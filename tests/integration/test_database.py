@@ -19,6 +19,8 @@ from storage.database import (
     Prepared,
     Transaction,
     array_literal,
+    json_rows,
+    one_statement,
 )
 from storage.kernel.background import FAILURES, run_in_background
 from storage.metrics import StorageMetrics
@@ -560,3 +562,33 @@ async def test_a_closed_pool_refuses_work_with_a_database_error(database_dsn: st
     assert await run_in_background("cut short", db.run_interaction("after", lambda txn: None)) is None
     assert not [s for m in FAILURES.collect() for s in m.samples if s.labels.get("task") == "cut short"]
     assert registry.get_sample_value("tributary_storage_pool_transactions_waiting") == 0
+
+
+async def test_one_statement_gives_each_read_rows_as_a_plain_select_would(database: Database) -> None:
+    """``json_rows`` parts of ``one_statement`` come back as the rows of the same reads sent one
+    by one, for the column types they are used with (text of every kind, bigint, NULL, text[]),
+    in their order; a read with no rows and a None part are both None."""
+    texts = ["", "it's", 'a "quote"', "back\\slash", "tab\tnew\nline", "ünïcödé ☃ 🎉", "\u2028", "NULL", "{a,b}"]
+
+    def setup(txn: Transaction) -> None:
+        txn.execute("CREATE TABLE j (k INT, t TEXT, n BIGINT, arr TEXT[])")
+        for i, text in enumerate(texts):
+            txn.execute("INSERT INTO j VALUES (%s, %s, %s, %s)",
+                        (i, text, [2**62, -(2**62), None][i % 3], [[text, "x"], [], None][i % 3]))
+
+    await database.run_interaction("setup", setup)
+    rest = "FROM j WHERE k >= %s"
+
+    def read(txn: Transaction) -> tuple[object, ...]:
+        txn.execute(f"SELECT t, n, arr {rest} ORDER BY k", (0,))
+        plain = txn.fetchall()
+        txn.execute(one_statement(json_rows("t, n, arr", rest, "k"), None, json_rows("t", rest), json_rows("t", rest)),
+                    (0, 0, 100))
+        row = txn.fetchone()
+        assert row is not None
+        return plain, row
+
+    plain, row = await database.run_reads("read", read)
+    assert [tuple(r) for r in row[0]] == plain
+    assert row[1] is None and row[3] is None
+    assert sorted(r[0] for r in row[2]) == sorted(texts)
