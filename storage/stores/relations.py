@@ -11,12 +11,12 @@ room. It knows nothing of visibility or of which edit applies; handlers decide t
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Final
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any, Final
 
 import attrs
 
-from storage.database import Database, Prepared, Transaction
+from storage.database import Database, Prepared, Transaction, json_rows, one_statement
 from storage.room_tokens import RoomPosition
 
 # A child is live: in the timeline and not redacted by a live redaction.
@@ -98,36 +98,48 @@ def _relations_txn(
 
 
 # Every /sync serving events runs these two (get_aggregation_rows): Prepared.
-_CHILDREN: Final = Prepared(f"""
-    SELECT e.event_id, r.relates_to_id, r.relation_type, e.sender, e.type, e.stream_ordering
+_CHILDREN_COLUMNS: Final = "e.event_id, r.relates_to_id, r.relation_type, e.sender, e.type, e.stream_ordering"
+_CHILDREN_FROM: Final = f"""
     FROM event_relations r JOIN events e ON e.event_id = r.event_id
     JOIN events p ON p.event_id = r.relates_to_id AND p.room_id = r.room_id
     WHERE r.relates_to_id = ANY(%s::text[]) AND r.relation_type = ANY(%s::text[]) AND {LIVE_CHILD}
-    ORDER BY e.stream_ordering
-    """)
-_THREAD_SUMMARIES: Final = Prepared(f"""
-    SELECT r.relates_to_id, count(*), (array_agg(e.event_id ORDER BY e.stream_ordering DESC))[1:%s::int],
-           bool_or(e.sender = %s::text)
+    """
+_CHILDREN: Final = Prepared(f"SELECT {_CHILDREN_COLUMNS} {_CHILDREN_FROM} ORDER BY e.stream_ordering")
+_THREAD_SUMMARIES_SQL: Final = f"""
+    SELECT r.relates_to_id, count(*) AS replies,
+           (array_agg(e.event_id ORDER BY e.stream_ordering DESC))[1:%s::int] AS latest,
+           bool_or(e.sender = %s::text) AS replied
     FROM event_relations r JOIN events e ON e.event_id = r.event_id
     JOIN events p ON p.event_id = r.relates_to_id AND p.room_id = r.room_id
     WHERE r.relates_to_id = ANY(%s::text[]) AND r.relation_type = 'm.thread' AND {LIVE_CHILD}
     GROUP BY r.relates_to_id
-    """)
+    """
+_THREAD_SUMMARIES: Final = Prepared(_THREAD_SUMMARIES_SQL)
+# Both in one round trip (get_aggregation_rows: every /sync that serves events).
+_AGGREGATIONS: Final = one_statement(
+    json_rows(_CHILDREN_COLUMNS, _CHILDREN_FROM, "e.stream_ordering"),
+    json_rows("relates_to_id, replies, latest, replied", f"FROM ({_THREAD_SUMMARIES_SQL}) AS summaries"),
+)
 
 
 def _children_txn(txn: Transaction, parent_ids: list[str], relation_types: list[str]) -> list[RelationRow]:
     txn.execute(_CHILDREN, (parent_ids, relation_types))
-    return [RelationRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5])) for r in txn.fetchall()]
+    return _children(txn.fetchall())
+
+
+def _children(rows: Iterable[Sequence[Any]]) -> list[RelationRow]:
+    return [RelationRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5])) for r in rows]
 
 
 def _thread_summaries_txn(
     txn: Transaction, root_ids: list[str], user_id: str, latest: int
 ) -> dict[str, ThreadSummaryRow]:
     txn.execute(_THREAD_SUMMARIES, (latest, user_id, root_ids))
-    return {
-        str(r[0]): ThreadSummaryRow(str(r[0]), int(r[1]), tuple(str(x) for x in r[2]), bool(r[3]))
-        for r in txn.fetchall()
-    }
+    return _thread_summaries(txn.fetchall())
+
+
+def _thread_summaries(rows: Iterable[Sequence[Any]]) -> dict[str, ThreadSummaryRow]:
+    return {str(r[0]): ThreadSummaryRow(str(r[0]), int(r[1]), tuple(str(x) for x in r[2]), bool(r[3])) for r in rows}
 
 
 def _threads_txn(
@@ -185,15 +197,17 @@ class RelationsStore:
     async def get_aggregation_rows(
         self, parent_ids: Collection[str], relation_types: Collection[str], user_id: str, *, latest: int = 5
     ) -> tuple[list[RelationRow], dict[str, ThreadSummaryRow]]:
-        """``get_children`` and ``get_thread_summaries`` in one transaction (one pool checkout
-        per served batch of events, as ``/sync`` serialises room by room)."""
+        """``get_children`` and ``get_thread_summaries`` in one statement (one pool checkout and
+        one round trip per served batch of events, as ``/sync`` serialises room by room)."""
         if not parent_ids:
             return [], {}
         parents = sorted(parent_ids)
 
         def read(txn: Transaction) -> tuple[list[RelationRow], dict[str, ThreadSummaryRow]]:
-            return (_children_txn(txn, parents, sorted(relation_types)),
-                    _thread_summaries_txn(txn, parents, user_id, latest))
+            txn.execute(_AGGREGATIONS, (parents, sorted(relation_types), latest, user_id, parents))
+            row = txn.fetchone()
+            assert row is not None
+            return _children(row[0] or ()), _thread_summaries(row[1] or ())
 
         return await self._db.run_reads("get_aggregations", read)
 
