@@ -1,5 +1,5 @@
-"""Client-server API figures: sequential and concurrent sends, /sync wake latency,
-initial sync of a user in many rooms, server CPU per message and RSS.
+"""Client-server API figures: sequential and concurrent sends, /sync wake latency, a message's
+fan-out to members online, initial sync of a user in many rooms, server CPU per message and RSS.
 
 Against a running server (``--base-url``, which must have generous ``rc_message``,
 ``rc_joins`` and ``rc_registration`` limits), or, by default, against a fresh
@@ -9,6 +9,7 @@ database of the PostgreSQL on 127.0.0.1:5432 (as Synapse is deployed; its SQLite
 its rate limits lifted, then the ratios. Run by hand:
 
     .venv/bin/python bench/client_api.py [--sends 500] [--rooms 50] [--events 100] [--py-spy FILE]
+                                         [--online 20 [--online-messages 20]]
                                          [--synapse [--synapse-sends 300]]
 """
 
@@ -254,6 +255,8 @@ async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metric
             wakes.append(time.perf_counter() - sent_at)
             since = result["next_batch"]
         print(f"sync wake after the send returns: p50 {pct(wakes, 0.5) * 1000:.1f} ms, p99 {pct(wakes, 0.99) * 1000:.1f} ms")
+        if args.online > 0 and args.online_messages > 0:
+            await fan_out_to_online_members(anon, alice, room, pid, db_pid, args.online, args.online_messages, run)
 
         carol = await anon.register(f"carol{run}")
         for r in range(args.rooms):
@@ -267,11 +270,50 @@ async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metric
         return Figures(sends / seq_elapsed, len(flat) / elapsed, seq_cpu / sends)
 
 
+async def fan_out_to_online_members(anon: Api, sender: Api, room: str, pid: int | None, db_pid: int | None,
+                                    online: int, messages: int, run: str) -> None:
+    """``online`` members long-poll ``/sync`` in ``room`` while ``sender`` sends ``messages``
+    messages one at a time: how long until every member's ``/sync`` has returned with the
+    message, and the server's and its PostgreSQL's CPU per message, send and wake-ups together
+    (what a message costs in a room whose members are online)."""
+    members = [await anon.register(f"m{i}x{run}") for i in range(online)]
+    for member in members:
+        await member.call("POST", f"/rooms/{room}/join", {})
+    tokens = [(await member.call("GET", "/sync?timeout=0"))["next_batch"] for member in members]
+    everyone: list[float] = []
+    cpu = db_cpu = 0.0
+
+    async def until_seen(member: Api, since: str, body: str) -> str:
+        """Long-poll until a /sync brings ``body`` (one may return earlier with presence, say)."""
+        while True:
+            result = await member.call("GET", f"/sync?since={since}&timeout=30000")
+            since = result["next_batch"]
+            events = result["rooms"]["join"].get(room, {}).get("timeline", {}).get("events", [])
+            if any(e.get("content", {}).get("body") == body for e in events):
+                return since
+
+    for i in range(messages):
+        polls = [asyncio.ensure_future(until_seen(member, since, f"online {i}"))
+                 for member, since in zip(members, tokens)]
+        await asyncio.sleep(0.2)  # let every long-poll reach the server and wait
+        cpu0, db0, start = cpu_seconds(pid), tree_cpu_seconds(db_pid), time.perf_counter()
+        await sender.send(room, f"online {i}")
+        tokens = list(await asyncio.gather(*polls))
+        everyone.append(time.perf_counter() - start)
+        cpu, db_cpu = cpu + cpu_seconds(pid) - cpu0, db_cpu + tree_cpu_seconds(db_pid) - db0
+    print(f"a message to {online} members online (long-polling /sync): every /sync back p50 "
+          f"{pct(everyone, 0.5) * 1000:.1f} ms, p99 {pct(everyone, 0.99) * 1000:.1f} ms; CPU per message "
+          f"(the send and {online} /syncs): server {cpu / messages * 1000:.1f} ms, its PostgreSQL "
+          f"{db_cpu / messages * 1000:.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base-url")
     parser.add_argument("--sends", type=int, default=500)
     parser.add_argument("--wakes", type=int, default=100)
+    parser.add_argument("--online", type=int, default=20, help="members online for the fan-out figure (0: none)")
+    parser.add_argument("--online-messages", type=int, default=20, help="messages sent to the online members")
     parser.add_argument("--rooms", type=int, default=50)
     parser.add_argument("--events", type=int, default=100)
     parser.add_argument("--aiohttp", action="store_true",
