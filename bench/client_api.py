@@ -288,7 +288,7 @@ async def fan_out_to_online_members(anon: Api, sender: Api, room: str, pid: int 
         while True:
             result = await member.call("GET", f"/sync?since={since}&timeout=30000")
             since = result["next_batch"]
-            events = result["rooms"]["join"].get(room, {}).get("timeline", {}).get("events", [])
+            events = result.get("rooms", {}).get("join", {}).get(room, {}).get("timeline", {}).get("events", [])
             if any(e.get("content", {}).get("body") == body for e in events):
                 return since
 
