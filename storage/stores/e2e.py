@@ -416,7 +416,7 @@ class E2eStore:
         await self._db.run_interaction("set_fallback_keys", txn_fn)
 
     async def key_counts(self, user_id: str, device_id: str) -> tuple[dict[str, int], list[str]]:
-        """``/sync``'s one-time key counts and unused fallback key types, in one transaction."""
+        """``/sync``'s one-time key counts and unused fallback key types, in one statement."""
 
         def txn_fn(txn: Transaction) -> tuple[dict[str, int], list[str]]:
             txn.execute(_KEY_COUNTS, (user_id, device_id, user_id, device_id))

@@ -65,23 +65,14 @@ def _row(r: Sequence[object]) -> PartialStateRow:
 
 
 _COLUMNS: Final = "room_id, join_event_id, servers, joined_ts, completed_instance, completed_stream"
-# Every /sync runs it: Prepared.
-_ROWS_FOR_SYNC: Final = Prepared(
-    f"SELECT {_COLUMNS} FROM partial_state_rooms WHERE completed_stream IS NULL OR completed_stream > %s::bigint")
-
-
-def get_rows_for_sync_txn(txn: Transaction, after: int) -> dict[str, PartialStateRow]:
-    """The rows a sync needs: the rooms partial now, and those made whole at an events stream
-    position after ``after`` (the smallest position of the sync's ``since``, or of its end for
-    an initial sync); older ones change nothing for it."""
-    txn.execute(_ROWS_FOR_SYNC, (after,))
-    return {str(r[0]): _row(r) for r in txn.fetchall()}
-
-
-# ``get_rows_for_sync_txn``'s rows as one JSON array of arrays (NULL: none), a subquery of
-# /sync's one read of the user's rooms (storage/stores/timeline.py); ``rows_from_json`` reads it.
-ROWS_FOR_SYNC_JSON: Final = json_rows(
-    _COLUMNS, "FROM partial_state_rooms WHERE completed_stream IS NULL OR completed_stream > %s::bigint")
+# The rows a sync needs: the rooms partial now, and those made whole at an events stream
+# position after the parameter (the smallest position of the sync's ``since``, or of its end
+# for an initial sync); older ones change nothing for it. Sliding sync reads them alone
+# (``get_rows_for_sync``); /sync as a part of its one read of the user's rooms
+# (``ROWS_FOR_SYNC_JSON``, read back by ``rows_from_json``; storage/stores/timeline.py).
+_ROWS_FOR_SYNC_FROM: Final = "FROM partial_state_rooms WHERE completed_stream IS NULL OR completed_stream > %s::bigint"
+_ROWS_FOR_SYNC: Final = Prepared(f"SELECT {_COLUMNS} {_ROWS_FOR_SYNC_FROM}")
+ROWS_FOR_SYNC_JSON: Final = json_rows(_COLUMNS, _ROWS_FOR_SYNC_FROM)
 
 
 def rows_from_json(rows: list[Any] | None) -> dict[str, PartialStateRow]:
@@ -190,9 +181,14 @@ class PartialStateStore:
                                               None if room_ids is None else list(room_ids))
 
     async def get_rows_for_sync(self, after: int) -> dict[str, PartialStateRow]:
-        """``get_rows_for_sync_txn`` in a read of its own (sliding sync; ``/sync`` reads the rows
-        in ``TimelineStore.get_sync_rooms``)."""
-        return await self._db.run_reads("get_partial_state_rows_for_sync", get_rows_for_sync_txn, after)
+        """The rows a sync needs (``_ROWS_FOR_SYNC``) in a read of their own, for sliding sync;
+        ``/sync`` reads them in ``TimelineStore.get_sync_rooms``."""
+
+        def txn_fn(txn: Transaction) -> dict[str, PartialStateRow]:
+            txn.execute(_ROWS_FOR_SYNC, (after,))
+            return {str(r[0]): _row(r) for r in txn.fetchall()}
+
+        return await self._db.run_reads("get_partial_state_rows_for_sync", txn_fn)
 
     async def partial_rooms(self) -> dict[str, PartialStateRow]:
         """The rooms whose state is partial now."""

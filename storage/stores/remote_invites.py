@@ -27,12 +27,13 @@ class RemoteInviteRow:
 _COLUMNS = ("user_id, room_id, membership, event_id, room_version, event_json, invite_state, "
             "stream_ordering, instance_name")
 # Every /sync runs it: Prepared.
-_FOR_USER: Final = Prepared(f"SELECT {_COLUMNS} FROM remote_invites WHERE user_id = %s ORDER BY room_id")
+_FOR_USER_FROM: Final = "FROM remote_invites WHERE user_id = %s"
+_FOR_USER: Final = Prepared(f"SELECT {_COLUMNS} {_FOR_USER_FROM} ORDER BY room_id")
 
 
 # The same rows as one JSON array of arrays (NULL: none), a subquery of /sync's one read of
 # the user's rooms (storage/stores/timeline.py); ``remote_invites_from_json`` reads it.
-FOR_USER_JSON: Final = json_rows(_COLUMNS, "FROM remote_invites WHERE user_id = %s", "room_id")
+FOR_USER_JSON: Final = json_rows(_COLUMNS, _FOR_USER_FROM, "room_id")
 
 
 def get_remote_invites_txn(txn: Transaction, user_id: str) -> list[RemoteInviteRow]:

@@ -67,8 +67,6 @@ class SyncRooms:
     remote_invites: dict[str, RemoteInviteRow] = attrs.Factory(dict)
     # Per room in ``changes``: the user's membership as of the sync's start (absent: none).
     memberships_at_since: dict[str, str] = attrs.Factory(dict)
-    # The partial-state rows the sync asked for (``partial_after``), by room.
-    partial: dict[str, PartialStateRow] = attrs.Factory(dict)
 
 
 @attrs.frozen
@@ -160,8 +158,8 @@ _OWN_MEMBERSHIPS_JSON: Final = json_rows(
     "c.room_id, c.membership, c.event_id, e.stream_ordering, e.instance_name",
     "FROM current_state_events c JOIN events e ON e.event_id = c.event_id "
     "WHERE c.type = 'm.room.member' AND c.state_key = %s AND c.membership IS NOT NULL")
-_FORGOTTEN_JSON: Final = "SELECT json_agg(room_id) FROM room_forgotten WHERE user_id = %s"
-_FORGOTTEN: Final = Prepared("SELECT room_id FROM room_forgotten WHERE user_id = %s")
+_FORGOTTEN_FROM: Final = "FROM room_forgotten WHERE user_id = %s"
+_FORGOTTEN: Final = Prepared(f"SELECT room_id {_FORGOTTEN_FROM}")
 
 
 def _user_rooms_sql(partial: bool, changes: tuple[str, str] | None) -> Prepared:
@@ -174,7 +172,7 @@ def _user_rooms_sql(partial: bool, changes: tuple[str, str] | None) -> Prepared:
         in_range = json_rows("m.room_id, m.membership, m.event_id, m.stream_ordering",
                              "FROM room_memberships m JOIN events e ON e.event_id = m.event_id "
                              f"WHERE m.user_id = %s AND {lower} AND {upper}", "m.stream_ordering")
-    return one_statement(_OWN_MEMBERSHIPS_JSON, _FORGOTTEN_JSON, FOR_USER_JSON,
+    return one_statement(_OWN_MEMBERSHIPS_JSON, json_rows("room_id", _FORGOTTEN_FROM), FOR_USER_JSON,
                          ROWS_FOR_SYNC_JSON if partial else None, in_range)
 
 
@@ -435,7 +433,7 @@ class TimelineStore:
                 row[0] or (), row[1] or (), row[2], row[3], row[4] or ())
             rooms_at = {str(r[0]): (str(r[1]), str(r[2]), int(r[3])) for r in memberships}
             late = {str(r[0]) for r in memberships if not end.covers(str(r[4]), int(r[3]))}
-            forgotten = {str(r) for r in forgotten_rows}
+            forgotten = {str(r[0]) for r in forgotten_rows}
             partial = rows_from_json(partial_rows)
             changes = [MembershipRow(str(r[0]), user_id, str(r[1]), str(r[2]), int(r[3])) for r in change_rows]
             at_since: dict[str, str] = {}
@@ -465,7 +463,7 @@ class TimelineStore:
                 and (row.membership in ("invite", "knock") if start is None else not start.covers(row.instance_name,
                                                                                        row.stream_ordering))
             }
-            return SyncRooms(rooms_at, forgotten, changes, full, recent, remote, at_since, partial)
+            return SyncRooms(rooms_at, forgotten, changes, full, recent, remote, at_since)
 
         return await self._db.run_reads("get_sync_rooms", txn_fn)
 
