@@ -1,7 +1,9 @@
 """PostgreSQL access: psycopg2 connections on a bounded thread pool, used from async code.
 
 ``Database.run_interaction(name, func, *args)`` runs ``func(txn, *args)`` in one
-transaction on a pool thread and returns its result to the reactor thread. It
+transaction on a pool thread and returns its result to the reactor thread; a function
+marked ``on_reactor``, and every function of ``run_reads``, runs on the reactor thread
+itself, over a non-blocking connection (``storage/on_reactor.py``). It
 retries the whole function on serialization failures and deadlocks, reconnects
 after a lost connection, times every transaction by name, and runs callbacks
 registered with ``txn.call_after`` on the reactor thread once the transaction
@@ -21,6 +23,7 @@ server neither parses nor plans again.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 import hashlib
@@ -42,6 +45,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.failure import Failure
 
+from storage import on_reactor as reactor_side
 from storage.metrics import Children, StorageMetrics
 
 logger = logging.getLogger(__name__)
@@ -49,6 +53,7 @@ logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_RETRIES = 5
 
@@ -59,6 +64,23 @@ _RETRYABLE = (psycopg2.errors.SerializationFailure, psycopg2.errors.DeadlockDete
 _TXN: Final = "txn"
 _AUTOCOMMIT: Final = "autocommit"
 _READS: Final = "reads"
+
+# The attribute ``on_reactor`` sets on a transaction function.
+_ON_REACTOR: Final = "_tributary_on_reactor"
+
+
+def on_reactor(func: F) -> F:
+    """Mark ``func`` as a transaction function ``Database`` runs on the reactor thread
+    (``storage/on_reactor.py``): one with little Python between its round trips and no
+    ``copy_rows``, on a path where the two thread wake-ups of a pool thread's hand-off are a
+    share of its cost worth saving. ``run_reads`` runs every function there."""
+    setattr(func, _ON_REACTOR, True)
+    return func
+
+
+def runs_on_reactor(func: Callable[..., object]) -> bool:
+    """Whether ``func`` is marked with ``on_reactor``."""
+    return getattr(func, _ON_REACTOR, False) is True
 
 
 def delay_cancellation(deferred: Deferred[T]) -> Deferred[T]:
@@ -601,13 +623,72 @@ class _Outcome:
     callbacks: tuple[tuple[Callable[..., object], tuple[object, ...]], ...]
 
 
+class _ThreadSide:
+    """Where a pool thread runs a function: the thread's own blocking connection."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def connection(self) -> tuple[psycopg2.extensions.connection, set[str]]:
+        conn = self._db._connection()
+        prepared: set[str] = self._db._local.prepared
+        return conn, prepared
+
+    def cursor(self, conn: psycopg2.extensions.connection) -> Any:
+        return conn.cursor()
+
+    def drop(self, conn: psycopg2.extensions.connection) -> None:
+        self._db._drop_connection(conn)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class _ReactorSide:
+    """Where a task on the reactor thread runs a function (``storage/on_reactor.py``): the
+    non-blocking connection the task holds, opened by the task when it had none."""
+
+    __slots__ = ("_db", "_loop", "held")
+
+    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop, held: reactor_side.LoopConnection | None) -> None:
+        self._db = db
+        self._loop = loop
+        self.held = held
+
+    def connection(self) -> tuple[psycopg2.extensions.connection, set[str]]:
+        if self.held is not None and self.held.conn.closed:
+            self.held.close()  # psycopg2 closed it (a fatal error): its socket's watch goes too
+            self.held = None
+        if self.held is None:
+            self.held = self._db._open_nonblocking(self._loop)
+        return self.held.conn, self.held.prepared
+
+    def cursor(self, conn: psycopg2.extensions.connection) -> Any:
+        assert self.held is not None and self.held.conn is conn
+        return reactor_side.GreenCursor(self.held)
+
+    def drop(self, conn: psycopg2.extensions.connection) -> None:
+        if self.held is not None:
+            self.held.close()
+        self.held = None
+
+    def sleep(self, seconds: float) -> None:
+        reactor_side.sleep(self._loop, seconds)
+
+
+_Side = _ThreadSide | _ReactorSide
+
+
 class Database:
     """A pool of connections to one PostgreSQL database.
 
-    ``dsn`` is a libpq connection string or URL. Each pool thread keeps its own
-    connection, opened on first use, so a transaction never waits for a
-    connection once it has a thread; a transaction goes to the thread idle last
-    (``_Workers``).
+    ``dsn`` is a libpq connection string or URL. A transaction runs either on a pool
+    thread, which keeps its own connection, opened on first use (a transaction goes to
+    the thread idle last: ``_Workers``), or on the reactor thread in a task of its own
+    (``storage/on_reactor.py``: ``run_reads`` and functions marked ``on_reactor``), on a
+    non-blocking connection of at most ``max_connections`` more, the one idle last.
     """
 
     def __init__(
@@ -626,6 +707,9 @@ class Database:
         self._application_name = application_name
         self._min_connections = min_connections
         self._workers = _Workers(reactor, max_connections, "db")
+        self._thread_side = _ThreadSide(self)
+        self._loop_connections = reactor_side.LoopConnections(max_connections)
+        self._loop = reactor_side.reactor_loop(reactor)
         self._local = threading.local()
         self._connections: list[psycopg2.extensions.connection] = []
         self._connections_lock = threading.Lock()
@@ -656,7 +740,9 @@ class Database:
         return await self.run_interaction("check_connection", version)
 
     def close(self) -> None:
-        """Stop the pool (waiting for running transactions) and close every connection."""
+        """Stop the pool (waiting for running transactions) and close every connection; the
+        reactor thread's connections in use close when their transactions end."""
+        self._loop_connections.close()
         self._workers.stop()
         with self._connections_lock:
             for conn in self._connections:
@@ -673,8 +759,9 @@ class Database:
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> R:
-        """Run ``func(txn, *args, **kwargs)`` in a transaction on the pool; return its result."""
-        result: R = await self._submit(name, func, args, kwargs, mode=_TXN)
+        """Run ``func(txn, *args, **kwargs)`` in a transaction and return its result: on the
+        reactor thread when ``func`` is marked ``on_reactor``, else on a pool thread."""
+        result: R = await self._submit(name, func, args, kwargs, mode=_TXN, here=runs_on_reactor(func))
         return result
 
     async def run_reads(
@@ -684,7 +771,8 @@ class Database:
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> R:
-        """Run ``func``, which only reads, with no transaction around its statements.
+        """Run ``func``, which only reads, with no transaction around its statements, on the
+        reactor thread.
 
         Under READ COMMITTED each statement of a transaction takes a snapshot of its own, so
         a transaction around reads adds nothing but its ``COMMIT``, a round trip of its own at
@@ -692,7 +780,7 @@ class Database:
         Retried once on a new connection when the connection is lost (a read is safe to
         repeat); ``call_after`` callbacks run once ``func`` has returned.
         """
-        result: R = await self._submit(name, func, args, kwargs, mode=_READS)
+        result: R = await self._submit(name, func, args, kwargs, mode=_READS, here=True)
         return result
 
     async def run_autocommit(
@@ -705,9 +793,10 @@ class Database:
         """Run ``func`` with every statement committing on its own: no BEGIN, no COMMIT.
 
         For work that needs no atomicity, such as ``nextval`` (which no rollback
-        undoes anyway): one round trip per statement instead of three.
+        undoes anyway): one round trip per statement instead of three. On the reactor
+        thread when ``func`` is marked ``on_reactor``.
         """
-        result: R = await self._submit(name, func, args, kwargs, mode=_AUTOCOMMIT)
+        result: R = await self._submit(name, func, args, kwargs, mode=_AUTOCOMMIT, here=runs_on_reactor(func))
         return result
 
     async def _submit(
@@ -718,13 +807,21 @@ class Database:
         kwargs: dict[str, object],
         *,
         mode: str,
+        here: bool,
     ) -> Any:
-        """Queue ``func`` on the pool, wait for it (cancellation-safely), run its after-callbacks."""
+        """Run ``func`` on the reactor thread (``here``, and called from its main greenlet) or
+        queue it on the pool; wait for it (cancellation-safely), run its after-callbacks."""
         with self._counts_lock:
             self._waiting += 1
             self._metrics.pool_waiting.set(self._waiting)
         try:
-            queued = self._workers.submit(self._run_on_thread, name, func, args, kwargs, mode)
+            if self._loop_connections.closed:
+                raise PoolClosed("the database pool is closed")
+            loop = self._loop
+            if here and loop is not None and reactor_side.on_main_greenlet():
+                queued = self._run_here(loop, name, func, args, kwargs, mode)
+            else:
+                queued = self._workers.submit(self._run, self._thread_side, name, func, args, kwargs, mode)
         except PoolClosed:  # nothing waits
             with self._counts_lock:
                 self._waiting -= 1
@@ -739,9 +836,34 @@ class Database:
                 logger.exception("[%s] after-commit callback %r failed", name, callback)
         return outcome.result
 
-    # --- on pool threads ----------------------------------------------------------
+    def _run_here(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        name: str,
+        func: Callable[..., Any],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        mode: str,
+    ) -> Deferred[_Outcome]:
+        """``func`` in a task on the reactor thread, on a connection of the reactor's own
+        (Deferred callbacks rather than a coroutine: this is on every such transaction's way)."""
+
+        def start(held: reactor_side.LoopConnection | None) -> Deferred[_Outcome]:
+            side = _ReactorSide(self, loop, held)
+
+            def release(result: object) -> object:
+                self._loop_connections.release(side.held)
+                return result
+
+            ran: Deferred[_Outcome] = reactor_side.start_task(loop, self._run, side, name, func, args, kwargs, mode)
+            return ran.addBoth(release)
+
+        return self._loop_connections.acquire().addCallback(start)
+
+    # --- on pool threads, or in a task on the reactor thread -----------------------
 
     def _connection(self) -> psycopg2.extensions.connection:
+        """The pool thread's connection, opened on first use."""
         conn: psycopg2.extensions.connection | None = getattr(self._local, "conn", None)
         if conn is not None and not conn.closed:
             return conn
@@ -764,6 +886,26 @@ class Database:
             self._connections.append(conn)
         return conn
 
+    def _open_nonblocking(self, loop: asyncio.AbstractEventLoop) -> reactor_side.LoopConnection:
+        """A new connection in psycopg2's asynchronous mode (always autocommit), opened and set
+        up as ``_connection``'s, the current task parked meanwhile (``storage/on_reactor.py``)."""
+        try:
+            # The client encoding as a connection parameter: psycopg2 learns it at connect time
+            # (set_client_encoding is for blocking connections only).
+            conn = psycopg2.connect(self._dsn, application_name=self._application_name,
+                                    client_encoding="UTF8", async_=True)
+            reactor_side.wait_connected(conn, loop)
+        except psycopg2.OperationalError as e:
+            raise DatabaseError(f"cannot connect to the database: {str(e).strip()}") from e
+        held = reactor_side.LoopConnection(conn, loop)
+        try:
+            with reactor_side.GreenCursor(held) as cursor:
+                cursor.execute("SET standard_conforming_strings = on")
+        except psycopg2.Error as e:
+            held.close()
+            raise DatabaseError(f"cannot set up a database connection: {str(e).strip()}") from e
+        return held
+
     def _drop_connection(self, conn: psycopg2.extensions.connection) -> None:
         with self._connections_lock:
             if conn in self._connections:
@@ -775,8 +917,9 @@ class Database:
         self._local.conn = None
         self._local.prepared = set()
 
-    def _run_on_thread(
+    def _run(
         self,
+        side: _Side,
         name: str,
         func: Callable[..., Any],
         args: tuple[object, ...],
@@ -792,9 +935,9 @@ class Database:
         outcome = "error"
         try:
             if mode == _TXN:
-                result = self._run_with_retries(name, func, args, kwargs)
+                result = self._run_with_retries(side, name, func, args, kwargs)
             else:
-                result = self._run_autocommit(name, func, args, kwargs, reads=mode == _READS)
+                result = self._run_autocommit(side, name, func, args, kwargs, reads=mode == _READS)
             outcome = "ok"
             return result
         finally:
@@ -809,6 +952,7 @@ class Database:
 
     def _run_with_retries(
         self,
+        side: _Side,
         name: str,
         func: Callable[..., Any],
         args: tuple[object, ...],
@@ -817,41 +961,42 @@ class Database:
         attempt = 0
         while True:
             attempt += 1
-            conn = self._connection()
+            conn, prepared = side.connection()
             txn: Transaction | None = None
             try:
-                with conn.cursor() as cursor:
-                    txn = Transaction(name, cursor, self._local.prepared, begins=True)
+                with side.cursor(conn) as cursor:
+                    txn = Transaction(name, cursor, prepared, begins=True)
                     result = func(txn, *args, **kwargs)
                     if conn.get_transaction_status() != _IDLE:
                         cursor.execute("COMMIT")
                 return _Outcome(result, tuple(txn._after_callbacks))
             except _RETRYABLE as e:
-                self._rollback(conn)
+                self._rollback(side, conn)
                 if attempt > MAX_RETRIES:
                     self._schedule_exception_callbacks(txn)
                     raise
                 self._metrics.txn_retries.labels(txn=name).inc()
                 logger.info("[%s] retrying after %s (attempt %d)", name, type(e).__name__, attempt)
-                time.sleep(0.01 * attempt)
+                side.sleep(0.01 * attempt)
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
                 # The connection is gone (server restart, network). Nothing was
                 # committed; retry once on a fresh connection.
-                self._drop_connection(conn)
+                side.drop(conn)
                 if attempt > 1:
                     self._schedule_exception_callbacks(txn)
                     raise DatabaseError(f"database connection lost during {name}: {str(e).strip()}") from e
                 logger.warning("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
             except BaseException:
                 try:
-                    self._rollback(conn)
+                    self._rollback(side, conn)
                 except psycopg2.Error:
-                    self._drop_connection(conn)
+                    side.drop(conn)
                 self._schedule_exception_callbacks(txn)
                 raise
 
     def _run_autocommit(
         self,
+        side: _Side,
         name: str,
         func: Callable[..., Any],
         args: tuple[object, ...],
@@ -863,22 +1008,22 @@ class Database:
         attempt = 0
         while True:
             attempt += 1
-            conn = self._connection()
+            conn, prepared = side.connection()
             try:
-                with conn.cursor() as cursor:
-                    txn = kind(name, cursor, self._local.prepared)
+                with side.cursor(conn) as cursor:
+                    txn = kind(name, cursor, prepared)
                     return _Outcome(func(txn, *args, **kwargs), tuple(txn._after_callbacks))
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
-                self._drop_connection(conn)
+                side.drop(conn)
                 if not reads or attempt > 1:
                     raise DatabaseError(f"database connection lost during {name}: {str(e).strip()}") from e
                 logger.warning("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
 
     @staticmethod
-    def _rollback(conn: psycopg2.extensions.connection) -> None:
+    def _rollback(side: _Side, conn: psycopg2.extensions.connection) -> None:
         """End the transaction begun by hand, if any (a statement failed, or the function raised)."""
         if not conn.closed and conn.get_transaction_status() != _IDLE:
-            with conn.cursor() as cursor:
+            with side.cursor(conn) as cursor:
                 cursor.execute("ROLLBACK")
 
     def _schedule_exception_callbacks(self, txn: Transaction | None) -> None:

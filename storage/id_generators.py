@@ -32,7 +32,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
-from storage.database import Database, SqlValue, Transaction, delay_cancellation
+from storage.database import Database, SqlValue, Transaction, delay_cancellation, on_reactor, runs_on_reactor
 from storage.stores.streams import (
     TableSource,
     advance_sequence_txn,
@@ -882,6 +882,9 @@ async def run_interaction_with_streams(
         finally:
             for gen, _ in reservations:
                 gen._unbind(txn)
+
+    if runs_on_reactor(func):
+        on_reactor(in_txn)
 
     def complete(result: T) -> T:
         committed = not isinstance(result, Failure)

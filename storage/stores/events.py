@@ -21,7 +21,7 @@ import attrs
 import psycopg2.errors
 
 from storage.caches import DictCache
-from storage.database import Database, DeferredStatements, Prepared, SqlValue, Transaction
+from storage.database import Database, DeferredStatements, Prepared, SqlValue, Transaction, on_reactor
 from storage.id_generators import IdInStatements
 from storage.stores.push import PushAction, push_actions_sql
 
@@ -701,6 +701,7 @@ _DELETE_EXTREMITIES: Final = Prepared(
     "DELETE FROM event_forward_extremities WHERE room_id = %s AND event_id = ANY(%s::text[])")
 
 
+@on_reactor
 def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[Transaction], int],
                       allocate_in_statements: Callable[[Transaction], IdInStatements] | None = None) -> PersistResult:
     """Write the event; ``allocate(txn)`` reserves its stream ordering (only when it is new).
@@ -873,6 +874,7 @@ def persist_event_txn(txn: Transaction, r: PersistRequest, allocate: Callable[[T
     return PersistResult(stream_ordering, after, already_persisted=False, destinations=r.remote_servers)
 
 
+@on_reactor
 def persist_events_txn(
     txn: Transaction, batch: Sequence[BatchedPersist], allocate_many: Callable[[Transaction, int], list[int]]
 ) -> list[PersistResult]:

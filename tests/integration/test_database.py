@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import psycopg2
+import psycopg2.errors
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from storage.database import (
     array_literal,
     json_rows,
     one_statement,
+    on_reactor,
 )
 from storage.kernel.background import FAILURES, run_in_background
 from storage.metrics import StorageMetrics
@@ -592,3 +594,139 @@ async def test_one_statement_gives_each_read_rows_as_a_plain_select_would(databa
     assert [tuple(r) for r in row[0]] == plain
     assert row[1] is None and row[3] is None
     assert sorted(r[0] for r in row[2]) == sorted(texts)
+
+
+# --- transactions on the reactor thread (storage/on_reactor.py) -------------------------------
+
+
+async def test_marked_transactions_run_on_the_reactor_thread_as_on_a_pool_thread(database: Database) -> None:
+    ran: list[str] = []
+
+    @on_reactor
+    def setup(txn: Transaction) -> bool:
+        txn.execute("CREATE TABLE t (v INT PRIMARY KEY)")
+        txn.execute("INSERT INTO t VALUES (1)")
+        txn.call_after(ran.append, "after setup")
+        return threading.current_thread() is threading.main_thread()
+
+    assert await database.run_interaction("setup", setup) is True
+    assert ran == ["after setup"]
+
+    @on_reactor
+    def insert_then_fail(txn: Transaction) -> None:
+        txn.call_after(ran.append, "after")
+        txn.call_on_exception(ran.append, "on_exception")
+        txn.execute("INSERT INTO t VALUES (2)")
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError):
+        await database.run_interaction("insert_then_fail", insert_then_fail)
+
+    @on_reactor
+    def duplicate(txn: Transaction) -> None:
+        txn.execute("INSERT INTO t VALUES (3)")
+        txn.execute("INSERT INTO t VALUES (1)")
+
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        await database.run_interaction("duplicate", duplicate)
+
+    @on_reactor
+    def read(txn: Transaction) -> list[tuple[int, ...]]:
+        txn.execute("SELECT v FROM t ORDER BY v")
+        return txn.fetchall()
+
+    assert await database.run_interaction("read", read) == [(1,)]  # both rolled back
+    await _next_reactor_turn()
+    assert ran == ["after setup", "on_exception"]
+
+    def on_thread(txn: Transaction) -> bool:
+        return threading.current_thread() is threading.main_thread()
+
+    assert await database.run_interaction("unmarked", on_thread) is False
+    assert await database.run_reads("reads", on_thread) is True
+
+
+async def test_serialization_failures_are_retried_on_the_reactor_thread(database: Database) -> None:
+    """As on the pool threads: four increments at REPEATABLE READ, side by side on the reactor's
+    connections, each parked in its round trips; the losers are retried, none is lost."""
+
+    @on_reactor
+    def setup(txn: Transaction) -> None:
+        txn.execute("CREATE TABLE counter (n INT)")
+        txn.execute("INSERT INTO counter VALUES (0)")
+
+    await database.run_interaction("setup", setup)
+
+    @on_reactor
+    def increment(txn: Transaction) -> None:
+        txn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        txn.execute("SELECT n FROM counter")
+        txn.execute("SELECT pg_sleep(0.05)")
+        txn.execute("UPDATE counter SET n = n + 1")
+
+    await gatherResults([Deferred.fromCoroutine(database.run_interaction("increment", increment)) for _ in range(4)])
+
+    def read(txn: Transaction) -> int:
+        txn.execute("SELECT n FROM counter")
+        row = txn.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert await database.run_reads("read", read) == 4
+
+
+@on_reactor
+def _backend_after_a_nap(txn: Transaction) -> int:
+    txn.execute("SELECT pg_backend_pid(), pg_sleep(0.05)")
+    row = txn.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_reactor_connections_are_bounded_and_the_one_idle_last_is_reused(database_dsn: str) -> None:
+    db = Database(reactor, database_dsn, metrics=StorageMetrics.create(CollectorRegistry()), max_connections=2)
+    db.start()
+    try:
+        at_once = await gatherResults(
+            [Deferred.fromCoroutine(db.run_interaction("nap", _backend_after_a_nap)) for _ in range(6)])
+        assert len(set(at_once)) == 2  # six transactions, two connections: the others waited their turn
+        one = await db.run_interaction("nap", _backend_after_a_nap)
+        assert await db.run_interaction("nap", _backend_after_a_nap) == one
+    finally:
+        db.close()
+
+
+async def test_a_reactor_connection_the_server_closed_is_noticed_and_replaced(database: Database) -> None:
+    import resource
+
+    lost = await database.run_interaction("nap", _backend_after_a_nap)
+    conn = psycopg2.connect(database.dsn)  # not the pool's: it would end its own connection
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", (lost,))
+    finally:
+        conn.close()
+    # The idle connection's socket turns readable (end of file): it is closed, not polled
+    # again and again, so the reactor idles on.
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    nap: Deferred[None] = Deferred()
+    reactor.callLater(0.5, nap.callback, None)
+    await nap
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 0.25
+    again = await database.run_interaction("nap", _backend_after_a_nap)
+    assert again != lost
+
+
+async def test_copy_cannot_run_on_the_reactor_thread(database: Database) -> None:
+    await database.run_interaction("setup", lambda txn: txn.execute("CREATE TABLE t (v INT)"))
+
+    @on_reactor
+    def copy(txn: Transaction) -> None:
+        txn.execute("INSERT INTO t VALUES (1)")
+        txn.copy_rows("t", ("v",), [(2,)])
+
+    with pytest.raises(ValueError, match="COPY cannot run on the reactor thread"):
+        await database.run_interaction("copy", copy)
+    assert await database.run_reads("read", lambda txn: (txn.execute("SELECT count(*) FROM t"), txn.fetchone())[1]) == (0,)

@@ -1,0 +1,336 @@
+"""Transactions on the reactor thread: each runs in a greenlet, over a non-blocking connection.
+
+A transaction on a pool thread costs two thread wake-ups whatever it does: the hand-off to
+the thread and the result's way back (88-129 us of the server's CPU for a function that
+does nothing, measured; the wake-ups, not our code). Most transactions of the hot paths are
+a round trip or two with little Python around them, and the GIL lets only one thread run
+Python at a time anyway. So ``Database`` runs those here instead: the transaction function,
+written as for a pool thread, runs in a greenlet of the reactor thread, on a connection in
+psycopg2's asynchronous mode; where it would block on the server, the greenlet parks and the
+reactor waits for the connection's socket with everything else it waits for, then switches
+back into the greenlet. Nothing changes for the function: ``execute`` returns once the
+statement has run, ``fetchone`` reads its rows.
+
+The price is that the function's Python between its round trips holds the reactor: a
+function with long stretches of Python (bulk state, big COPYs) stays on the pool threads,
+where the interpreter switches threads every few milliseconds. COPY cannot run here at all
+(psycopg2 has no COPY in asynchronous mode): ``copy_rows`` raises.
+
+Greenlets (the ``greenlet`` package) are how a function written to block can be suspended
+without a thread; SQLAlchemy runs its synchronous core over asyncio drivers the same way.
+"""
+
+# tests: tests/integration/test_database.py
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import greenlet
+import psycopg2
+import psycopg2.extensions
+from twisted.internet.defer import Deferred, succeed
+from twisted.python.failure import Failure
+
+T = TypeVar("T")
+
+
+_POLL_OK: int = psycopg2.extensions.POLL_OK
+_POLL_READ: int = psycopg2.extensions.POLL_READ
+_POLL_WRITE: int = psycopg2.extensions.POLL_WRITE
+
+
+class OffReactor(RuntimeError):
+    """A wait of this module was called outside a task of ``start_task``."""
+
+
+class _Task(greenlet.greenlet):
+    """A function running in a greenlet of the reactor thread; ``done`` fires with its result.
+
+    The loop switches into it only from its queue of ready callbacks (``wake``: call_soon),
+    never straight from an I/O or timer callback. A greenlet's stack is copied out and back
+    at the depth where it first ran, so a task first run deeper than libuv's polling frame
+    and then resumed from inside it would overwrite that frame, whose events libuv reads
+    while the task runs (uvloop crashed in ``uv__platform_invalidate_fd``). From the ready
+    queue, every switch is made at the same depth, with no polling frame live. Every wait
+    of a task checks again what it waits for when it is resumed, so a wake-up that was not
+    for it costs a poll, nothing more."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, func: Callable[..., Any], args: tuple[object, ...]) -> None:
+        super().__init__(self._body)
+        self._loop = loop
+        self._func = func
+        self._args = args
+        self._waking = False
+        self.done: Deferred[Any] = Deferred()
+
+    def _body(self) -> Any:
+        return self._func(*self._args)
+
+    def park(self) -> None:
+        """(In the task.) Give the reactor thread back until the task is woken."""
+        hub = self.parent
+        assert hub is not None  # a task's parent is the thread's main greenlet
+        hub.switch()
+
+    def wake(self) -> None:
+        """Have the loop switch into the task from its ready queue; once, however often called
+        before it has."""
+        if not self._waking:
+            self._waking = True
+            self._loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        self._waking = False
+        if self.dead:
+            return
+        try:
+            value = self.switch()
+        except BaseException:
+            self.done.errback(Failure())
+            return
+        if self.dead:
+            self.done.callback(value)
+
+
+def reactor_loop(reactor: object) -> asyncio.AbstractEventLoop | None:
+    """The asyncio loop under ``reactor`` (Twisted's asyncio reactor keeps it as
+    ``_asyncioEventloop``: the one private name this module reads), or None for a reactor
+    of another kind, whose transactions then all run on the pool threads."""
+    loop = getattr(reactor, "_asyncioEventloop", None)
+    return loop if isinstance(loop, asyncio.AbstractEventLoop) else None
+
+
+def on_main_greenlet() -> bool:
+    """Whether a task may be started here: on a thread's main greenlet, not inside a task."""
+    return greenlet.getcurrent().parent is None
+
+
+def start_task(loop: asyncio.AbstractEventLoop, func: Callable[..., T], *args: object) -> Deferred[T]:
+    """Run ``func(*args)`` in a new task, from ``loop``'s next turn; its result (or failure)
+    fires the Deferred.
+
+    Only on the reactor thread's main greenlet (``on_main_greenlet``): the task parks by
+    switching back to it."""
+    task = _Task(loop, func, args)
+    done: Deferred[T] = task.done
+    task.wake()
+    return done
+
+
+def _current_task() -> _Task:
+    task = greenlet.getcurrent()
+    if not isinstance(task, _Task):
+        raise OffReactor("a wait on the reactor thread needs a task of start_task")
+    return task
+
+
+def wait_connected(conn: psycopg2.extensions.connection, loop: asyncio.AbstractEventLoop) -> None:
+    """Park the current task until ``conn``, opened in asynchronous mode, has connected;
+    raises what connecting raised. (Its socket may change meanwhile, libpq trying one address
+    after another, so each wait registers the socket of the moment.)
+
+    Sockets are watched through the reactor's asyncio loop itself: Twisted's ``addReader``
+    and its logging context cost more than a round trip's other Python."""
+    task = _current_task()
+    while True:
+        state = conn.poll()
+        if state == _POLL_OK:
+            return
+        fd = conn.fileno()
+        if state == _POLL_READ:
+            loop.add_reader(fd, task.wake)
+            try:
+                task.park()
+            finally:
+                loop.remove_reader(fd)
+        elif state == _POLL_WRITE:
+            loop.add_writer(fd, task.wake)
+            try:
+                task.park()
+            finally:
+                loop.remove_writer(fd)
+        else:  # psycopg2 documents no other state
+            raise psycopg2.OperationalError(f"unexpected connection poll state {state}")
+
+
+def sleep(loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+    """Park the current task for at least ``seconds``, the reactor running on."""
+    task = _current_task()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        timer = loop.call_later(left, task.wake)
+        try:
+            task.park()
+        finally:
+            timer.cancel()
+
+
+class LoopConnection:
+    """A non-blocking connection, open and set up, with the names of the statements it has
+    prepared.
+
+    Its socket stays registered with the loop for reading while it is open: registering it
+    for each wait and removing it after cost more than the round trip's other Python (uvloop
+    makes a poll handle each time). A task waiting for a statement is resumed when it is
+    readable; readable while nobody waits (the server closed the connection, or sent a
+    notice), the connection is polled, and closed if that fails, so a dead socket cannot
+    keep the loop busy."""
+
+    __slots__ = ("conn", "prepared", "_loop", "_fd", "_waiter", "_watched")
+
+    def __init__(self, conn: psycopg2.extensions.connection, loop: asyncio.AbstractEventLoop) -> None:
+        self.conn = conn
+        self.prepared: set[str] = set()
+        self._loop = loop
+        self._fd = conn.fileno()
+        self._waiter: _Task | None = None
+        loop.add_reader(self._fd, self._readable)
+        self._watched = True
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            waiter.wake()
+            return
+        try:
+            self.conn.poll()
+        except psycopg2.Error:
+            self.close()
+
+    def wait(self) -> None:
+        """Park the current task until the statement in progress has run; raises its error."""
+        task = _current_task()
+        conn = self.conn
+        while True:
+            state = conn.poll()
+            if state == _POLL_OK:
+                return
+            if state == _POLL_READ:
+                self._waiter = task
+                try:
+                    task.park()
+                finally:
+                    self._waiter = None
+            elif state == _POLL_WRITE:  # a statement bigger than the socket's buffer
+                self._loop.add_writer(self._fd, task.wake)
+                try:
+                    task.park()
+                finally:
+                    self._loop.remove_writer(self._fd)
+            else:  # psycopg2 documents no other state
+                raise psycopg2.OperationalError(f"unexpected connection poll state {state}")
+
+    def close(self) -> None:
+        """Stop watching the socket, also when psycopg2 has closed the connection already
+        (after a fatal error): the socket's number will be another's, whose watch must not
+        be mistaken for this one's; then close the connection."""
+        if self._watched:
+            self._watched = False
+            self._loop.remove_reader(self._fd)
+        try:
+            self.conn.close()
+        except psycopg2.Error:
+            pass
+
+
+class GreenCursor:
+    """A cursor of a non-blocking connection, as the blocking one looks to ``Transaction``:
+    ``execute`` returns once the statement has run, the current task parked meanwhile."""
+
+    __slots__ = ("_cursor", "_held", "connection")
+
+    def __init__(self, held: LoopConnection) -> None:
+        self._cursor = held.conn.cursor()
+        self._held = held
+        self.connection = held.conn
+
+    def __enter__(self) -> GreenCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._cursor.close()
+
+    def execute(self, query: str | bytes, params: Any = None) -> None:
+        self._cursor.execute(query, params)
+        self._held.wait()
+
+    def mogrify(self, query: str | bytes, params: Any = None) -> bytes:
+        bound: bytes = self._cursor.mogrify(query, params)
+        return bound
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._cursor.fetchone()
+        return row
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self._cursor.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    def copy_expert(self, sql: str, file: Any) -> None:
+        raise ValueError("COPY cannot run on the reactor thread (psycopg2 has no COPY in asynchronous mode): "
+                         "run this transaction on the pool threads")
+
+
+class LoopConnections:
+    """The non-blocking connections of tasks, at most ``size`` open.
+
+    A task takes the connection idle last (its server backend's caches are warm, as with
+    the pool threads' connections) or, when none is idle and ``size`` are open, waits its
+    turn; ``acquire`` gives None when the task is to open one (it counts as open already).
+    """
+
+    __slots__ = ("_size", "_open", "_idle", "_waiting", "_closed")
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._open = 0
+        self._idle: list[LoopConnection] = []
+        self._waiting: collections.deque[Deferred[LoopConnection | None]] = collections.deque()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def acquire(self) -> Deferred[LoopConnection | None]:
+        if self._idle:
+            return succeed(self._idle.pop())
+        if self._open < self._size:
+            self._open += 1
+            return succeed(None)
+        waiter: Deferred[LoopConnection | None] = Deferred(lambda d: self._waiting.remove(d))
+        self._waiting.append(waiter)
+        return waiter
+
+    def release(self, held: LoopConnection | None) -> None:
+        """Give back what ``acquire`` gave: the connection, or None when it was dropped
+        (or never opened), which frees its place."""
+        if held is not None and (self._closed or held.conn.closed):
+            _close(held)
+            held = None
+        if self._waiting:
+            self._waiting.popleft().callback(held)
+            return
+        if held is None:
+            self._open -= 1
+        else:
+            self._idle.append(held)
+
+    def close(self) -> None:
+        """Close the idle connections; those in use close when given back."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        self._open -= len(idle)
+        for held in idle:
+            _close(held)
+
+
+def _close(held: LoopConnection) -> None:
+    held.close()
