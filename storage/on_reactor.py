@@ -50,14 +50,18 @@ class OffReactor(RuntimeError):
 class _Task(greenlet.greenlet):
     """A function running in a greenlet of the reactor thread; ``done`` fires with its result.
 
-    The loop switches into it only from its queue of ready callbacks (``wake``: call_soon),
-    never straight from an I/O or timer callback. A greenlet's stack is copied out and back
-    at the depth where it first ran, so a task first run deeper than libuv's polling frame
-    and then resumed from inside it would overwrite that frame, whose events libuv reads
-    while the task runs (uvloop crashed in ``uv__platform_invalidate_fd``). From the ready
-    queue, every switch is made at the same depth, with no polling frame live. Every wait
-    of a task checks again what it waits for when it is resumed, so a wake-up that was not
-    for it costs a poll, nothing more."""
+    The loop resumes it only from its queue of ready callbacks (``wake``: call_soon), never
+    straight from an I/O callback. A greenlet's stack is copied out and back at the depth
+    where it first ran, so a task first run above libuv's polling frame (outside the loop, at
+    start-up or in a test's first lines) and then resumed from inside that frame's callbacks
+    would overwrite it, and libuv reads and writes its events while the task runs: a task
+    opening a connection crashed the test process so (SIGSEGV in
+    ``uv__platform_invalidate_fd``) while this was built. When the ready queue runs, no
+    polling frame is live; a task started inside the loop (``start_task``) runs at once, its
+    stack beginning below every frame the loop has live when it resumes it, and one started
+    outside runs first from the ready queue too. Every wait of a task checks again what it
+    waits for when it is resumed, so a wake-up that was not for it costs a poll, nothing
+    more."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, func: Callable[..., Any], args: tuple[object, ...]) -> None:
         super().__init__(self._body)
@@ -110,14 +114,17 @@ def on_main_greenlet() -> bool:
 
 
 def start_task(loop: asyncio.AbstractEventLoop, func: Callable[..., T], *args: object) -> Deferred[T]:
-    """Run ``func(*args)`` in a new task, from ``loop``'s next turn; its result (or failure)
-    fires the Deferred.
+    """Run ``func(*args)`` in a new task: at once when called from inside the running loop,
+    else from its first turn; its result (or failure) fires the Deferred.
 
     Only on the reactor thread's main greenlet (``on_main_greenlet``): the task parks by
     switching back to it."""
     task = _Task(loop, func, args)
     done: Deferred[T] = task.done
-    task.wake()
+    if loop.is_running():
+        task._resume()  # inside one of the loop's callbacks: the task begins below its frames
+    else:
+        task.wake()
     return done
 
 
