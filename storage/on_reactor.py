@@ -147,21 +147,18 @@ def wait_connected(conn: psycopg2.extensions.connection, loop: asyncio.AbstractE
         state = conn.poll()
         if state == _POLL_OK:
             return
-        fd = conn.fileno()
         if state == _POLL_READ:
-            loop.add_reader(fd, task.wake)
-            try:
-                task.park()
-            finally:
-                loop.remove_reader(fd)
+            watch, unwatch = loop.add_reader, loop.remove_reader
         elif state == _POLL_WRITE:
-            loop.add_writer(fd, task.wake)
-            try:
-                task.park()
-            finally:
-                loop.remove_writer(fd)
+            watch, unwatch = loop.add_writer, loop.remove_writer
         else:  # psycopg2 documents no other state
             raise psycopg2.OperationalError(f"unexpected connection poll state {state}")
+        fd = conn.fileno()
+        watch(fd, task.wake)
+        try:
+            task.park()
+        finally:
+            unwatch(fd)
 
 
 def sleep(loop: asyncio.AbstractEventLoop, seconds: float) -> None:

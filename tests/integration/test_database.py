@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import psycopg2
 import psycopg2.errors
@@ -85,8 +87,11 @@ async def test_after_callbacks_run_after_commit_on_reactor_thread(database: Data
     assert seen == [True]
 
 
-async def test_serialization_failures_are_retried(database: Database) -> None:
-    """Two transactions increment one counter at REPEATABLE READ; the loser is retried, none is lost."""
+@pytest.mark.parametrize("where", [lambda f: f, on_reactor], ids=["pool thread", "reactor thread"])
+async def test_serialization_failures_are_retried(database: Database, where: Callable[[Any], Any]) -> None:
+    """Four transactions increment one counter at REPEATABLE READ, side by side (on the reactor
+    thread each parked in its round trips, on connections of its own); the losers are
+    retried, none is lost."""
 
     def setup(txn: Transaction) -> None:
         txn.execute("CREATE TABLE counter (n INT)")
@@ -94,6 +99,7 @@ async def test_serialization_failures_are_retried(database: Database) -> None:
 
     await database.run_interaction("setup", setup)
 
+    @where
     def increment(txn: Transaction) -> None:
         txn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         txn.execute("SELECT n FROM counter")
@@ -644,35 +650,6 @@ async def test_marked_transactions_run_on_the_reactor_thread_as_on_a_pool_thread
 
     assert await database.run_interaction("unmarked", on_thread) is False
     assert await database.run_reads("reads", on_thread) is True
-
-
-async def test_serialization_failures_are_retried_on_the_reactor_thread(database: Database) -> None:
-    """As on the pool threads: four increments at REPEATABLE READ, side by side on the reactor's
-    connections, each parked in its round trips; the losers are retried, none is lost."""
-
-    @on_reactor
-    def setup(txn: Transaction) -> None:
-        txn.execute("CREATE TABLE counter (n INT)")
-        txn.execute("INSERT INTO counter VALUES (0)")
-
-    await database.run_interaction("setup", setup)
-
-    @on_reactor
-    def increment(txn: Transaction) -> None:
-        txn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        txn.execute("SELECT n FROM counter")
-        txn.execute("SELECT pg_sleep(0.05)")
-        txn.execute("UPDATE counter SET n = n + 1")
-
-    await gatherResults([Deferred.fromCoroutine(database.run_interaction("increment", increment)) for _ in range(4)])
-
-    def read(txn: Transaction) -> int:
-        txn.execute("SELECT n FROM counter")
-        row = txn.fetchone()
-        assert row is not None
-        return int(row[0])
-
-    assert await database.run_reads("read", read) == 4
 
 
 @on_reactor
