@@ -206,27 +206,28 @@ class LoopConnection:
             self.close()
 
     def wait(self) -> None:
-        """Park the current task until the statement in progress has run; raises its error."""
+        """Park the current task until the statement in progress has run; raises its error.
+        The task is the socket's waiter also while it waits to write (a statement bigger than
+        the socket's buffer), so that the socket turning readable then wakes it rather than
+        polling the connection under it."""
         task = _current_task()
         conn = self.conn
         while True:
             state = conn.poll()
             if state == _POLL_OK:
                 return
-            if state == _POLL_READ:
-                self._waiter = task
-                try:
-                    task.park()
-                finally:
-                    self._waiter = None
-            elif state == _POLL_WRITE:  # a statement bigger than the socket's buffer
+            writing = state == _POLL_WRITE
+            if writing:
                 self._loop.add_writer(self._fd, task.wake)
-                try:
-                    task.park()
-                finally:
-                    self._loop.remove_writer(self._fd)
-            else:  # psycopg2 documents no other state
+            elif state != _POLL_READ:  # psycopg2 documents no other state
                 raise psycopg2.OperationalError(f"unexpected connection poll state {state}")
+            self._waiter = task
+            try:
+                task.park()
+            finally:
+                self._waiter = None
+                if writing:
+                    self._loop.remove_writer(self._fd)
 
     def close(self) -> None:
         """Stop watching the socket, also when psycopg2 has closed the connection already

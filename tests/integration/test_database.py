@@ -707,3 +707,25 @@ async def test_copy_cannot_run_on_the_reactor_thread(database: Database) -> None
     with pytest.raises(ValueError, match="COPY cannot run on the reactor thread"):
         await database.run_interaction("copy", copy)
     assert await database.run_reads("read", lambda txn: (txn.execute("SELECT count(*) FROM t"), txn.fetchone())[1]) == (0,)
+
+
+async def test_a_statement_of_megabytes_runs_on_the_reactor_thread(database: Database) -> None:
+    """An 8 MB statement and its error reach the task as a small one's do. (On loopback the
+    server reads it as fast as it is sent: psycopg2 was not seen to ask to wait for writing.)"""
+    text = "x" * 8_000_000
+
+    @on_reactor
+    def length(txn: Transaction, value: str) -> int:
+        txn.execute("SELECT length(%s)", (value,))
+        row = txn.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    @on_reactor
+    def bad(txn: Transaction, value: str) -> None:
+        txn.execute("SELECT length(%s) + 'not a number'", (value,))
+
+    assert await database.run_interaction("length", length, text) == 8_000_000
+    with pytest.raises(psycopg2.errors.InvalidTextRepresentation):
+        await database.run_interaction("bad", bad, text)
+    assert await database.run_interaction("length", length, text) == 8_000_000
