@@ -667,7 +667,7 @@ class _ReactorSide:
 
     def cursor(self, conn: psycopg2.extensions.connection) -> Any:
         assert self.held is not None and self.held.conn is conn
-        return reactor_side.GreenCursor(self.held)
+        return self.held.cursor()
 
     def drop(self, conn: psycopg2.extensions.connection) -> None:
         if self.held is not None:
@@ -899,7 +899,7 @@ class Database:
             raise DatabaseError(f"cannot connect to the database: {str(e).strip()}") from e
         held = reactor_side.LoopConnection(conn, loop)
         try:
-            with reactor_side.GreenCursor(held) as cursor:
+            with held.cursor() as cursor:
                 cursor.execute("SET standard_conforming_strings = on")
         except psycopg2.Error as e:
             held.close()

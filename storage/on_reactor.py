@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import greenlet
 import psycopg2
 import psycopg2.extensions
+from psycopg2.sql import Composable
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
@@ -229,6 +230,11 @@ class LoopConnection:
                 if writing:
                     self._loop.remove_writer(self._fd)
 
+    def cursor(self) -> GreenCursor:
+        cursor = self.conn.cursor(cursor_factory=GreenCursor)
+        cursor.held = self
+        return cursor
+
     def close(self) -> None:
         """Stop watching the socket, also when psycopg2 has closed the connection already
         (after a fatal error): the socket's number will be another's, whose watch must not
@@ -242,43 +248,20 @@ class LoopConnection:
             pass
 
 
-class GreenCursor:
-    """A cursor of a non-blocking connection, as the blocking one looks to ``Transaction``:
-    ``execute`` returns once the statement has run, the current task parked meanwhile."""
+class GreenCursor(psycopg2.extensions.cursor):
+    """A cursor of a ``LoopConnection`` (``LoopConnection.cursor``), as a blocking one looks to
+    ``Transaction``: ``execute`` returns once the statement has run, the current task parked
+    meanwhile. Everything else is psycopg2's own cursor."""
 
-    __slots__ = ("_cursor", "_held", "connection")
+    __slots__ = ("held",)
 
-    def __init__(self, held: LoopConnection) -> None:
-        self._cursor = held.conn.cursor()
-        self._held = held
-        self.connection = held.conn
+    held: LoopConnection
 
-    def __enter__(self) -> GreenCursor:
-        return self
+    def execute(self, query: str | bytes | Composable, vars: Any = None) -> None:
+        super().execute(query, vars)
+        self.held.wait()
 
-    def __exit__(self, *exc: object) -> None:
-        self._cursor.close()
-
-    def execute(self, query: str | bytes, params: Any = None) -> None:
-        self._cursor.execute(query, params)
-        self._held.wait()
-
-    def mogrify(self, query: str | bytes, params: Any = None) -> bytes:
-        bound: bytes = self._cursor.mogrify(query, params)
-        return bound
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = self._cursor.fetchone()
-        return row
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        return self._cursor.fetchall()
-
-    @property
-    def rowcount(self) -> int:
-        return int(self._cursor.rowcount)
-
-    def copy_expert(self, sql: str, file: Any) -> None:
+    def copy_expert(self, sql: str | bytes | Composable, file: Any, size: int = 8192) -> None:
         raise ValueError("COPY cannot run on the reactor thread (psycopg2 has no COPY in asynchronous mode): "
                          "run this transaction on the pool threads")
 
