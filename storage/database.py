@@ -44,6 +44,7 @@ import psycopg2.extras
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.failure import Failure
+from twisted.python.threadable import isInIOThread
 
 from storage import on_reactor as reactor_side
 from storage.metrics import Children, StorageMetrics
@@ -710,6 +711,7 @@ class Database:
         self._thread_side = _ThreadSide(self)
         self._loop_connections = reactor_side.LoopConnections(max_connections)
         self._loop = reactor_side.reactor_loop(reactor)
+        self._closed = False
         self._local = threading.local()
         self._connections: list[psycopg2.extensions.connection] = []
         self._connections_lock = threading.Lock()
@@ -740,9 +742,17 @@ class Database:
         return await self.run_interaction("check_connection", version)
 
     def close(self) -> None:
-        """Stop the pool (waiting for running transactions) and close every connection; the
-        reactor thread's connections in use close when their transactions end."""
-        self._loop_connections.close()
+        """Refuse new work, stop the pool (waiting for running transactions) and close every
+        connection; the reactor thread's connections in use close when their transactions end.
+
+        Callable from any thread (a blocking close is often run in one). The reactor thread's
+        connections are closed on that thread: their sockets are registered with its loop,
+        which is not to be touched from another thread while it runs."""
+        self._closed = True
+        if self._loop is not None and self._loop.is_running() and not isInIOThread():
+            self._reactor.callFromThread(self._loop_connections.close)
+        else:
+            self._loop_connections.close()
         self._workers.stop()
         with self._connections_lock:
             for conn in self._connections:
@@ -815,7 +825,7 @@ class Database:
             self._waiting += 1
             self._metrics.pool_waiting.set(self._waiting)
         try:
-            if self._loop_connections.closed:
+            if self._closed:
                 raise PoolClosed("the database pool is closed")
             loop = self._loop
             if here and loop is not None and reactor_side.on_main_greenlet():

@@ -673,6 +673,46 @@ async def test_reactor_connections_are_bounded_and_the_one_idle_last_is_reused(d
         db.close()
 
 
+async def test_closing_from_another_thread_closes_the_reactor_connections_on_the_reactor_thread(
+        database_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The homeserver closes its database from a thread (``deferToThread``): the reactor side's
+    sockets, registered with the running loop, are let go on the reactor thread, and nothing
+    more is taken meanwhile."""
+    from twisted.internet.threads import deferToThread
+
+    from storage import on_reactor as reactor_side
+
+    closed_on: list[bool] = []
+    close = reactor_side.LoopConnection.close
+
+    def noting_close(held: reactor_side.LoopConnection) -> None:
+        closed_on.append(threading.current_thread() is threading.main_thread())
+        close(held)
+
+    monkeypatch.setattr(reactor_side.LoopConnection, "close", noting_close)
+    db = Database(reactor, database_dsn, metrics=StorageMetrics.create(CollectorRegistry()), max_connections=2)
+    db.start()
+    backends = await gatherResults(
+        [Deferred.fromCoroutine(db.run_interaction("nap", _backend_after_a_nap)) for _ in range(2)])
+    await deferToThread(db.close)
+    with pytest.raises(PoolClosed):
+        await db.run_interaction("nap", _backend_after_a_nap)
+    await _next_reactor_turn()
+    assert closed_on == [True, True]
+    conn = psycopg2.connect(database_dsn)
+    try:
+        for _ in range(300):  # a backend ends a moment after its client closed the connection
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (backends,))
+                if cursor.fetchone() == (0,):
+                    break
+            await _next_reactor_turn()
+        else:
+            raise AssertionError(f"the reactor side's backends {backends} outlived the close")
+    finally:
+        conn.close()
+
+
 async def test_a_reactor_connection_the_server_closed_is_noticed_and_replaced(database: Database) -> None:
     import resource
 
