@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -35,6 +36,12 @@ import psycopg2.extensions
 from psycopg2.sql import Composable
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
+
+logger = logging.getLogger(__name__)
+
+# How long a task waits on its connection's socket before the socket is watched afresh and
+# the connection polled (``LoopConnection.wait``).
+STALL_CHECK_SECONDS = 1.0
 
 T = TypeVar("T")
 
@@ -185,7 +192,7 @@ class LoopConnection:
     notice), the connection is polled, and closed if that fails, so a dead socket cannot
     keep the loop busy."""
 
-    __slots__ = ("conn", "prepared", "_loop", "_fd", "_waiter", "_watched")
+    __slots__ = ("conn", "prepared", "_loop", "_fd", "_waiter", "_watched", "_nudged")
 
     def __init__(self, conn: psycopg2.extensions.connection, loop: asyncio.AbstractEventLoop) -> None:
         self.conn = conn
@@ -193,6 +200,7 @@ class LoopConnection:
         self._loop = loop
         self._fd = conn.fileno()
         self._waiter: _Task | None = None
+        self._nudged = False
         loop.add_reader(self._fd, self._readable)
         self._watched = True
 
@@ -213,9 +221,13 @@ class LoopConnection:
         polling the connection under it."""
         task = _current_task()
         conn = self.conn
+        nudged = False
         while True:
             state = conn.poll()
             if state == _POLL_OK:
+                if nudged:
+                    logger.warning("a statement on database socket %d ended unseen by the loop, or just as it "
+                                   "was watched afresh", self._fd)
                 return
             writing = state == _POLL_WRITE
             if writing:
@@ -223,12 +235,26 @@ class LoopConnection:
             elif state != _POLL_READ:  # psycopg2 documents no other state
                 raise psycopg2.OperationalError(f"unexpected connection poll state {state}")
             self._waiter = task
+            check = self._loop.call_later(STALL_CHECK_SECONDS, self._nudge, task)
             try:
                 task.park()
             finally:
+                check.cancel()
                 self._waiter = None
                 if writing:
                     self._loop.remove_writer(self._fd)
+            nudged, self._nudged = self._nudged, False
+
+    def _nudge(self, task: _Task) -> None:
+        """A statement has run for ``STALL_CHECK_SECONDS``: watch the socket afresh and have the
+        task poll the connection. A registration the loop lost (seen once: a task waited on a
+        connection whose socket the loop no longer watched, for good, as a cancelled
+        transaction is waited for) costs a second, not the process's database."""
+        if self._watched:
+            self._loop.remove_reader(self._fd)
+            self._loop.add_reader(self._fd, self._readable)
+        self._nudged = True
+        task.wake()
 
     def cursor(self) -> GreenCursor:
         cursor = self.conn.cursor(cursor_factory=GreenCursor)
