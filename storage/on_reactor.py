@@ -247,9 +247,8 @@ class LoopConnection:
 
     def _nudge(self, task: _Task) -> None:
         """A statement has run for ``STALL_CHECK_SECONDS``: watch the socket afresh and have the
-        task poll the connection. A registration the loop lost (seen once: a task waited on a
-        connection whose socket the loop no longer watched, for good, as a cancelled
-        transaction is waited for) costs a second, not the process's database."""
+        task poll the connection. A registration the loop lost then costs a second, not a
+        task waiting for good (a cancelled transaction is waited for, so nothing else ends it)."""
         if self._watched:
             self._loop.remove_reader(self._fd)
             self._loop.add_reader(self._fd, self._readable)

@@ -738,9 +738,9 @@ async def test_a_reactor_connection_the_server_closed_is_noticed_and_replaced(da
 
 async def test_a_socket_the_loop_stopped_watching_costs_a_second_not_the_transaction(
         database: Database, caplog: pytest.LogCaptureFixture) -> None:
-    """A registration the loop lost (seen once in the suite, cause not found: a task waited for
-    good on a connection whose socket the loop no longer watched) is made afresh after
-    ``STALL_CHECK_SECONDS``, and the statement's result reaches the task."""
+    """A registration the loop lost is made afresh after ``STALL_CHECK_SECONDS``, and the
+    statement's result reaches the task. (The suite once hung for good with a reactor task
+    never resumed; its cause was not found, and a lost registration is one way to get there.)"""
     import time
 
     from storage import on_reactor as reactor_side
