@@ -192,7 +192,8 @@ class LoopConnection:
     notice), the connection is polled, and closed if that fails, so a dead socket cannot
     keep the loop busy."""
 
-    __slots__ = ("conn", "prepared", "_loop", "_fd", "_waiter", "_watched", "_nudged")
+    __slots__ = ("conn", "prepared", "_loop", "_fd", "_waiter", "_watched", "_nudged", "_waits", "_waits_seen",
+                 "_check")
 
     def __init__(self, conn: psycopg2.extensions.connection, loop: asyncio.AbstractEventLoop) -> None:
         self.conn = conn
@@ -201,8 +202,13 @@ class LoopConnection:
         self._fd = conn.fileno()
         self._waiter: _Task | None = None
         self._nudged = False
+        # Parks so far, and as the last stall check saw them: one check a second per
+        # connection, rather than a timer set and cancelled on every round trip.
+        self._waits = 0
+        self._waits_seen = 0
         loop.add_reader(self._fd, self._readable)
         self._watched = True
+        self._check = loop.call_later(STALL_CHECK_SECONDS, self._check_stall)
 
     def _readable(self) -> None:
         waiter = self._waiter
@@ -235,25 +241,29 @@ class LoopConnection:
             elif state != _POLL_READ:  # psycopg2 documents no other state
                 raise psycopg2.OperationalError(f"unexpected connection poll state {state}")
             self._waiter = task
-            check = self._loop.call_later(STALL_CHECK_SECONDS, self._nudge, task)
+            self._waits += 1
             try:
                 task.park()
             finally:
-                check.cancel()
                 self._waiter = None
                 if writing:
                     self._loop.remove_writer(self._fd)
             nudged, self._nudged = self._nudged, False
 
-    def _nudge(self, task: _Task) -> None:
-        """A statement has run for ``STALL_CHECK_SECONDS``: watch the socket afresh and have the
-        task poll the connection. A registration the loop lost then costs a second, not a
-        task waiting for good (a cancelled transaction is waited for, so nothing else ends it)."""
-        if self._watched:
-            self._loop.remove_reader(self._fd)
-            self._loop.add_reader(self._fd, self._readable)
-        self._nudged = True
-        task.wake()
+    def _check_stall(self) -> None:
+        """Every ``STALL_CHECK_SECONDS`` while open: a task parked on the connection since the
+        last check (between one and two checks' time) has the socket watched afresh and polls
+        the connection. A registration the loop lost then costs a second or two, not a task
+        waiting for good (a cancelled transaction is waited for, so nothing else ends it)."""
+        task = self._waiter
+        if task is not None and self._waits == self._waits_seen:
+            if self._watched:
+                self._loop.remove_reader(self._fd)
+                self._loop.add_reader(self._fd, self._readable)
+            self._nudged = True
+            task.wake()
+        self._waits_seen = self._waits
+        self._check = self._loop.call_later(STALL_CHECK_SECONDS, self._check_stall)
 
     def cursor(self) -> GreenCursor:
         cursor = self.conn.cursor(cursor_factory=GreenCursor)
@@ -264,6 +274,7 @@ class LoopConnection:
         """Stop watching the socket, also when psycopg2 has closed the connection already
         (after a fatal error): the socket's number will be another's, whose watch must not
         be mistaken for this one's; then close the connection."""
+        self._check.cancel()
         if self._watched:
             self._watched = False
             self._loop.remove_reader(self._fd)
