@@ -319,10 +319,6 @@ class LoopConnections:
         self._waiting: collections.deque[Deferred[LoopConnection | None]] = collections.deque()
         self._closed = False
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def acquire(self) -> Deferred[LoopConnection | None]:
         if self._idle:
             return succeed(self._idle.pop())
