@@ -27,6 +27,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
+import select
+import traceback
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -44,6 +48,10 @@ logger = logging.getLogger(__name__)
 STALL_CHECK_SECONDS = 1.0
 
 T = TypeVar("T")
+
+# For ``describe``: the connections open, and the tasks waiting to connect by their socket.
+_OPEN: weakref.WeakSet[LoopConnection] = weakref.WeakSet()
+_CONNECTING: dict[int, _Task] = {}
 
 
 _POLL_OK: int = psycopg2.extensions.POLL_OK
@@ -151,10 +159,8 @@ def wait_connected(conn: psycopg2.extensions.connection, loop: asyncio.AbstractE
     Sockets are watched through the reactor's asyncio loop itself: Twisted's ``addReader``
     and its logging context cost more than a round trip's other Python."""
     task = _current_task()
-    while True:
-        state = conn.poll()
-        if state == _POLL_OK:
-            return
+    state = conn.poll()
+    while state != _POLL_OK:
         if state == _POLL_READ:
             watch, unwatch = loop.add_reader, loop.remove_reader
         elif state == _POLL_WRITE:
@@ -163,10 +169,28 @@ def wait_connected(conn: psycopg2.extensions.connection, loop: asyncio.AbstractE
             raise psycopg2.OperationalError(f"unexpected connection poll state {state}")
         fd = conn.fileno()
         watch(fd, task.wake)
+        # Connecting is rare and takes milliseconds, so a timer per wait costs nothing here (the
+        # round trips of statements have LoopConnection's one check a second instead): woken
+        # by it, the task polls and watches the socket afresh, so a wake-up the loop lost costs
+        # a second, not the task.
+        check = loop.call_later(STALL_CHECK_SECONDS, task.wake)
+        _CONNECTING[fd] = task
         try:
             task.park()
         finally:
+            del _CONNECTING[fd]
+            if check.when() <= loop.time() and _ready(fd, state):
+                logger.warning("connecting on database socket %d went on unseen by the loop", fd)
+            check.cancel()
             unwatch(fd)
+        state = conn.poll()
+
+
+def _ready(fd: int, state: int) -> bool:
+    """Whether ``fd`` is ready now for what ``state`` waits for (no wait)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN if state == _POLL_READ else select.POLLOUT)
+    return bool(poller.poll(0))
 
 
 def sleep(loop: asyncio.AbstractEventLoop, seconds: float) -> None:
@@ -193,7 +217,7 @@ class LoopConnection:
     keep the loop busy."""
 
     __slots__ = ("conn", "prepared", "_loop", "_fd", "_waiter", "_watched", "_nudged", "_waits", "_waits_seen",
-                 "_check")
+                 "_check", "__weakref__")
 
     def __init__(self, conn: psycopg2.extensions.connection, loop: asyncio.AbstractEventLoop) -> None:
         self.conn = conn
@@ -209,6 +233,7 @@ class LoopConnection:
         loop.add_reader(self._fd, self._readable)
         self._watched = True
         self._check = loop.call_later(STALL_CHECK_SECONDS, self._check_stall)
+        _OPEN.add(self)
 
     def _readable(self) -> None:
         waiter = self._waiter
@@ -275,6 +300,7 @@ class LoopConnection:
         (after a fatal error): the socket's number will be another's, whose watch must not
         be mistaken for this one's; then close the connection."""
         self._check.cancel()
+        _OPEN.discard(self)
         if self._watched:
             self._watched = False
             self._loop.remove_reader(self._fd)
@@ -354,3 +380,45 @@ class LoopConnections:
 
 def _close(held: LoopConnection) -> None:
     held.close()
+
+
+def describe() -> list[str]:
+    """What each open connection and each task still connecting waits for, and whether the
+    kernel's epoll sets hold its socket (Linux; read from /proc): for the report of a test
+    that did not end."""
+    watched = _epoll_members()
+    lines = []
+    for held in list(_OPEN):
+        waiter = "a task waits on it" if held._waiter is not None else "idle"
+        lines.append(f"connection on socket {held._fd}: {waiter}, {held._waits} waits so far, "
+                     f"psycopg2 closed={held.conn.closed}, {watched.get(held._fd, 'in no epoll set')}")
+        lines.extend(_where(held._waiter))
+    for fd, task in list(_CONNECTING.items()):
+        lines.append(f"a task connecting on socket {fd}: {watched.get(fd, 'in no epoll set')}")
+        lines.extend(_where(task))
+    return lines or ["no connections open or connecting on the reactor thread"]
+
+
+def _where(task: _Task | None) -> list[str]:
+    frame = task.gr_frame if task is not None else None
+    return [] if frame is None else ["  " + line.rstrip() for line in traceback.format_stack(frame, limit=6)]
+
+
+def _epoll_members() -> dict[int, str]:
+    members: dict[int, str] = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return members
+    for name in fds:
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") != "anon_inode:[eventpoll]":
+                continue
+            with open(f"/proc/self/fdinfo/{name}") as info:
+                for line in info:
+                    if line.startswith("tfd:"):
+                        parts = line.split()
+                        members[int(parts[1])] = f"in epoll set {name} for events {parts[3]}"
+        except (OSError, IndexError, ValueError):
+            continue
+    return members

@@ -736,6 +736,7 @@ async def test_a_reactor_connection_the_server_closed_is_noticed_and_replaced(da
     assert again != lost
 
 
+@pytest.mark.timeout(20)
 async def test_a_socket_the_loop_stopped_watching_costs_a_second_not_the_transaction(
         database: Database, caplog: pytest.LogCaptureFixture) -> None:
     """A registration the loop lost is made afresh after ``STALL_CHECK_SECONDS``, and the
@@ -757,6 +758,33 @@ async def test_a_socket_the_loop_stopped_watching_costs_a_second_not_the_transac
     started = time.monotonic()
     await database.run_interaction("nap", _backend_after_a_nap)
     assert time.monotonic() - started < reactor_side.STALL_CHECK_SECONDS
+
+
+@pytest.mark.timeout(20)
+async def test_a_connecting_socket_the_loop_stopped_watching_costs_a_second_not_the_task(
+        database: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """The same while a task opens its connection: it is woken after ``STALL_CHECK_SECONDS``,
+    polls, and watches the socket afresh; ``describe`` shows it waiting meanwhile."""
+    import time
+
+    from storage import on_reactor as reactor_side
+
+    loop = reactor_side.reactor_loop(reactor)
+    assert loop is not None
+    await _next_reactor_turn()  # inside the loop from here on
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="storage.on_reactor"):
+        reading = Deferred.fromCoroutine(database.run_reads("backend", _backend_after_a_nap))
+        # The task began at once (this runs inside the loop) and waits to connect.
+        [fd] = reactor_side._CONNECTING
+        assert any(f"connecting on socket {fd}" in line for line in reactor_side.describe())
+        loop.remove_reader(fd)  # behind its back, whichever it waits for
+        loop.remove_writer(fd)
+        assert await reading
+    assert reactor_side.STALL_CHECK_SECONDS <= time.monotonic() - started < reactor_side.STALL_CHECK_SECONDS + 5
+    assert any("went on unseen by the loop" in r.getMessage() for r in caplog.records)
+    assert not reactor_side._CONNECTING
+    assert any("idle" in line for line in reactor_side.describe())
 
 
 async def test_copy_cannot_run_on_the_reactor_thread(database: Database) -> None:
