@@ -23,6 +23,7 @@ reactor = install_reactor()
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_SECONDS = 120.0
+HANG_GRACE_SECONDS = 30.0
 
 
 def _ensure_running() -> None:
@@ -43,7 +44,40 @@ def run_sync(coro: Coroutine[Any, Any, T] | Deferred[T], timeout: float = DEFAUL
     deferred = coro if isinstance(coro, Deferred) else Deferred.fromCoroutine(coro)
     deferred.addTimeout(timeout, reactor)
     future = deferred.asFuture(loop)
-    return loop.run_until_complete(future)  # type: ignore[no-any-return]
+    # The timeout cancels the test, but what it waits for may ignore that (a transaction is
+    # waited for once begun): past the grace the test fails with a report of what it waits
+    # for, and the suite goes on, rather than hang to CI's limit with nothing to show.
+    done, _ = loop.run_until_complete(asyncio.wait({future}, timeout=timeout + HANG_GRACE_SECONDS))
+    if not done:
+        raise TestDidNotEnd(_hang_report(coro, timeout))
+    return future.result()  # type: ignore[no-any-return]
+
+
+class TestDidNotEnd(AssertionError):
+    """A test went on past its timeout and the grace after it."""
+
+
+def _hang_report(coro: object, timeout: float) -> str:
+    import sys
+    import traceback
+
+    from storage import on_reactor
+
+    lines = [f"the test did not end within {timeout:.0f} s, nor {HANG_GRACE_SECONDS:.0f} s after its "
+             "cancellation; what it waits for:"]
+    awaited = getattr(coro, "cr_await", None)
+    frame = getattr(coro, "cr_frame", None)
+    if frame is not None:
+        lines.append("".join(traceback.format_stack(frame, limit=3)).rstrip())
+    while awaited is not None:
+        lines.append(f"  awaits {awaited!r}")
+        awaited = getattr(awaited, "cr_await", None)
+    lines.append("the reactor thread's database connections:")
+    lines.extend("  " + line for line in on_reactor.describe())
+    for ident, thread_frame in sys._current_frames().items():
+        lines.append(f"thread {ident}:")
+        lines.append("".join(traceback.format_stack(thread_frame, limit=8)).rstrip())
+    return "\n".join(lines)
 
 
 @pytest.hookimpl(tryfirst=True)
