@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -95,6 +96,36 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "timeout(seconds): time limit for an async test")
+
+
+class _StallWarnings(logging.Handler):
+    """The reactor side's stall-check warnings of the whole run (``storage/on_reactor.py``): each
+    is a wake-up the loop lost and the check made good, which the tests then pass despite; the
+    run's summary lists them so they are seen."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+        self.test = "(outside a test)"
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(f"{self.test}: {record.getMessage()}")
+
+
+_STALLS = _StallWarnings()
+logging.getLogger("storage.on_reactor").addHandler(_STALLS)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _STALLS.test = item.nodeid
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _STALLS.seen:
+        terminalreporter.section("reactor-side stall warnings")
+        for line in _STALLS.seen:
+            terminalreporter.write_line(line)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
