@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psycopg2
 import pytest
 from signedjson.key import generate_signing_key
 from twisted.internet.defer import Deferred, gatherResults
@@ -13,7 +14,7 @@ from homeserver.events import AuthError, EventTemplate, create_local_event, get_
 from homeserver.handlers.event_loader import EventLoader
 from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
 from storage.database import Database, Transaction
-from storage.stores.events import _DELETE_EXTREMITIES_CHECKED, EventsStore
+from storage.stores.events import _DELETE_EXTREMITIES_CHECKED, STALE_ROOM_SQLSTATE, EventsStore
 from tests.integration.test_persist_events import new_persister
 from tests.twisted_plugin import run_sync
 
@@ -172,6 +173,33 @@ async def test_the_sends_extremity_check_does_not_walk_replaced_extremities(
     for node in scans:
         # The live extremity, and at most the entry the last send's own check could not yet mark.
         assert node["Actual Rows"] + node.get("Heap Fetches", 0) <= 3, json.dumps(scans, indent=1)
+
+
+async def test_the_sends_extremity_check_raises_when_the_room_is_not_as_the_send_was_built_on(
+        database: Database, creator: RoomEventCreator) -> None:
+    """The check counts the room's extremities as its statement began (its prev events still
+    in) and raises SQLSTATE TQ001 when the prev events deleted or the extremities counted are
+    not what the send expects; otherwise the prev events stop being extremities."""
+    room_id = await creator.create_room(ALICE, parse_create_room_request({}))
+    await creator.send(room_id, _message("hello"), ALICE)
+
+    def extremities(txn: Transaction) -> list[str]:
+        txn.execute("SELECT event_id FROM event_forward_extremities WHERE room_id = %s", (room_id,))
+        return [row[0] for row in txn.fetchall()]
+
+    [latest] = await database.run_reads("extremities", extremities)
+
+    def check(txn: Transaction, prev: list[str], expected_counted: int) -> None:
+        txn.execute(_DELETE_EXTREMITIES_CHECKED,
+                    (room_id, prev, room_id, len(prev), room_id, expected_counted + 1, expected_counted, room_id, None))
+
+    for prev, expected_counted in (([latest], 2), (["$not-an-extremity"], 1), ([latest, "$not-one"], 1)):
+        with pytest.raises(psycopg2.Error) as stale:
+            await database.run_interaction("check", check, prev, expected_counted)
+        assert stale.value.pgcode == STALE_ROOM_SQLSTATE, (prev, expected_counted)
+        assert await database.run_reads("extremities", extremities) == [latest]  # rolled back
+    await database.run_interaction("check", check, [latest], 1)
+    assert await database.run_reads("extremities", extremities) == []
 
 
 async def test_sends_do_not_scan_the_event_graph(database: Database, creator: RoomEventCreator) -> None:
