@@ -8,6 +8,7 @@ from typing import Any
 import psycopg2
 import pytest
 from signedjson.key import generate_signing_key
+from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 
 from homeserver.events import AuthError, EventTemplate, create_local_event, get_room_version, parse_create_room_request
@@ -16,7 +17,7 @@ from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
 from storage.database import Database, Transaction
 from storage.stores.events import _DELETE_EXTREMITIES_CHECKED, STALE_ROOM_SQLSTATE, EventsStore
 from tests.integration.test_persist_events import new_persister
-from tests.twisted_plugin import run_sync
+from tests.twisted_plugin import reactor, run_sync
 
 SERVER = "hs.test"
 ALICE = f"@alice:{SERVER}"
@@ -141,38 +142,47 @@ def _scans_of(plan: dict[str, Any], relation: str) -> list[dict[str, Any]]:
     return found
 
 
-async def test_the_sends_extremity_check_does_not_walk_replaced_extremities(
-        database: Database, store: EventsStore, creator: RoomEventCreator) -> None:
+async def test_the_sends_extremity_check_counts_with_an_index_scan_whatever_the_statistics(
+        database: Database, creator: RoomEventCreator) -> None:
     """Every send in a room replaces its extremity: the old row is deleted, and its index entry
-    stays until a vacuum. The send's check counts the room's extremities with a scan that marks
-    such entries dead as it passes them, so each send's check passes over the one send before
-    it, not over every extremity replaced since the last vacuum (a bitmap scan marks nothing:
-    4,000 sends in one room made each count take 0.4 ms)."""
+    stays until a vacuum. The send's check counts the room's extremities with an index scan,
+    which can mark such entries dead as it passes them; a bitmap scan marks nothing, so every
+    send walks every extremity replaced since the last vacuum (4,000 sends in one room made each
+    count take 0.4 ms). As a subquery of the send's statement the count was a bitmap scan on a
+    new database and on some runs of this test; inside the check (0029) it is an index scan,
+    before and after an ANALYZE. (Whether the scans do mark is up to PostgreSQL: on some runs of
+    this test, with both statements, no send's scan marked any entry; see docs/client-api.md.)"""
     room_id = await creator.create_room(ALICE, parse_create_room_request({}))
-    for i in range(150):
-        await creator.send(room_id, _message(str(i)), ALICE)
 
-    def explain(txn: Transaction) -> dict[str, Any]:
-        txn.execute(f"PREPARE extremity_check AS {_DELETE_EXTREMITIES_CHECKED.server_sql}")
-        try:
-            # No prev events: the statement deletes nothing and counts what is there (one).
-            # No kept push context to check either (NULL).
-            txn.execute("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE extremity_check (%s, '{}', %s, 0, %s, 3, 1, %s, NULL)",
-                        (room_id, room_id, room_id, room_id))
-            row = txn.fetchone()
-            assert row is not None
-            raw = row[0]
-            plan: dict[str, Any] = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
-            return plan
-        finally:
-            txn.execute("DEALLOCATE extremity_check")
+    def count_plans(txn: Transaction) -> list[dict[str, Any]]:
+        """The plans of the statements the check runs inside (auto_explain, its log sent to this
+        client as notices), for the statement as a send runs it."""
+        connection = txn._cursor.connection
+        txn.execute("LOAD 'auto_explain'")
+        for setting, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
+                               ("log_analyze", "on"), ("log_format", "json")):
+            txn.execute(f"SET LOCAL auto_explain.{setting} = {value}")
+        txn.execute("SET LOCAL client_min_messages = log")
+        del connection.notices[:]
+        # No prev events: the statement deletes nothing and counts what is there (one).
+        # No kept push context to check either (NULL).
+        txn.execute(_DELETE_EXTREMITIES_CHECKED, (room_id, [], room_id, 0, 3, 1, room_id, None))
+        logged = [json.loads(notice.split("plan:", 1)[1]) for notice in connection.notices if "plan:" in notice]
+        return [entry["Plan"] for entry in logged if "LIMIT count_limit" in entry["Query Text"]]
 
-    plan = await database.run_interaction("explain", explain)
-    scans = _scans_of(plan, "event_forward_extremities")
-    assert scans, plan
-    for node in scans:
-        # The live extremity, and at most the entry the last send's own check could not yet mark.
-        assert node["Actual Rows"] + node.get("Heap Fetches", 0) <= 3, json.dumps(scans, indent=1)
+    def analyze(txn: Transaction) -> None:
+        txn.execute("ANALYZE event_forward_extremities")
+
+    for statistics in ("as a new database has them", "after an ANALYZE"):
+        if statistics == "after an ANALYZE":
+            await database.run_autocommit("analyze", analyze)
+        for i in range(60):
+            await creator.send(room_id, _message(str(i)), ALICE)
+        plans = await database.run_interaction("plans", count_plans)
+        counts = [node for plan in plans for node in _scans_of(plan, "event_forward_extremities")]
+        assert counts, (statistics, plans)
+        for node in counts:
+            assert node["Node Type"] in ("Index Scan", "Index Only Scan"), (statistics, json.dumps(node, indent=1))
 
 
 async def test_the_sends_extremity_check_raises_when_the_room_is_not_as_the_send_was_built_on(
@@ -191,7 +201,7 @@ async def test_the_sends_extremity_check_raises_when_the_room_is_not_as_the_send
 
     def check(txn: Transaction, prev: list[str], expected_counted: int) -> None:
         txn.execute(_DELETE_EXTREMITIES_CHECKED,
-                    (room_id, prev, room_id, len(prev), room_id, expected_counted + 1, expected_counted, room_id, None))
+                    (room_id, prev, room_id, len(prev), expected_counted + 1, expected_counted, room_id, None))
 
     for prev, expected_counted in (([latest], 2), (["$not-an-extremity"], 1), ([latest, "$not-one"], 1)):
         with pytest.raises(psycopg2.Error) as stale:
@@ -234,8 +244,4 @@ async def test_sends_do_not_scan_the_event_graph(database: Database, creator: Ro
 
 async def _stats_flushed() -> None:
     """Other backends report their table statistics at most once a second, when idle."""
-    from twisted.internet import task
-
-    from tests.twisted_plugin import reactor
-
     await task.deferLater(reactor, 1.5, lambda: None)
