@@ -180,7 +180,8 @@ def wait_connected(conn: psycopg2.extensions.connection, loop: asyncio.AbstractE
         finally:
             del _CONNECTING[fd]
             if check.when() <= loop.time() and _ready(fd, state):
-                logger.warning("connecting on database socket %d went on unseen by the loop", fd)
+                logger.warning("connecting on database socket %d went on unseen by the loop, or just as the "
+                               "check came", fd)
             check.cancel()
             unwatch(fd)
         state = conn.poll()
