@@ -208,6 +208,9 @@ async def test_the_sends_extremity_check_raises_when_the_room_is_not_as_the_send
             await database.run_interaction("check", check, prev, expected_counted)
         assert stale.value.pgcode == STALE_ROOM_SQLSTATE, (prev, expected_counted)
         assert await database.run_reads("extremities", extremities) == [latest]  # rolled back
+    # 0027's form, which a process still on the code before 0029 calls, is still there.
+    await database.run_interaction("old form", lambda txn: txn.execute(
+        "SELECT send_extremities_as_expected(%s::text, 0::bigint, 0::bigint, 1::bigint, 1::bigint)", (room_id,)))
     await database.run_interaction("check", check, [latest], 1)
     assert await database.run_reads("extremities", extremities) == []
 
