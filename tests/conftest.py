@@ -18,9 +18,9 @@ import os
 import signal
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TypeVar
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg2
 import psycopg2.extensions
@@ -134,10 +134,8 @@ class _ScratchDatabases:
             self._pool = None
 
     def _drop_when_made(self, made: concurrent.futures.Future[str]) -> None:
-        try:
+        if made.exception() is None:  # not made: nothing to drop (its error was the test's to see)
             self.give_back(made.result())
-        except Exception:  # not made: nothing to drop (its error was the test's to see)
-            pass
 
     def _submit(self, job: Callable[[str], T], arg: str) -> concurrent.futures.Future[T]:
         if self._pool is None:
@@ -152,13 +150,10 @@ def _create_copy(template: str) -> str:
 
 
 def _run_admin(sql: str) -> None:
+    """``sql`` on the admin connection (also on a thread of ``_ScratchDatabases``: a failure to
+    connect reaches the test through the future)."""
+    conn = _admin_connection()
     try:
-        conn = psycopg2.connect(PG_ADMIN_DSN, connect_timeout=5)
-    except psycopg2.OperationalError as e:
-        raise RuntimeError(f"PostgreSQL is not reachable at {PG_ADMIN_DSN} ({str(e).strip()}); "
-                           "run `make test`, which starts it, or set TRIBUTARY_TEST_POSTGRES") from None
-    try:
-        conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(sql)
     finally:
@@ -176,7 +171,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def scratch_database(template: str | None) -> Iterator[str]:
     """A new database (a copy of ``template``, or empty), dropped after; yields its DSN."""
     if template is None:
-        _admin_connection().close()  # fails the test with the way to start PostgreSQL
         name = f"tributary_test_{uuid.uuid4().hex[:16]}"
         _run_admin(f'CREATE DATABASE "{name}"')
     else:

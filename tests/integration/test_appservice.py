@@ -35,11 +35,11 @@ IRC_ALICE = f"@irc_alice:{SERVER_NAME}"
 SENDER = f"@ircbot:{SERVER_NAME}"
 
 
-
 def _ageless(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``events`` without ``unsigned.age``: the time since the event was sent, as of the moment
     the transaction goes out, so larger when the same transaction goes out again."""
     return [{**e, "unsigned": {k: v for k, v in e.get("unsigned", {}).items() if k != "age"}} for e in events]
+
 
 class FakeService(Resource):
     """An application service: records transactions (first copy of each ID), queries and pings."""
