@@ -244,8 +244,14 @@ class FederationSender:
         if upto <= self._fanout_target:
             return
         self._fanout_target = upto
-        if self._started and self._fanout is None:
-            self._start_fanout()
+        if not self._started or self._fanout is not None:
+            return
+        if self._written is not None and self._written.nothing_for(self._position, upto, is_fanout):
+            # The common case of a server without peers in the room: no coroutine, no read.
+            self._position = upto
+            self._metrics.position.set(upto)
+            return
+        self._start_fanout()
 
     def _start_fanout(self) -> None:
         d = Deferred.fromCoroutine(self._run_fanout())
