@@ -62,8 +62,21 @@ class UserDirectoryUpdater:
         if self._running is not None:
             self._again = True
             return
+        if self._nothing_to_write():
+            return
         run = run_in_background("user_directory_update", self._run())
         self._running = None if run.called else run
+
+    def _nothing_to_write(self) -> bool:
+        """Catch up at once, without a task, when this process's notes say the new events
+        change no room's membership and the stored position need not move yet (most sends)."""
+        if self._written is None or self._position is None or self._stored is None:
+            return False
+        upto = self._events_position()
+        if upto - self._stored >= POSITION_WRITE_LAG or not self._written.nothing_for(self._position, upto, is_state):
+            return False
+        self._position = max(self._position, upto)
+        return True
 
     def stop(self) -> Deferred[None] | None:
         self._stopping = True

@@ -100,3 +100,45 @@ def test_messages_this_process_wrote_need_no_query() -> None:
     written.note(3, WrittenEvent(state=True, fanout=False))
     position[0] = 3
     assert run(updater) == 1 and store.queries == 1 and store.rebuilt == [(["!a"], 3)]
+
+
+class CountingStore(FakeStore):
+    """Counts the reads and writes a pass makes, to show when no pass ran at all."""
+
+    def __init__(self, changes: dict[int, str]) -> None:
+        super().__init__(changes)
+        self.position_reads = 0
+
+    async def get_position(self) -> int:
+        self.position_reads += 1
+        return await super().get_position()
+
+
+def test_new_messages_noted_here_touch_no_table_until_the_position_must_be_stored() -> None:
+    """Woken by the stream (``on_new_events``, which skips the pass when the notes allow): once
+    the position is known, messages noted by this process cost no read and no write; a position
+    lagging ``POSITION_WRITE_LAG`` behind is stored, and a member event noted here, or a position
+    with no note, is looked for."""
+    store = CountingStore({POSITION_WRITE_LAG + 2: "!a"})
+    written = WrittenEvents()
+    position = [1]
+    written.note(1, WrittenEvent(state=False, fanout=False))
+    updater = UserDirectoryUpdater(store, Clock(), lambda: position[0], written=written)
+    updater.on_new_events()  # the first pass reads the stored position
+    assert store.position_reads == 1 and store.rebuilt == []
+    for ordering in range(2, POSITION_WRITE_LAG):
+        written.note(ordering, WrittenEvent(state=False, fanout=True))
+        position[0] = ordering
+        updater.on_new_events()
+    assert store.position_reads == 1 and store.queries == 0 and store.rebuilt == [] and store.position == 0
+    written.note(POSITION_WRITE_LAG, WrittenEvent(state=False, fanout=False))
+    position[0] = POSITION_WRITE_LAG
+    updater.on_new_events()  # far enough behind: a pass stores the position, still with no query
+    assert store.queries == 0 and store.rebuilt == [([], POSITION_WRITE_LAG)]
+    position[0] = POSITION_WRITE_LAG + 1  # written by another process: no note
+    updater.on_new_events()
+    assert store.queries == 1
+    written.note(POSITION_WRITE_LAG + 2, WrittenEvent(state=True, fanout=False))
+    position[0] = POSITION_WRITE_LAG + 2
+    updater.on_new_events()
+    assert store.queries == 2 and store.rebuilt[-1] == (["!a"], POSITION_WRITE_LAG + 2)
