@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -11,6 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThread
 from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
@@ -20,6 +23,9 @@ from storage.kernel.errors import MatrixError
 from homeserver.http.metrics import HttpMetrics
 from homeserver.http.server import EncodedJson, JsonRouter, make_site, parse_json_object
 from tests.twisted_plugin import reactor, run_sync
+
+
+LARGE_ANSWER = 8 * 1024 * 1024  # more than loopback's socket buffers take at once
 
 
 class Server:
@@ -78,6 +84,10 @@ def server() -> Any:
         request.setHeader(b"Content-Type", b"image/png")
         return 200, b"\x89PNG"
 
+    async def large(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        return 200, EncodedJson(b'{"big":"' + b"x" * LARGE_ANSWER + b'"}')
+
+    s.router.register(["GET"], r"/large", large, "large")
     s.router.register(["GET"], r"/broken", broken, "broken")
     s.router.register(["GET"], r"/encoded", encoded, "encoded")
     s.router.register(["GET"], r"/media", media, "media")
@@ -200,6 +210,63 @@ async def test_a_pre_encoded_answer_is_json_and_other_bytes_keep_their_type(serv
     assert headers.getRawHeaders(b"Content-Type") == [b"application/json"]
     status, body, headers = await server.request("GET", "/media")
     assert headers.getRawHeaders(b"Content-Type") == [b"image/png"]
+
+
+def _raw_exchange(port: int, data: bytes, answers: int, *, read_after: float = 0.0) -> tuple[list[tuple[int, bytes]], bool]:
+    """Write ``data`` at once on a new connection, wait ``read_after`` seconds, then read
+    ``answers`` HTTP answers (status, body by Content-Length); and whether the server then
+    closed the connection (within a second)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        time.sleep(read_after)
+        buffer, out = b"", list[tuple[int, bytes]]()
+        while len(out) < answers:
+            head_end = buffer.find(b"\r\n\r\n")
+            if head_end >= 0:
+                head = buffer[:head_end].decode("latin-1").split("\r\n")
+                length = int(next(line.split(":", 1)[1] for line in head if line.lower().startswith("content-length:")))
+                if len(buffer) >= head_end + 4 + length:
+                    out.append((int(head[0].split()[1]), buffer[head_end + 4:head_end + 4 + length]))
+                    buffer = buffer[head_end + 4 + length:]
+                    continue
+            chunk = sock.recv(1 << 20)
+            assert chunk, f"the connection closed after {len(out)} answers"
+            buffer += chunk
+        sock.settimeout(1)
+        try:
+            closed = sock.recv(1) == b""
+        except TimeoutError:
+            closed = False
+    assert buffer == b"", buffer[:200]
+    return out, closed
+
+
+async def test_pipelined_requests_are_answered_in_order_each_in_full(server: Server) -> None:
+    """Answers go out as soon as they are written (``send_now``), not a loop turn later: four
+    requests in one write, one of them an answer larger than the socket takes at once, read
+    only after a pause, all come back whole and in order, on a connection kept open."""
+    port = server.port.getHost().port
+    body = b'{"a": 1}'
+    requests = (b"GET /hello/one HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"GET /large HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"PUT /echo/two HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n") % (len(body), body)
+    answers, closed = await deferToThread(_raw_exchange, port, requests, 4, read_after=0.3)
+    assert [status for status, _ in answers] == [200, 200, 200, 404]
+    assert json.loads(answers[0][1]) == {"hello": "one"}
+    assert len(answers[1][1]) == LARGE_ANSWER + len(b'{"big":""}')
+    assert json.loads(answers[2][1]) == {"params": {"thing": "two"}, "body": {"a": 1}}
+    assert json.loads(answers[3][1])["errcode"] == "M_UNRECOGNIZED"
+    assert not closed
+
+
+@pytest.mark.parametrize("request_head", [b"GET /hello/x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                                          b"GET /hello/x HTTP/1.0\r\n\r\n",
+                                          b"GET /large HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"])
+async def test_an_answer_on_a_closing_connection_is_whole_then_the_connection_closes(
+        server: Server, request_head: bytes) -> None:
+    answers, closed = await deferToThread(_raw_exchange, server.port.getHost().port, request_head, 1, read_after=0.2)
+    assert answers[0][0] == 200 and closed
 
 
 # Patterns of each shape the servers register (homeserver/http/client_api, federation, admin).
