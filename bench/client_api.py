@@ -10,13 +10,18 @@ its rate limits lifted, then the ratios. Run by hand:
 
     .venv/bin/python bench/client_api.py [--sends 500] [--rooms 50] [--events 100] [--py-spy FILE]
                                          [--online 20 [--online-messages 20]]
-                                         [--synapse [--synapse-sends 300]]
+                                         [--synapse [--synapse-sends 300] [--rounds 10]]
+
+With ``--synapse`` both servers then stay up for a last figure: sequential sends to each in
+turn, in ``--rounds`` alternating blocks (``interleaved``), the ratio least moved by the
+machine's speed, which drifts over the minutes between the two servers' own runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -24,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -321,20 +327,88 @@ def main() -> None:
     parser.add_argument("--py-spy", metavar="FILE", help="profile the sequential sends with py-spy into FILE")
     parser.add_argument("--synapse", action="store_true", help="measure Synapse too (.venv-synapse)")
     parser.add_argument("--synapse-sends", type=int, default=300, help="sequential sends to Synapse")
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="with --synapse: rounds of the interleaved sequential sends (0: none)")
     args = parser.parse_args()
     if args.base_url:
         asyncio.run(bench(args.base_url, None, args))
         return
-    ours = tributary_figures(args)
-    if args.synapse:
-        theirs = synapse_figures(args)
+    with contextlib.ExitStack() as stack:
+        tributary = stack.enter_context(running_tributary())
+        print("tributary:")
+        ours = asyncio.run(bench(tributary.base_url, tributary.pid, args, tributary.metrics_url, tributary.db_pid))
+        if not args.synapse:
+            return
+        synapse = stack.enter_context(running_synapse())
+        theirs = asyncio.run(bench(synapse.base_url, synapse.pid, args, None, synapse.db_pid, sends=args.synapse_sends))
         print(f"tributary / synapse: sequential sends {ours.sequential / theirs.sequential:.1f}x "
               f"({ours.sequential:.0f}/s against {theirs.sequential:.0f}/s), server CPU a send "
               f"{ours.sequential_cpu * 1000:.2f} against {theirs.sequential_cpu * 1000:.2f} ms; 8 senders "
               f"{ours.concurrent / theirs.concurrent:.1f}x ({ours.concurrent:.0f}/s against {theirs.concurrent:.0f}/s)")
+        if args.rounds > 0:
+            asyncio.run(interleaved([tributary, synapse], [args.sends, args.synapse_sends], args.rounds))
 
 
-def tributary_figures(args: argparse.Namespace) -> Figures:
+@attrs.frozen
+class Target:
+    """A server under measurement, running until its context ends."""
+
+    name: str
+    base_url: str
+    pid: int | None
+    db_pid: int | None  # its PostgreSQL's postmaster (the CPU of its process tree is counted)
+    metrics_url: str | None = None
+
+
+async def interleaved(targets: list[Target], sends: list[int], rounds: int) -> None:
+    """Sequential sends to each target in turn, ``rounds`` times (each round a block of
+    ``sends[i] // rounds`` sends to each, the order alternating): the machine's speed, which
+    drifts over the minutes between two servers' own runs, weighs on every server alike, so
+    the ratio is the servers' and not the moment's. Each target has a new room of two users."""
+    run = secrets.token_hex(3)
+    senders: list[LeanSender] = []
+    rooms: list[str] = []
+    async with aiohttp.ClientSession() as session:
+        for target in targets:
+            user = await Api(session, target.base_url).register(f"inter{run}")
+            room_id = (await user.call("POST", "/createRoom", {"preset": "public_chat"}))["room_id"]
+            # A second member, as in the sequential figure: each send is pushed for someone.
+            await (await Api(session, target.base_url).register(f"other{run}")).call("POST", f"/rooms/{room_id}/join", {})
+            rooms.append(room_id)
+            senders.append(LeanSender(target.base_url, user.token or ""))
+    totals = [[0, 0.0, 0.0, 0.0] for _ in targets]  # sends, wall, server CPU, its PostgreSQL's CPU
+    try:
+        for sender, room in zip(senders, rooms):
+            for i in range(10):  # warm up
+                await sender.send(room, f"warm {i}")
+        for r in range(rounds):
+            order = list(range(len(targets))) if r % 2 == 0 else list(reversed(range(len(targets))))
+            for i in order:
+                block = max(1, sends[i] // rounds)
+                target, total = targets[i], totals[i]
+                cpu0, db0, start = cpu_seconds(target.pid), tree_cpu_seconds(target.db_pid), time.perf_counter()
+                for k in range(block):
+                    await senders[i].send(rooms[i], f"round {r} {k}")
+                total[0] += block
+                total[1] += time.perf_counter() - start
+                total[2] += cpu_seconds(target.pid) - cpu0
+                total[3] += tree_cpu_seconds(target.db_pid) - db0
+    finally:
+        for sender in senders:
+            sender.close()
+    print(f"interleaved sequential sends, {rounds} rounds:")
+    for target, (count, wall, cpu, db_cpu) in zip(targets, totals):
+        print(f"  {target.name}: {count / wall:.0f}/s over {count} sends; CPU per send: server "
+              f"{cpu / count * 1000:.2f} ms, its PostgreSQL {db_cpu / count * 1000:.2f} ms")
+    if len(targets) == 2:
+        (n0, w0, c0, _), (n1, w1, c1, _) = totals
+        print(f"  {targets[0].name} / {targets[1].name}: sequential sends {(n0 / w0) / (n1 / w1):.1f}x, "
+              f"server CPU a send {(c1 / n1) / (c0 / n0):.1f}x less")
+
+
+@contextlib.contextmanager
+def running_tributary() -> Iterator[Target]:
+    """A fresh ``tributary`` process on its embedded PostgreSQL, with generous rate limits."""
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)  # the embedded PostgreSQL runs as another user when we are root
         limits = {"rc_message": GENEROUS, "rc_registration": GENEROUS,
@@ -343,18 +417,18 @@ def tributary_figures(args: argparse.Namespace) -> Figures:
         hs.start(timeout=120)
         try:
             assert hs.process is not None
-            metrics = f"http://127.0.0.1:{hs.metrics_port}/metrics"
             postmaster = hs.data_dir / "postgres" / "postmaster.pid"
             db_pid = int(postmaster.read_text().split()[0]) if postmaster.exists() else None
-            print("tributary:")
-            return asyncio.run(bench(hs.base_url, hs.process.pid, args, metrics, db_pid))
+            yield Target("tributary", hs.base_url, hs.process.pid, db_pid, f"http://127.0.0.1:{hs.metrics_port}/metrics")
         finally:
             hs.stop()
 
 
-def synapse_figures(args: argparse.Namespace) -> Figures:
-    """The same figures for a Synapse on a fresh PostgreSQL database (UTF8, C collation, as it
-    asks for), dropped afterwards; its PostgreSQL CPU is that of the whole cluster."""
+@contextlib.contextmanager
+def running_synapse() -> Iterator[Target]:
+    """A Synapse on a fresh PostgreSQL database (UTF8, C collation, as it asks for), dropped
+    afterwards, once its start-up background updates are done; its PostgreSQL CPU is that of
+    the whole cluster."""
     import psycopg2
     import yaml
 
@@ -391,8 +465,7 @@ def synapse_figures(args: argparse.Namespace) -> Figures:
                     time.sleep(1.0)
                 print(f"synapse {synapse.version()} (waited {time.perf_counter() - waited:.0f} s for its start-up "
                       "background updates):")
-                return asyncio.run(bench(synapse.base_url, synapse.process.pid, args, None, db_pid,
-                                         sends=args.synapse_sends))
+                yield Target("synapse", synapse.base_url, synapse.process.pid, db_pid)
             finally:
                 synapse.stop()
     finally:
