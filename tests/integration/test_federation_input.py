@@ -54,6 +54,19 @@ class RawAnswer:
     seconds: float
 
 
+def _unverified_context() -> ssl.SSLContext:
+    """TLS without certificate checks (the test server's certificate is self-signed), made once:
+    ``ssl.create_default_context`` loads the system's CA certificates, which these requests
+    never use, and a sweep makes hundreds of them."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+_UNVERIFIED = _unverified_context()
+
+
 @attrs.frozen
 class RawFederation:
     """Raw HTTPS requests to a Tributary's federation listener, in a thread so the reactor (and the
@@ -63,11 +76,8 @@ class RawFederation:
     destination: str
 
     def _send(self, method: str, uri: str, body: bytes | None, headers: Mapping[str, str]) -> RawAnswer:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
         start = time.monotonic()
-        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=context, timeout=60)
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=_UNVERIFIED, timeout=60)
         try:
             conn.putrequest(method, uri, skip_host=True, skip_accept_encoding=True)
             conn.putheader("Host", self.destination)
@@ -120,15 +130,22 @@ def x_matrix(peer: FederationPeer, server: str, destination: str, method: str, u
 
 
 def row_counts(dsn: str) -> dict[str, int]:
-    """Rows of every table in ``COUNTED_TABLES``, in one query."""
+    """Rows of every table in ``COUNTED_TABLES``, in one query, on a connection of its own."""
     conn = psycopg2.connect(dsn)
     try:
-        with conn.cursor() as cur:
-            # Table names come from the constant above, never from input.
-            cur.execute("SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in COUNTED_TABLES))
-            row = cur.fetchone()
+        return counted_rows(conn)
     finally:
         conn.close()
+
+
+def counted_rows(conn: Any) -> dict[str, int]:
+    """``row_counts`` on an open connection (in autocommit mode, so each count is current)."""
+    with conn.cursor() as cur:
+        # Table names come from the constant above, never from input.
+        cur.execute("SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in COUNTED_TABLES))
+        row = cur.fetchone()
+    if not conn.autocommit:
+        conn.rollback()
     assert row is not None
     return dict(zip(COUNTED_TABLES, (int(n) for n in row)))
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any, Final, cast
 
 import attrs
+import psycopg2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,9 +30,9 @@ from tests.federation_peer import FederationPeer
 from tests.integration.test_federation_input import (
     RawAnswer,
     Server,
+    counted_rows,
     joined_room,
     quote,
-    row_counts,
     server,
     tributary,
     x_matrix,
@@ -109,6 +110,7 @@ class Fixture:
     origin: str
     room_id: str
     event_id: str
+    counts: Any  # a psycopg2 connection in autocommit mode, kept for the row counts of every example
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +118,14 @@ def sweep(server: Server) -> Iterator[Fixture]:
     """A peer with one virtual server, joined to a public room on the real server (so the valid
     identifiers the sweep mixes in reach the handlers' deeper paths)."""
     peer = FederationPeer(reactor, request_timeout_seconds=10)
+    counts = psycopg2.connect(server.dsn)
+    counts.autocommit = True
     try:
         [origin] = run_sync(peer.start(1))
         room_id, join = run_sync(joined_room(server, peer, origin, "sweep_owner"))
-        yield Fixture(server, peer, origin, room_id, join)
+        yield Fixture(server, peer, origin, room_id, join, counts)
     finally:
+        counts.close()
         run_sync(peer.stop())
 
 
@@ -221,11 +226,11 @@ def test_malformed_requests_never_5xx_and_change_nothing(sweep: Fixture, method:
     def run(attempt: Attempt) -> None:
         uri = _uri(template, attempt)
         what = f"{method} {uri[:200]} auth={attempt.auth} body={(attempt.body or b'')[:120]!r}"
-        before = row_counts(sweep.server.dsn)
+        before = counted_rows(sweep.counts)
         answer = run_sync(_send(sweep, method, uri, attempt))
         check_answer(answer, what)
         if answer.status >= 400:
-            assert row_counts(sweep.server.dsn) == before, f"{what} -> {answer.status} but the database changed"
+            assert counted_rows(sweep.counts) == before, f"{what} -> {answer.status} but the database changed"
 
     run()
 
