@@ -539,6 +539,7 @@ class HomeServer:
             public_rooms_client=client,
             remote_keys=FederationKeyClient(client),
             search_all_users=config.user_directory.search_all_users,
+            written=self.written_events,
         )
         local_writers = rooms.local_writers(accounts)
         writers = build_writers(local_writers, layout, internal_client)

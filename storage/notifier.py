@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Final
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from storage.id_generators import StreamIdGenerator
-from storage.tokens import StreamToken
+from storage.tokens import StreamToken, SyncStreamKey
 
 logger = logging.getLogger(__name__)
+
+_EVENTS_ONLY: Final = frozenset({SyncStreamKey.EVENTS})
 
 
 @attrs.define(eq=False)
@@ -152,8 +155,21 @@ class Notifier:
         return self.wait_until((stream_name,), lambda: generator.get_position(instance) > position, timeout)
 
     def wait_for_sync_token(
-        self, since: StreamToken, current: Callable[[], StreamToken], timeout: float | None
+        self, since: StreamToken, current: Callable[[], StreamToken], timeout: float | None,
+        *, quiet_events: Callable[[int], bool] | None = None,
     ) -> Deferred[bool]:
-        """``/sync``: wait until ``current()`` is ahead of ``since`` in any stream it covers."""
+        """``/sync``: wait until ``current()`` is ahead of ``since`` in any stream it covers.
+
+        ``quiet_events(upto)``: whether the events stream's positions after ``since`` up to
+        ``upto`` hold nothing for this sync (``QuietWatch``); a move of that stream alone is
+        then slept through."""
         streams = [key.value for key, _ in since.components()]
-        return self.wait_until(streams, lambda: bool(current().advanced_keys(since)), timeout)
+
+        def ready() -> bool:
+            now = current()
+            advanced = now.advanced_keys(since)
+            if quiet_events is not None and advanced == _EVENTS_ONLY:
+                return not quiet_events(now.events.max_position)
+            return bool(advanced)
+
+        return self.wait_until(streams, ready, timeout)

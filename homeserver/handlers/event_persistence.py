@@ -448,7 +448,7 @@ class EventPersister:
         )
         try:
             def written() -> WrittenEvent:
-                return WrittenEvent(event.is_state(), bool(remote_servers), pushes[0])
+                return _written(event, bool(remote_servers), pushes[0])
 
             result = await self._stream_ids.run_interaction(
                 "persist_event", persist_event_txn, request, self._allocator(written), self._in_statements(written),
@@ -506,8 +506,7 @@ class EventPersister:
             items.append(BatchedPersist(request, b.state_before_of))
         results = await self._stream_ids.run_interaction(
             "persist_event_batch", persist_events_txn, items,
-            self._batch_allocator(lambda: [WrittenEvent(b.event.is_state(), False, pushes[i])
-                                           for i, b in enumerate(batch)]),
+            self._batch_allocator(lambda: [_written(b.event, False, pushes[i]) for i, b in enumerate(batch)]),
         )
         # The batch's time shared out, so the histogram stays "time to persist one event".
         per_event = time.perf_counter() - (time.perf_counter() - start) / len(results)
@@ -821,6 +820,12 @@ class EventPersister:
         if lock is None:
             lock = self._room_locks[room_id] = _RoomLock(self._room_locks, room_id)
         return lock
+
+
+def _written(event: FrozenEvent, fanout: bool, pushes: bool) -> WrittenEvent:
+    """The note of a committed event (``storage/kernel/written_events.py``)."""
+    return WrittenEvent(event.is_state(), fanout, pushes, event.room_id,
+                        event.state_key if event.type == C.MEMBER else None)
 
 
 def _bulk_row(event: FrozenEvent, rejection_reason: str | None) -> BulkEventRow:

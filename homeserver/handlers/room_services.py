@@ -42,6 +42,7 @@ from homeserver.handlers.sync import SyncHandler
 from homeserver.handlers.typing import TypingHandler
 from homeserver.routing.writers import Writers
 from storage.database import Database
+from storage.kernel.written_events import WrittenEvents
 from storage.stores.partial_state import PartialStateStore
 from storage.stores.admin import AdminStore
 from storage.id_generators import StreamIdGenerator
@@ -116,10 +117,12 @@ class RoomServices:
         public_rooms_client: PublicRoomsClient | None = None,
         remote_keys: RemoteKeys | None = None,
         search_all_users: bool = False,
+        written: WrittenEvents | None = None,
     ) -> RoomServices:
         """``remote`` and ``backfill`` come from federation (None: this server's rooms only);
         ``edus`` takes typing, receipts, presence and to-device to other servers (None: this
-        process sends none)."""
+        process sends none); ``written``: the notes of the events this process persisted, which
+        let a waiting ``/sync`` sleep through events that are not for its user."""
         def clock_ms() -> int:
             return int(reactor.seconds() * 1000)
 
@@ -239,6 +242,7 @@ class RoomServices:
             room_tokens=room_tokens,
             push=PushStore(db),
             partial_state=partial_state,
+            written=written,
         )
         sliding_sync = SlidingSyncHandler(
             store=SlidingSyncStore(db), sync=sync, notifier=notifier, clock=reactor, room_tokens=room_tokens,

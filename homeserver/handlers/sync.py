@@ -49,6 +49,7 @@ from storage.stores.timeline import MembershipRow, TimelineStore
 from storage.streams import StreamName
 from storage.room_tokens import RoomPosition, RoomTokens
 from storage.kernel.errors import invalid_param
+from storage.kernel.written_events import QuietWatch, WrittenEvents
 from storage.tokens import InvalidTokenError, MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
 
 T = TypeVar("T")
@@ -154,7 +155,11 @@ class SyncHandler:
         room_tokens: RoomTokens,
         push: PushStore,
         partial_state: PartialStateStore | None = None,
+        written: WrittenEvents | None = None,
     ) -> None:
+        # The notes of the events this process persisted: a waiting sync sleeps through
+        # those not for its user (``QuietWatch``).
+        self._written = written
         self._push = push
         self._partial_state = partial_state
         self._presence = presence
@@ -221,16 +226,21 @@ class SyncHandler:
         deadline = self._clock.seconds() + min(timeout_ms / 1000.0, MAX_TIMEOUT_S)
         woken_at: float | None = None
         while True:
-            result = await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
+            joined: set[str] = set()
+            result = await self.sync(requester, since, full_state=False, sync_filter=sync_filter, joined_out=joined)
             remaining = deadline - self._clock.seconds()
             if has_changes(result) and woken_at is not None:
                 self._metrics.wake_latency.observe(self._clock.seconds() - woken_at)
             if has_changes(result) or remaining <= 0:
                 return result
             self._metrics.long_polls.inc()
+            reached = StreamToken.parse(result["next_batch"])
+            # Events after ``reached`` in rooms the user is not joined to, about others, cannot
+            # change the answer: slept through (docs/client-api.md, "A waiting /sync").
+            quiet = self.quiet_watch(requester.user_id, frozenset(joined), reached)
             try:
                 woken = await self._notifier.wait_for_sync_token(
-                    StreamToken.parse(result["next_batch"]), self.current_token, remaining
+                    reached, self.current_token, remaining, quiet_events=None if quiet is None else quiet.quiet_upto
                 )
             finally:
                 self._metrics.long_polls.dec()
@@ -241,6 +251,11 @@ class SyncHandler:
             woken_at = self._clock.seconds() if woken else None
             if self._clock.seconds() >= deadline:
                 return await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
+
+    def quiet_watch(self, user_id: str, rooms: frozenset[str], reached: StreamToken) -> QuietWatch | None:
+        """What lets a sync waiting from ``reached`` sleep through events in rooms other than
+        ``rooms`` and about other users (``QuietWatch``); None where nothing is noted."""
+        return None if self._written is None else QuietWatch(self._written, user_id, rooms, reached.events.minimum)
 
     async def wait_for_room(
         self, requester: Requester, room_id: str, since: StreamToken, *, timeout_ms: int, joined: bool, limit: int
@@ -288,14 +303,19 @@ class SyncHandler:
         return chunk
 
     async def sync(
-        self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter
+        self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter,
+        joined_out: set[str] | None = None,
     ) -> dict[str, Any]:
+        """The sync from ``since``; ``joined_out``, when given, is filled with every room the user
+        is joined to as the answer saw them (those hidden while their state is partial too)."""
         kind = "initial" if since is None or full_state else "incremental"
         with self._metrics.duration.labels(kind).time():
-            return await self._sync(requester, since, full_state=full_state, sync_filter=sync_filter)
+            return await self._sync(requester, since, full_state=full_state, sync_filter=sync_filter,
+                                    joined_out=joined_out)
 
     async def _sync(
-        self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter
+        self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter,
+        joined_out: set[str] | None = None,
     ) -> dict[str, Any]:
         user_id = requester.user_id
         now = self.current_token()
@@ -376,6 +396,8 @@ class SyncHandler:
         try:
             snapshot = await rooms_read
             joined_ids = [r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN and r not in partial_hidden]
+            if joined_out is not None:
+                joined_out.update(r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN)
             receipts_range = moved(SyncStreamKey.RECEIPTS)
             receipts = (
                 await self._receipts.ephemeral_for(user_id, joined_ids, *receipts_range) if receipts_range else {}

@@ -3,11 +3,13 @@
 Each time the events stream moves, readers in the same process (the federation sender's
 fan-out, the user directory's updater) look at what the new positions hold, and each look is
 a database round trip: for a message in a room with no other server, two round trips that
-find nothing. The persister notes, for each event it commits, the two facts those readers
-need (is it a state event; does it go to other servers; did it notify anyone with a pusher),
-before its position completes, and a
+find nothing. The persister notes, for each event it commits, the facts those readers
+need (is it a state event; does it go to other servers; did it notify anyone with a pusher;
+its room, and whose membership it is), before its position completes, and a
 reader (also the pushers' scan) skips its query over a range every position of which this
-process noted and none of which is of interest to it.
+process noted and none of which is of interest to it. A waiting ``/sync`` sleeps through
+events that are neither in its user's rooms nor about its user (``QuietWatch``): without it,
+every event on the server woke every long-poll, which then read the database to find nothing.
 
 It knows only positions this process wrote: another writer's events, a position whose
 transaction rolled back, or one older than the last ``capacity`` notes are unknown, and a
@@ -39,6 +41,10 @@ class WrittenEvent:
     fanout: bool
     # It notified a user with an ``http`` pusher, or that is not known (the pushers' scan reads it).
     pushes: bool = True
+    # Its room; None: not known (a waiting /sync wakes for it).
+    room_id: str | None = None
+    # The user an ``m.room.member`` event is about (its state key), else None.
+    member: str | None = None
 
 
 class WrittenEvents:
@@ -80,3 +86,31 @@ def is_fanout(written: WrittenEvent) -> bool:
 
 def is_push(written: WrittenEvent) -> bool:
     return written.pushes
+
+
+class QuietWatch:
+    """For a ``/sync`` waiting from events position ``after``: whether the events stream moved
+    only by events that cannot change its answer, those this process noted in rooms other than
+    ``rooms`` (the user's joined rooms, as the sync that found nothing read them) and about
+    another user's membership. Any position not noted here (another writer's, a rolled-back
+    transaction's, one forgotten) counts as a change, so the sync never sleeps through one.
+    Positions found quiet are not looked at again: each move costs the new positions only."""
+
+    def __init__(self, written: WrittenEvents, user_id: str, rooms: frozenset[str], after: int) -> None:
+        self._written = written
+        self._user_id = user_id
+        self._rooms = rooms
+        self._checked = after
+
+    def _concerns(self, written: WrittenEvent) -> bool:
+        return written.room_id is None or written.room_id in self._rooms or written.member == self._user_id
+
+    def quiet_upto(self, upto: int) -> bool:
+        """True when nothing in (after, upto] concerns the user."""
+        if upto <= self._checked:
+            return True
+        if not self._written.nothing_for(self._checked, upto, self._concerns):
+            return False
+        self._checked = upto
+        return True
+

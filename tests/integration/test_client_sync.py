@@ -7,12 +7,17 @@ incremental sync, and in an initial sync only with ``room.include_leave: true``.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+
 from tests.integration.test_client_rooms import ALICE, BOB, ROOM_LIMITS, _ok, _users
-from tests.integration.test_client_support import SERVER_NAME, running_server
+from tests.integration.test_client_support import SERVER_NAME, Response, running_server
 
 CAROL = f"@carol:{SERVER_NAME}"
 DAVE = f"@dave:{SERVER_NAME}"
@@ -298,3 +303,47 @@ async def test_a_newly_joined_room_comes_with_its_full_state(database_dsn: str, 
         # The next incremental sync is quiet again.
         again = await _ok(client, "GET", f"sync?since={synced['next_batch']}&timeout=0", token=bob)
         assert room_id not in again["rooms"]["join"]
+
+
+async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_dsn: str, tmp_path: Path) -> None:
+    """A long-polling /sync is not computed again for events in rooms its user is not joined to
+    (each computation counts in tributary_sync_duration_seconds{kind="incremental"}); a message
+    in its room, or an invite to another room, still ends the wait with it."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (hs, client):
+        alice, bob = await _users(client)
+        shared = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        await _ok(client, "POST", f"rooms/{shared}/join", {}, token=bob)
+        elsewhere = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
+        since = (await _ok(client, "GET", "sync", token=bob))["next_batch"]
+
+        def computed() -> float:
+            value = hs.registry.get_sample_value("tributary_sync_duration_seconds_count", {"kind": "incremental"})
+            assert value is not None
+            return value
+
+        async def waiting(since: str) -> tuple[Deferred[Response], float]:
+            """Bob's long-poll, once it waits (its first computation done), and the count then."""
+            poll = Deferred.fromCoroutine(client.request("GET", f"sync?since={since}&timeout=20000", token=bob))
+            deadline = time.monotonic() + 10
+            while hs.process.notifier.waiter_count() < 1:
+                assert time.monotonic() < deadline and not poll.called, "bob's /sync never waited"
+                await deferLater(reactor, 0.01, lambda: None)
+            return poll, computed()
+
+        poll, before = await waiting(since)
+        for i in range(5):
+            await _ok(client, "PUT", f"rooms/{elsewhere}/send/m.room.message/e{i}", {"body": f"e{i}"}, token=alice)
+        sent = (await _ok(client, "PUT", f"rooms/{shared}/send/m.room.message/s", {"body": "s"}, token=alice))["event_id"]
+        answer = await poll
+        assert answer.status == 200, answer
+        assert [e["event_id"] for e in answer.body["rooms"]["join"][shared]["timeline"]["events"]] == [sent]
+        assert elsewhere not in answer.body["rooms"]["join"]
+        assert computed() - before == 1  # the wake for the message in its room; none for the five
+
+        poll, before = await waiting(answer.body["next_batch"])
+        await _ok(client, "PUT", f"rooms/{elsewhere}/send/m.room.message/e5", {"body": "e5"}, token=alice)
+        await _ok(client, "POST", f"rooms/{elsewhere}/invite", {"user_id": BOB}, token=alice)
+        answer = await poll
+        assert answer.status == 200, answer
+        assert list(answer.body["rooms"]["invite"]) == [elsewhere] and not answer.body["rooms"]["join"]
+        assert computed() - before == 1

@@ -17,7 +17,9 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
 
 from tests.conftest import scratch_database
 from tests.harness import Nginx, TributaryProcess, configure_workers
@@ -227,6 +229,32 @@ async def test_long_poll_is_woken_by_a_send(database_dsn: str, tmp_path: Path) -
         started = time.monotonic()
         idle = await _ss(client, bob, body, pos=woken["pos"], timeout=300)
         assert idle["rooms"] == {} and time.monotonic() - started >= 0.3
+
+
+async def test_a_long_poll_sleeps_through_events_in_rooms_the_user_is_not_in(database_dsn: str,
+                                                                           tmp_path: Path) -> None:
+    """Messages in a room the user has no membership in do not compute the connection again
+    (tributary_sync_duration_seconds{kind="sliding_incremental"}); an invite to it wakes it."""
+    async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (hs, client):
+        alice, bob = await _users(client)
+        shared = await _room(client, alice, "shared")
+        await _ok(client, "POST", f"rooms/{shared}/join", {}, token=bob)
+        elsewhere = await _room(client, alice, "elsewhere")
+        body = {"lists": {"l": {"ranges": [[0, 5]], "timeline_limit": 3, "required_state": []}}}
+        first = await _ss(client, bob, body)
+        waiting = Deferred.fromCoroutine(_ss(client, bob, body, pos=first["pos"], timeout=20000))
+        deadline = time.monotonic() + 10
+        while hs.process.notifier.waiter_count() < 1:
+            assert time.monotonic() < deadline and not waiting.called, "the long-poll never waited"
+            await deferLater(reactor, 0.01, lambda: None)
+        computed = hs.registry.get_sample_value("tributary_sync_duration_seconds_count", {"kind": "sliding_incremental"})
+        for i in range(5):
+            await _send(client, alice, elsewhere, f"e{i}")
+        await _ok(client, "POST", f"rooms/{elsewhere}/invite", {"user_id": BOB}, token=alice)
+        woken = await waiting
+        assert list(woken["rooms"]) == [elsewhere] and woken["rooms"][elsewhere].get("invite_state")
+        after = hs.registry.get_sample_value("tributary_sync_duration_seconds_count", {"kind": "sliding_incremental"})
+        assert computed is not None and after == computed + 1  # the invite's wake only
 
 
 async def test_a_read_receipt_elsewhere_sends_the_room_again_with_its_new_counts(database_dsn: str,

@@ -169,6 +169,31 @@ def test_wait_for_sync_token() -> None:
     assert result_of(d) is True
 
 
+def test_a_sync_sleeps_through_events_its_quiet_check_clears_but_not_other_streams() -> None:
+    notifier = Notifier(Clock())
+    since = StreamToken(RoomStreamToken(3))
+    current = {"token": since}
+    asked: list[int] = []
+
+    def quiet(upto: int) -> bool:
+        asked.append(upto)
+        return upto < 6  # positions 4 and 5 hold nothing for this sync; 6 does
+
+    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet_events=quiet)
+    current["token"] = since.advance(SyncStreamKey.EVENTS, RoomStreamToken(5))
+    notifier.notify("events")
+    assert not d.called and asked == [5]
+    current["token"] = current["token"].advance(SyncStreamKey.TYPING, MultiWriterStreamToken(1))
+    notifier.notify("typing")  # another stream moved: the sync looks, whatever the events hold
+    assert result_of(d) is True and asked == [5]
+
+    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet_events=quiet)
+    assert result_of(d) is True  # already ahead in typing: no wait
+    current["token"] = StreamToken(RoomStreamToken(6))
+    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet_events=quiet)
+    assert result_of(d) is True and asked == [5, 6]
+
+
 def test_shut_down_answers_every_waiter_now_and_every_later_wait_at_once() -> None:
     """Stopping the process: long-polls must not hold the shutdown until their timeouts."""
     clock = Clock()

@@ -5,9 +5,17 @@ every position in it was noted and none is of interest."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from storage.kernel.written_events import WrittenEvent, WrittenEvents, is_fanout, is_state
+from storage.kernel.written_events import (
+    QuietWatch,
+    WrittenEvent,
+    WrittenEvents,
+    is_fanout,
+    is_state,
+)
 
 MESSAGE = WrittenEvent(state=False, fanout=False)
 REMOTE_MESSAGE = WrittenEvent(state=False, fanout=True)
@@ -43,3 +51,46 @@ def test_only_the_last_capacity_positions_are_remembered() -> None:
     assert not written.nothing_for(1, 5, is_state)  # 2 was forgotten
     with pytest.raises(ValueError, match="capacity"):
         WrittenEvents(capacity=0)
+
+
+def test_a_waiting_sync_is_quiet_through_other_rooms_and_other_users_memberships() -> None:
+    written = WrittenEvents()
+    watch = QuietWatch(written, "@bob:hs", frozenset({"!mine:hs"}), after=10)
+    written.note(11, WrittenEvent(False, False, room_id="!other:hs"))
+    written.note(12, WrittenEvent(True, False, room_id="!other:hs", member="@carol:hs"))
+    assert watch.quiet_upto(12) and watch.quiet_upto(10)
+    written.note(13, WrittenEvent(False, False, room_id="!mine:hs"))
+    assert not watch.quiet_upto(13)
+    assert not watch.quiet_upto(13)  # still not: the sync must look
+
+
+def test_a_waiting_sync_wakes_for_its_users_membership_an_unknown_room_or_position() -> None:
+    written = WrittenEvents()
+    written.note(1, WrittenEvent(True, False, room_id="!other:hs", member="@bob:hs"))  # an invite, say
+    written.note(2, WrittenEvent(False, False))  # a note without its room
+    written.note(4, WrittenEvent(False, False, room_id="!other:hs"))  # 3: another writer's
+    for after, upto in ((0, 1), (1, 2), (2, 4)):
+        assert not QuietWatch(written, "@bob:hs", frozenset(), after).quiet_upto(upto), (after, upto)
+    assert QuietWatch(written, "@bob:hs", frozenset(), 3).quiet_upto(4)
+
+
+class CountingNotes(WrittenEvents):
+    """Notes that record how many positions each look covered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked: list[int] = []
+
+    def nothing_for(self, after: int, upto: int, wanted: Callable[[WrittenEvent], bool]) -> bool:
+        self.looked.append(upto - after)
+        return super().nothing_for(after, upto, wanted)
+
+
+def test_a_quiet_watch_looks_at_each_position_once() -> None:
+    written = CountingNotes()
+    watch = QuietWatch(written, "@bob:hs", frozenset({"!mine:hs"}), after=0)
+    for position in range(1, 101):
+        written.note(position, WrittenEvent(False, False, room_id=f"!r{position}:hs"))
+        assert watch.quiet_upto(position)
+    assert written.looked == [1] * 100  # not the whole wait's range again at every event
+
