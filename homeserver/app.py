@@ -120,7 +120,7 @@ from storage.id_generators import StreamIdGenerator
 from storage.kernel.background import register_metrics as register_background_metrics
 from storage.kernel.background import run_in_background
 from storage.stores.partial_state import PartialStateStore
-from storage.kernel.written_events import WrittenEvents
+from storage.kernel.written_events import ReplicatedEventNotes, WrittenEvents
 from storage.metrics import StorageMetrics, StreamMetrics
 from storage.notifier import Notifier
 from storage.prepare import apply_migrations, check_server_name, current_schema_version, prepare_database
@@ -651,6 +651,8 @@ class HomeServer:
 
         handler.add_row_handler(CacheInvalidationHandler(invalidate))
         handler.add_row_handler(ReplicatedTyping(services.rooms.typing))
+        # Other writers' events, noted before the generators advance (connect_streams, below).
+        handler.add_row_handler(ReplicatedEventNotes(self.written_events))
         sender = services.outbound.sender
         if sender is not None:
             # EDUs from the federation stream (sender workers) and outbox wake-ups from other

@@ -11,11 +11,13 @@ process noted and none of which is of interest to it. A waiting ``/sync`` sleeps
 events that are neither in its user's rooms nor about its user (``QuietWatch``): without it,
 every event on the server woke every long-poll, which then read the database to find nothing.
 
-It knows only positions this process wrote: another writer's events, a position whose
-transaction rolled back, or one older than the last ``capacity`` notes are unknown, and a
-range with any unknown position is read from the database as before. So a skip is never
-wrong, only sometimes missed (on a worker that persists nothing, always). Pure: no I/O, no
-clock; noted and read on the reactor thread.
+It knows the positions this process wrote, and those of other writers whose replication rows
+it received (``ReplicatedEventNotes``: a row tells the room, the type and the state key, so
+what it cannot tell, fan-out and pushes, is noted as "yes"). A position whose transaction
+rolled back, one only a ``POSITION`` covered, or one older than the last ``capacity`` notes
+is unknown, and a range with any unknown position is read from the database as before. So a
+skip is never wrong, only sometimes missed. Pure: no I/O, no clock; noted and read on the
+reactor thread.
 """
 
 # tests: tests/unit/storage/test_written_events.py
@@ -23,7 +25,7 @@ clock; noted and read on the reactor thread.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import attrs
@@ -92,8 +94,9 @@ class QuietWatch:
     """For a ``/sync`` waiting from events position ``after``: whether the events stream moved
     only by events that cannot change its answer, those this process noted in rooms other than
     ``rooms`` (the user's joined rooms, as the sync that found nothing read them) and about
-    another user's membership. Any position not noted here (another writer's, a rolled-back
-    transaction's, one forgotten) counts as a change, so the sync never sleeps through one.
+    another user's membership. Any position not noted here (a rolled-back transaction's, one
+    forgotten, another writer's whose row has not come) counts as a change, so the sync never
+    sleeps through one.
     Positions found quiet are not looked at again: each move costs the new positions only."""
 
     def __init__(self, written: WrittenEvents, user_id: str, rooms: frozenset[str], after: int) -> None:
@@ -114,3 +117,27 @@ class QuietWatch:
         self._checked = upto
         return True
 
+
+class ReplicatedEventNotes:
+    """A replication ``RowHandler`` (register it before the one that advances the stream's
+    generator): another writer's event rows noted at their positions, so a waiting ``/sync``
+    here sleeps through those not for its user in a worker layout too. A position that came
+    with other than one well-formed ``EventsStreamRow`` (event_id, room_id, type, state_key,
+    sender) is left unknown."""
+
+    def __init__(self, written: WrittenEvents) -> None:
+        self._written = written
+
+    def on_rows(self, stream: str, instance: str, token: int, rows: Sequence[object]) -> None:
+        if stream != "events" or len(rows) != 1:
+            return
+        row = rows[0]
+        if not isinstance(row, (list, tuple)) or len(row) != 5:
+            return
+        _, room_id, event_type, state_key, _ = row
+        if type(room_id) is not str or type(event_type) is not str or not (state_key is None or type(state_key) is str):
+            return
+        member = state_key if event_type == "m.room.member" else None
+        # Whether it went to other servers or notified a pusher, the row does not say: "yes",
+        # so the readers that care (fan-out, pushers) read the database for it as before.
+        self._written.note(token, WrittenEvent(state_key is not None, True, True, room_id, member))

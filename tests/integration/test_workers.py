@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import attrs
 import nio
 import psycopg2
 import pytest
@@ -28,6 +29,7 @@ import yaml
 
 from tests.conftest import scratch_database
 from tests.harness import Nginx, TributaryProcess, configure_workers, run_cli
+from tests.observability import sample, samples, scrape
 from tests.integration.test_client_e2e import signed_keys
 from homeserver.routing.layout import stable_shard
 
@@ -183,6 +185,43 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                     break
                 assert time.monotonic() < deadline, f"Bob never reached the user directory: {found}"
                 time.sleep(0.2)
+
+            # Carol's long-poll on the generic worker sleeps through messages in a room she is not
+            # in (their events stream rows, from the persisters, are noted there), and wakes for
+            # one in hers: each computation counts in tributary_sync_duration_seconds.
+            lonely = alice.ok("POST", "createRoom", {"preset": "public_chat"})["room_id"]
+            mark = carol.ok("GET", "sync?timeout=0")["next_batch"]
+            deadline = time.monotonic() + 10
+            while True:  # her own presence (online: she syncs) comes first
+                quiet = carol.ok("GET", f"sync?since={mark}&timeout=500")
+                mark = quiet["next_batch"]
+                if not quiet["presence"]["events"] and not quiet["rooms"]["join"]:
+                    break
+                assert time.monotonic() < deadline, f"Carol's /sync never went quiet: {quiet}"
+
+            g1_listeners = yaml.safe_load(main.config_path.read_text(encoding="utf-8"))["workers"]["g1"]["listeners"]
+            g1_metrics = attrs.evolve(workers["g1"], metrics_port=next(
+                listener["port"] for listener in g1_listeners if listener["type"] == "metrics"))
+
+            def incremental_syncs() -> float:
+                return sample(samples(scrape(g1_metrics)), "tributary_sync_duration_seconds_count", kind="incremental")
+
+            answers: list[Any] = []
+            poll = threading.Thread(target=lambda: answers.append(carol.ok("GET", f"sync?since={mark}&timeout=20000")))
+            poll.start()
+            deadline = time.monotonic() + 10
+            while sample(samples(scrape(g1_metrics)), "tributary_sync_long_polls_active") < 1:
+                assert time.monotonic() < deadline and poll.is_alive(), f"Carol's /sync never waited on g1: {answers}"
+                time.sleep(0.05)
+            computed = incremental_syncs()
+            for i in range(5):
+                alice.ok("PUT", f"rooms/{quote(lonely, safe='')}/send/m.room.message/lonely-{i}", {"body": str(i)})
+            time.sleep(0.5)  # the rows reach the generic worker
+            assert incremental_syncs() == computed and poll.is_alive()
+            wake = alice.ok("PUT", f"rooms/{quote(rooms[2], safe='')}/send/m.room.message/wake", {"body": "w"})
+            poll.join(timeout=20)
+            timeline = answers[0]["rooms"]["join"][rooms[2]]["timeline"]["events"]
+            assert [e["event_id"] for e in timeline] == [wake["event_id"]] and lonely not in answers[0]["rooms"]["join"]
 
             # Typing written by the generic worker reaches Bob on the other server.
             alice.ok("PUT", f"rooms/{quote(rooms[0], safe='')}/typing/{quote(alice_id)}",

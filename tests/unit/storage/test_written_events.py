@@ -11,9 +11,11 @@ import pytest
 
 from storage.kernel.written_events import (
     QuietWatch,
+    ReplicatedEventNotes,
     WrittenEvent,
     WrittenEvents,
     is_fanout,
+    is_push,
     is_state,
 )
 
@@ -94,3 +96,29 @@ def test_a_quiet_watch_looks_at_each_position_once() -> None:
         assert watch.quiet_upto(position)
     assert written.looked == [1] * 100  # not the whole wait's range again at every event
 
+
+def test_another_writers_event_rows_are_noted_as_far_as_they_tell() -> None:
+    written = WrittenEvents()
+    notes = ReplicatedEventNotes(written)
+    notes.on_rows("events", "persister1", 1, [("$a", "!other:hs", "m.room.message", None, "@carol:hs")])
+    notes.on_rows("events", "persister1", 2, [["$b", "!other:hs", "m.room.member", "@dave:hs", "@dave:hs"]])
+    watch = QuietWatch(written, "@bob:hs", frozenset({"!mine:hs"}), after=0)
+    assert watch.quiet_upto(2)
+    assert written.nothing_for(0, 1, is_state) and not written.nothing_for(1, 2, is_state)
+    # Whether they went to other servers or notified a pusher, rows do not say: read as before.
+    assert not written.nothing_for(0, 1, is_fanout) and not written.nothing_for(0, 1, is_push)
+    notes.on_rows("events", "persister1", 3, [("$c", "!mine:hs", "m.room.message", None, "@carol:hs")])
+    assert not watch.quiet_upto(3)
+
+
+def test_rows_that_do_not_tell_leave_their_position_unknown() -> None:
+    written = WrittenEvents()
+    notes = ReplicatedEventNotes(written)
+    message = ("$a", "!other:hs", "m.room.message", None, "@carol:hs")
+    notes.on_rows("typing", "persister1", 1, [message])  # another stream
+    notes.on_rows("events", "persister1", 2, [message, message])  # two rows at one position
+    notes.on_rows("events", "persister1", 3, [("$a", "!other:hs")])  # short
+    notes.on_rows("events", "persister1", 4, [("$a", 7, "m.room.message", None, "@carol:hs")])  # not a room ID
+    notes.on_rows("events", "persister1", 5, [])  # a position without rows
+    for position in range(1, 6):
+        assert not written.nothing_for(position - 1, position, is_state), position
