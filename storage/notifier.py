@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Final
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
@@ -24,8 +23,6 @@ from storage.id_generators import StreamIdGenerator
 from storage.tokens import StreamToken, SyncStreamKey
 
 logger = logging.getLogger(__name__)
-
-_EVENTS_ONLY: Final = frozenset({SyncStreamKey.EVENTS})
 
 
 @attrs.define(eq=False)
@@ -45,6 +42,11 @@ class Notifier:
         self._generators: dict[str, StreamIdGenerator] = {}
         # Set by ``shut_down``: the process is stopping, so nobody waits any more.
         self.closed = False
+        # Counts ``notify`` calls: a stream's position read in one is good for the rest of it
+        # (``_current_in_round``).
+        self._round = 0
+        self._in_round = False
+        self._current_token: tuple[int, Callable[[], StreamToken], StreamToken] | None = None
 
     def add_stream(self, generator: StreamIdGenerator) -> None:
         """Follow a stream: its position changes wake its waiters."""
@@ -66,19 +68,25 @@ class Notifier:
         waiters = self._waiters.get(stream_name)
         if not waiters:
             return
-        for waiter in list(waiters):
-            deferred = waiter.deferred
-            if deferred is None or deferred.called:
-                continue
-            try:
-                ready = waiter.condition()
-            except Exception:
-                self._remove(waiter)
-                deferred.errback()
-                continue
-            if ready:
-                self._remove(waiter)
-                deferred.callback(True)
+        self._round += 1
+        self._in_round = True
+        try:
+            for waiter in list(waiters):
+                deferred = waiter.deferred
+                if deferred is None or deferred.called:
+                    continue
+                try:
+                    ready = waiter.condition()
+                except Exception:
+                    self._remove(waiter)
+                    deferred.errback()
+                    continue
+                if ready:
+                    self._remove(waiter)
+                    deferred.callback(True)
+        finally:
+            self._in_round = False
+            self._current_token = None
 
     def wait_until(
         self, streams: Iterable[str], condition: Callable[[], bool], timeout: float | None
@@ -164,12 +172,29 @@ class Notifier:
         ``upto`` hold nothing for this sync (``QuietWatch``); a move of that stream alone is
         then slept through."""
         streams = [key.value for key, _ in since.components()]
+        others = [(key, token) for key, token in since.components() if key is not SyncStreamKey.EVENTS]
 
         def ready() -> bool:
-            now = current()
-            advanced = now.advanced_keys(since)
-            if quiet_events is not None and advanced == _EVENTS_ONLY:
-                return not quiet_events(now.events.max_position)
-            return bool(advanced)
+            now = self._current_in_round(current)
+            if any(not now.get(key).is_before_or_equal(token) for key, token in others):
+                return True
+            if now.events.is_before_or_equal(since.events):
+                return False
+            return quiet_events is None or not quiet_events(now.events.max_position)
 
         return self.wait_until(streams, ready, timeout)
+
+    def _current_in_round(self, current: Callable[[], StreamToken]) -> StreamToken:
+        """``current()``, read once per ``notify`` for all the sync waiters it looks at (a read
+        is seven streams' positions: every waiter read them at every move). Only inside a
+        ``notify``: a stream that moves meanwhile (a woken waiter's work) notifies, which starts
+        a new round; outside one (a new waiter's first look) it is read afresh."""
+        if not self._in_round:
+            return current()
+        cached = self._current_token
+        # ``current`` is a bound method, a new object at each access: equal, not the same.
+        if cached is not None and cached[0] == self._round and cached[1] == current:
+            return cached[2]
+        token = current()
+        self._current_token = (self._round, current, token)
+        return token

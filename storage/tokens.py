@@ -250,6 +250,8 @@ class _VectorClock:
         """True when no writer is further in this token than in ``other``."""
         if self.minimum > other.minimum:
             return False
+        if not self.instance_positions:  # one writer, or all at the minimum: the usual case
+            return True
         return all(mine <= theirs for _, mine, theirs in self._merged(other))
 
     def is_before(self, other: Self) -> bool:

@@ -194,6 +194,33 @@ def test_a_sync_sleeps_through_events_its_quiet_check_clears_but_not_other_strea
     assert result_of(d) is True and asked == [5, 6]
 
 
+class Positions:
+    """A handler's ``current_token``: a bound method, so each access is a new object."""
+
+    def __init__(self, token: StreamToken) -> None:
+        self.token = token
+        self.reads = 0
+
+    def current_token(self) -> StreamToken:
+        self.reads += 1
+        return self.token
+
+
+def test_the_sync_waiters_of_one_notify_read_the_positions_once() -> None:
+    notifier = Notifier(Clock())
+    since = StreamToken(RoomStreamToken(3))
+    positions = Positions(since)
+    waiting = [notifier.wait_for_sync_token(since, positions.current_token, timeout=30, quiet_events=lambda _: True)
+               for _ in range(50)]
+    assert positions.reads == 50  # each new waiter's first look reads afresh
+    positions.token = since.advance(SyncStreamKey.EVENTS, RoomStreamToken(4))
+    notifier.notify("events")
+    assert positions.reads == 51 and not any(d.called for d in waiting)  # quiet: all sleep on
+    positions.token = positions.token.advance(SyncStreamKey.TYPING, MultiWriterStreamToken(1))
+    notifier.notify("typing")
+    assert positions.reads == 52 and all(result_of(d) is True for d in waiting)
+
+
 def test_shut_down_answers_every_waiter_now_and_every_later_wait_at_once() -> None:
     """Stopping the process: long-polls must not hold the shutdown until their timeouts."""
     clock = Clock()
