@@ -9,7 +9,7 @@ database of the PostgreSQL on 127.0.0.1:5432 (as Synapse is deployed; its SQLite
 its rate limits lifted, then the ratios. Run by hand:
 
     .venv/bin/python bench/client_api.py [--sends 500] [--rooms 50] [--events 100] [--py-spy FILE]
-                                         [--online 20 [--online-messages 20]]
+                                         [--online 20 [--online-messages 20]] [--elsewhere 100]
                                          [--synapse [--synapse-sends 300] [--rounds 10]]
 
 With ``--synapse`` both servers then stay up for a last figure: sequential sends to each in
@@ -263,6 +263,8 @@ async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metric
         print(f"sync wake after the send returns: p50 {pct(wakes, 0.5) * 1000:.1f} ms, p99 {pct(wakes, 0.99) * 1000:.1f} ms")
         if args.online > 0 and args.online_messages > 0:
             await fan_out_to_online_members(anon, alice, room, pid, db_pid, args.online, args.online_messages, run)
+        if args.elsewhere > 0 and args.online_messages > 0:
+            await online_elsewhere(anon, alice, pid, db_pid, args.elsewhere, args.online_messages, run)
 
         carol = await anon.register(f"carol{run}")
         for r in range(args.rooms):
@@ -274,6 +276,41 @@ async def bench(base_url: str, pid: int | None, args: argparse.Namespace, metric
               f"{(time.perf_counter() - start) * 1000:.0f} ms")
         print(f"RSS after: {rss_mib(pid):.1f} MiB")
         return Figures(sends / seq_elapsed, len(flat) / elapsed, seq_cpu / sends)
+
+
+async def online_elsewhere(anon: Api, sender: Api, pid: int | None, db_pid: int | None, online: int,
+                           messages: int, run: str) -> None:
+    """``online`` users long-poll ``/sync`` in a room of their own while ``sender`` sends
+    ``messages`` messages, one at a time, to a room none of them is in: the server's and its
+    PostgreSQL's CPU per message (the send, and whatever the waiting syncs cost). On a busy
+    server most messages are in rooms a given user is not in."""
+    # A session of their own: the bench's pools fewer connections than there are long-polls.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=online + 8)) as session:
+        anon = Api(session, anon.base_url)
+        members = [await anon.register(f"e{i}x{run}") for i in range(online)]
+        theirs = (await members[0].call("POST", "/createRoom", {"preset": "public_chat"}))["room_id"]
+        for member in members[1:]:
+            await member.call("POST", f"/rooms/{theirs}/join", {})
+        elsewhere = (await sender.call("POST", "/createRoom", {}))["room_id"]
+
+        async def wait(member: Api) -> None:
+            since = (await member.call("GET", "/sync?timeout=0"))["next_batch"]
+            while True:
+                since = (await member.call("GET", f"/sync?since={since}&timeout=30000"))["next_batch"]
+
+        polls = [asyncio.ensure_future(wait(member)) for member in members]
+        await asyncio.sleep(2.0)  # every long-poll reaches the server and waits (after its own presence)
+        cpu0, db0, start = cpu_seconds(pid), tree_cpu_seconds(db_pid), time.perf_counter()
+        for i in range(messages):
+            await sender.send(elsewhere, f"elsewhere {i}")
+            await asyncio.sleep(0.02)
+        cpu, db_cpu, elapsed = cpu_seconds(pid) - cpu0, tree_cpu_seconds(db_pid) - db0, time.perf_counter() - start
+        for poll in polls:
+            poll.cancel()
+        await asyncio.gather(*polls, return_exceptions=True)
+    print(f"a message in a room none of {online} users long-polling /sync is in: CPU per message (the send and "
+          f"the waits; one every {elapsed / messages * 1000:.0f} ms): server {cpu / messages * 1000:.1f} ms, its "
+          f"PostgreSQL {db_cpu / messages * 1000:.1f} ms")
 
 
 async def fan_out_to_online_members(anon: Api, sender: Api, room: str, pid: int | None, db_pid: int | None,
@@ -320,6 +357,8 @@ def main() -> None:
     parser.add_argument("--wakes", type=int, default=100)
     parser.add_argument("--online", type=int, default=20, help="members online for the fan-out figure (0: none)")
     parser.add_argument("--online-messages", type=int, default=20, help="messages sent to the online members")
+    parser.add_argument("--elsewhere", type=int, default=100,
+                        help="users long-polling /sync in their own room while messages go to another (0: none)")
     parser.add_argument("--rooms", type=int, default=50)
     parser.add_argument("--events", type=int, default=100)
     parser.add_argument("--aiohttp", action="store_true",
