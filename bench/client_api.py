@@ -299,7 +299,14 @@ async def online_elsewhere(anon: Api, sender: Api, pid: int | None, db_pid: int 
                 since = (await member.call("GET", f"/sync?since={since}&timeout=30000"))["next_batch"]
 
         polls = [asyncio.ensure_future(wait(member)) for member in members]
-        await asyncio.sleep(2.0)  # every long-poll reaches the server and waits (after its own presence)
+        # Every long-poll reaches the server and waits, once the members' presence (each came
+        # online, which the others in their room hear of) has been answered: the server idle.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            before = cpu_seconds(pid)
+            await asyncio.sleep(0.5)
+            if cpu_seconds(pid) - before < 0.025:
+                break
         cpu0, db0, start = cpu_seconds(pid), tree_cpu_seconds(db_pid), time.perf_counter()
         for i in range(messages):
             await sender.send(elsewhere, f"elsewhere {i}")
