@@ -120,9 +120,10 @@ from storage.id_generators import StreamIdGenerator
 from storage.kernel.background import register_metrics as register_background_metrics
 from storage.kernel.background import run_in_background
 from storage.stores.partial_state import PartialStateStore
-from storage.kernel.written_events import ReplicatedEventNotes, WrittenEvents
+from storage.kernel.written_events import ReplicatedEventNotes, ReplicatedRoomNotes, RoomNotes, WrittenEvents
 from storage.metrics import StorageMetrics, StreamMetrics
 from storage.notifier import Notifier
+from storage.tokens import SyncStreamKey
 from storage.prepare import apply_migrations, check_server_name, current_schema_version, prepare_database
 from storage.stores.admin import AdminStore
 from storage.stores.e2e import E2eStore
@@ -292,6 +293,8 @@ class HomeServer:
         # What this process persisted at recent events-stream positions: its own readers of the
         # stream (fan-out, user directory) skip queries over ranges it knows hold nothing for them.
         self.written_events = WrittenEvents()
+        # The room of each recent receipts and typing position (their writers here, or replication).
+        self.room_notes = {SyncStreamKey.RECEIPTS: RoomNotes(), SyncStreamKey.TYPING: RoomNotes()}
         self.stream_metrics = StreamMetrics.create(self.registry)
         self.reactor_monitor = ReactorTickMonitor(reactor, ReactorMetrics.create(self.registry))
         self.ports: list[IListeningPort] = []
@@ -540,6 +543,7 @@ class HomeServer:
             remote_keys=FederationKeyClient(client),
             search_all_users=config.user_directory.search_all_users,
             written=self.written_events,
+            room_notes=self.room_notes,
         )
         local_writers = rooms.local_writers(accounts)
         writers = build_writers(local_writers, layout, internal_client)
@@ -651,8 +655,11 @@ class HomeServer:
 
         handler.add_row_handler(CacheInvalidationHandler(invalidate))
         handler.add_row_handler(ReplicatedTyping(services.rooms.typing))
-        # Other writers' events, noted before the generators advance (connect_streams, below).
+        # Other writers' events, receipts and typing, noted before the generators advance
+        # (connect_streams, below).
         handler.add_row_handler(ReplicatedEventNotes(self.written_events))
+        for key, notes in self.room_notes.items():
+            handler.add_row_handler(ReplicatedRoomNotes(key.value, notes))
         sender = services.outbound.sender
         if sender is not None:
             # EDUs from the federation stream (sender workers) and outbox wake-ups from other

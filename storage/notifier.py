@@ -13,7 +13,7 @@ know what a token means: callers pass the condition.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
@@ -164,23 +164,24 @@ class Notifier:
 
     def wait_for_sync_token(
         self, since: StreamToken, current: Callable[[], StreamToken], timeout: float | None,
-        *, quiet_events: Callable[[int], bool] | None = None,
+        *, quiet: Mapping[SyncStreamKey, Callable[[int], bool]] | None = None,
     ) -> Deferred[bool]:
         """``/sync``: wait until ``current()`` is ahead of ``since`` in any stream it covers.
 
-        ``quiet_events(upto)``: whether the events stream's positions after ``since`` up to
-        ``upto`` hold nothing for this sync (``QuietWatch``); a move of that stream alone is
-        then slept through."""
+        ``quiet[key](upto)``: whether that stream's positions after ``since`` up to ``upto``
+        hold nothing for this sync (``QuietWatch``); its moves are then slept through."""
         streams = [key.value for key, _ in since.components()]
-        others = [(key, token) for key, token in since.components() if key is not SyncStreamKey.EVENTS]
+        # Streams without a quiet check first: when one of them moved, no check need run.
+        components = sorted(((key, token, (quiet or {}).get(key)) for key, token in since.components()),
+                            key=lambda component: component[2] is not None)
 
         def ready() -> bool:
             now = self._current_in_round(current)
-            if any(not now.get(key).is_before_or_equal(token) for key, token in others):
-                return True
-            if now.events.is_before_or_equal(since.events):
-                return False
-            return quiet_events is None or not quiet_events(now.events.max_position)
+            for key, token, is_quiet in components:
+                moved = now.get(key)
+                if not moved.is_before_or_equal(token) and (is_quiet is None or not is_quiet(moved.max_position)):
+                    return True
+            return False
 
         return self.wait_until(streams, ready, timeout)
 

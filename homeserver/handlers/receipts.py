@@ -50,7 +50,11 @@ class ReceiptsHandler:
         account_data: AccountDataStore,
         account_data_stream: StreamIdGenerator,
         federation: OutboundEdus | None = None,
+        noted: Callable[[int, str], None] | None = None,
     ) -> None:
+        # Told each position this process writes and its room, before the position completes
+        # (``RoomNotes``: a waiting /sync sleeps through receipts in rooms not its user's).
+        self._noted = noted
         self._account_data = account_data
         self._account_data_stream = account_data_stream
         self._stream = stream
@@ -89,6 +93,8 @@ class ReceiptsHandler:
                 stream_id,
                 self._stream.instance_name or "master",
             )
+            if self._noted is not None:
+                self._noted(stream_id, room_id)
         if self._federation is not None:
             await self._federation.receipt(room_id, receipt_type, requester.user_id, event_id, data)
 
@@ -112,6 +118,8 @@ class ReceiptsHandler:
                 stream_id,
                 self._stream.instance_name or "master",
             )
+            if self._noted is not None:
+                self._noted(stream_id, room_id)
         return True
 
     async def set_fully_read(self, requester: Requester, room_id: str, event_id: str) -> None:

@@ -42,7 +42,8 @@ from homeserver.handlers.sync import SyncHandler
 from homeserver.handlers.typing import TypingHandler
 from homeserver.routing.writers import Writers
 from storage.database import Database
-from storage.kernel.written_events import WrittenEvents
+from storage.kernel.written_events import RoomNotes, WrittenEvents
+from storage.tokens import SyncStreamKey
 from storage.stores.partial_state import PartialStateStore
 from storage.stores.admin import AdminStore
 from storage.id_generators import StreamIdGenerator
@@ -118,11 +119,14 @@ class RoomServices:
         remote_keys: RemoteKeys | None = None,
         search_all_users: bool = False,
         written: WrittenEvents | None = None,
+        room_notes: Mapping[SyncStreamKey, RoomNotes] | None = None,
     ) -> RoomServices:
         """``remote`` and ``backfill`` come from federation (None: this server's rooms only);
         ``edus`` takes typing, receipts, presence and to-device to other servers (None: this
-        process sends none); ``written``: the notes of the events this process persisted, which
-        let a waiting ``/sync`` sleep through events that are not for its user."""
+        process sends none); ``written``: the notes of the events this process knows of, and
+        ``room_notes`` the rooms of the receipts and typing positions, which let a waiting
+        ``/sync`` sleep through what is not for its user (their writers here note them)."""
+        room_notes = room_notes or {}
         def clock_ms() -> int:
             return int(reactor.seconds() * 1000)
 
@@ -190,8 +194,9 @@ class RoomServices:
                 "record_typing", insert_typing_txn, stream_id, str(typing_stream.instance_name), room_id, user_ids
             )
 
+        typing_notes, receipt_notes = room_notes.get(SyncStreamKey.TYPING), room_notes.get(SyncStreamKey.RECEIPTS)
         typing = TypingHandler(stream=typing_stream, clock=reactor, is_joined=is_joined, record=record_typing,
-                               federation=edus)
+                               federation=edus, noted=None if typing_notes is None else typing_notes.note)
         receipts = ReceiptsHandler(
             stream=streams[StreamName.RECEIPTS],
             timeline=timeline,
@@ -201,6 +206,7 @@ class RoomServices:
             account_data=AccountDataStore(db),
             account_data_stream=streams[StreamName.ACCOUNT_DATA],
             federation=edus,
+            noted=None if receipt_notes is None else receipt_notes.note,
         )
         async def device_ids(user_id: str) -> list[str]:
             return [device.device_id for device in await accounts.devices.get_devices(user_id)]
@@ -243,6 +249,7 @@ class RoomServices:
             push=PushStore(db),
             partial_state=partial_state,
             written=written,
+            room_notes=room_notes,
         )
         sliding_sync = SlidingSyncHandler(
             store=SlidingSyncStore(db), sync=sync, notifier=notifier, clock=reactor, room_tokens=room_tokens,

@@ -179,14 +179,14 @@ class SlidingSyncHandler:
             remaining = deadline - self._clock.seconds()
             if since is None or computed.has_data or remaining <= 0:
                 break
-            # Events in rooms the user has no membership in (nor subscribed to), about others,
-            # change no list and no room: slept through (docs/client-api.md, "A waiting /sync").
+            # Events, receipts and typing in rooms the user has no membership in (nor subscribed
+            # to; events: about others) change no list and no room: slept through
+            # (docs/client-api.md, "A waiting /sync").
             quiet = self._sync.quiet_watch(
                 user_id, frozenset(await self._timeline.get_rooms_for_user(user_id)) | frozenset(subscriptions), now)
             self._metrics.long_polls.inc()
             try:
-                woken = await self._notifier.wait_for_sync_token(
-                    now, self._sync.current_token, remaining, quiet_events=None if quiet is None else quiet.quiet_upto)
+                woken = await self._notifier.wait_for_sync_token(now, self._sync.current_token, remaining, quiet=quiet)
             finally:
                 self._metrics.long_polls.dec()
             if not woken and self._notifier.closed:

@@ -49,7 +49,7 @@ from storage.stores.timeline import MembershipRow, TimelineStore
 from storage.streams import StreamName
 from storage.room_tokens import RoomPosition, RoomTokens
 from storage.kernel.errors import invalid_param
-from storage.kernel.written_events import QuietWatch, WrittenEvents
+from storage.kernel.written_events import QuietWatch, RoomNotes, WrittenEvents, events_concern, rooms_concern
 from storage.tokens import InvalidTokenError, MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
 
 T = TypeVar("T")
@@ -156,10 +156,13 @@ class SyncHandler:
         push: PushStore,
         partial_state: PartialStateStore | None = None,
         written: WrittenEvents | None = None,
+        room_notes: Mapping[SyncStreamKey, RoomNotes] | None = None,
     ) -> None:
-        # The notes of the events this process persisted: a waiting sync sleeps through
-        # those not for its user (``QuietWatch``).
+        # The notes of the events this process knows of, and the rooms of the positions of
+        # room-keyed streams (receipts, typing): a waiting sync sleeps through those not for
+        # its user (``QuietWatch``).
         self._written = written
+        self._room_notes = dict(room_notes or {})
         self._push = push
         self._partial_state = partial_state
         self._presence = presence
@@ -235,13 +238,12 @@ class SyncHandler:
                 return result
             self._metrics.long_polls.inc()
             reached = StreamToken.parse(result["next_batch"])
-            # Events after ``reached`` in rooms the user is not joined to, about others, cannot
-            # change the answer: slept through (docs/client-api.md, "A waiting /sync").
+            # Events, receipts and typing after ``reached`` in rooms the user is not joined to
+            # (events: about others) cannot change the answer: slept through (docs/client-api.md,
+            # "A waiting /sync").
             quiet = self.quiet_watch(requester.user_id, frozenset(joined), reached)
             try:
-                woken = await self._notifier.wait_for_sync_token(
-                    reached, self.current_token, remaining, quiet_events=None if quiet is None else quiet.quiet_upto
-                )
+                woken = await self._notifier.wait_for_sync_token(reached, self.current_token, remaining, quiet=quiet)
             finally:
                 self._metrics.long_polls.dec()
             if not woken and self._notifier.closed:
@@ -252,10 +254,19 @@ class SyncHandler:
             if self._clock.seconds() >= deadline:
                 return await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
 
-    def quiet_watch(self, user_id: str, rooms: frozenset[str], reached: StreamToken) -> QuietWatch | None:
-        """What lets a sync waiting from ``reached`` sleep through events in rooms other than
-        ``rooms`` and about other users (``QuietWatch``); None where nothing is noted."""
-        return None if self._written is None else QuietWatch(self._written, user_id, rooms, reached.events.minimum)
+    def quiet_watch(
+        self, user_id: str, rooms: frozenset[str], reached: StreamToken
+    ) -> dict[SyncStreamKey, Callable[[int], bool]]:
+        """For a sync waiting from ``reached``, by stream: whether positions up to a given one
+        hold nothing for it (``QuietWatch``), what is in rooms other than ``rooms`` (and, for
+        events, not about the user). Only streams with notes in this process."""
+        quiet: dict[SyncStreamKey, Callable[[int], bool]] = {}
+        if self._written is not None:
+            quiet[SyncStreamKey.EVENTS] = QuietWatch(
+                self._written, events_concern(user_id, rooms), reached.events.minimum).quiet_upto
+        for key, notes in self._room_notes.items():
+            quiet[key] = QuietWatch(notes, rooms_concern(rooms), reached.get(key).minimum).quiet_upto
+        return quiet
 
     async def wait_for_room(
         self, requester: Requester, room_id: str, since: StreamToken, *, timeout_ms: int, joined: bool, limit: int

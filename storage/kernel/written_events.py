@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 import attrs
 
 DEFAULT_CAPACITY: Final = 10_000
+
+T = TypeVar("T")
 
 
 @attrs.frozen(slots=True)
@@ -49,33 +51,42 @@ class WrittenEvent:
     member: str | None = None
 
 
-class WrittenEvents:
-    """The notes of the last ``capacity`` positions this process wrote."""
+class PositionNotes(Generic[T]):
+    """A note for each of the last ``capacity`` positions of a stream that this process knows of."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self._capacity = capacity
-        self._notes: OrderedDict[int, WrittenEvent] = OrderedDict()
+        self._notes: OrderedDict[int, T] = OrderedDict()
 
-    def note(self, position: int, written: WrittenEvent) -> None:
-        """The event at ``position`` committed; call before the position completes."""
-        self._notes[position] = written
+    def note(self, position: int, value: T) -> None:
+        """What is at ``position``; call before the position completes."""
+        self._notes[position] = value
         while len(self._notes) > self._capacity:
             self._notes.popitem(last=False)
 
-    def nothing_for(self, after: int, upto: int, wanted: Callable[[WrittenEvent], bool]) -> bool:
+    def nothing_for(self, after: int, upto: int, wanted: Callable[[T], bool]) -> bool:
         """True when every position in (after, upto] was noted here and none is ``wanted``:
-        a reader looking for ``wanted`` events in that range would find none."""
+        a reader looking for ``wanted`` ones in that range would find none."""
         if upto <= after:
             return True
         if upto - after > len(self._notes):
             return False
         for position in range(after + 1, upto + 1):
-            written = self._notes.get(position)
-            if written is None or wanted(written):
+            value = self._notes.get(position)
+            if value is None or wanted(value):
                 return False
         return True
+
+
+class WrittenEvents(PositionNotes[WrittenEvent]):
+    """The notes of the last ``capacity`` positions of the events stream this process knows."""
+
+
+class RoomNotes(PositionNotes[str]):
+    """The room of each recent position of a stream whose every position is of one room
+    (``receipts``, ``typing``), noted by its writer in this process or from replication rows."""
 
 
 def is_state(written: WrittenEvent) -> bool:
@@ -90,32 +101,41 @@ def is_push(written: WrittenEvent) -> bool:
     return written.pushes
 
 
-class QuietWatch:
-    """For a ``/sync`` waiting from events position ``after``: whether the events stream moved
-    only by events that cannot change its answer, those this process noted in rooms other than
-    ``rooms`` (the user's joined rooms, as the sync that found nothing read them) and about
-    another user's membership. Any position not noted here (a rolled-back transaction's, one
-    forgotten, another writer's whose row has not come) counts as a change, so the sync never
-    sleeps through one.
-    Positions found quiet are not looked at again: each move costs the new positions only."""
+class QuietWatch(Generic[T]):
+    """For a ``/sync`` waiting from position ``after`` of a stream: whether the stream moved
+    only by what cannot change its answer, positions noted here none of which ``concerns`` it
+    (``events_concern``, ``rooms_concern``). Any position not noted here (a rolled-back
+    transaction's, one forgotten, another writer's whose row has not come) counts as a
+    change, so the sync never sleeps through one. Positions found quiet are not looked at
+    again: each move costs the new positions only."""
 
-    def __init__(self, written: WrittenEvents, user_id: str, rooms: frozenset[str], after: int) -> None:
-        self._written = written
-        self._user_id = user_id
-        self._rooms = rooms
+    def __init__(self, notes: PositionNotes[T], concerns: Callable[[T], bool], after: int) -> None:
+        self._notes = notes
+        self._concerns = concerns
         self._checked = after
 
-    def _concerns(self, written: WrittenEvent) -> bool:
-        return written.room_id is None or written.room_id in self._rooms or written.member == self._user_id
-
     def quiet_upto(self, upto: int) -> bool:
-        """True when nothing in (after, upto] concerns the user."""
+        """True when nothing in (after, upto] concerns the sync."""
         if upto <= self._checked:
             return True
-        if not self._written.nothing_for(self._checked, upto, self._concerns):
+        if not self._notes.nothing_for(self._checked, upto, self._concerns):
             return False
         self._checked = upto
         return True
+
+
+def events_concern(user_id: str, rooms: frozenset[str]) -> Callable[[WrittenEvent], bool]:
+    """Events that may change ``user_id``'s sync: in ``rooms`` (the user's), about the user's
+    membership, or of a room not known."""
+    def concerns(written: WrittenEvent) -> bool:
+        return written.room_id is None or written.room_id in rooms or written.member == user_id
+
+    return concerns
+
+
+def rooms_concern(rooms: frozenset[str]) -> Callable[[str], bool]:
+    """Positions of a room-keyed stream that may change a sync: those of ``rooms``."""
+    return rooms.__contains__
 
 
 class ReplicatedEventNotes:
@@ -141,3 +161,21 @@ class ReplicatedEventNotes:
         # Whether it went to other servers or notified a pusher, the row does not say: "yes",
         # so the readers that care (fan-out, pushers) read the database for it as before.
         self._written.note(token, WrittenEvent(state_key is not None, True, True, room_id, member))
+
+
+class ReplicatedRoomNotes:
+    """A replication ``RowHandler`` (registered before the generators advance): the room of
+    each position of ``stream`` another writer sends (the first column of its rows: typing's
+    and receipts' ``room_id``), noted in ``notes``. A position with other than one row, or
+    whose first column is not a string, is left unknown."""
+
+    def __init__(self, stream: str, notes: RoomNotes) -> None:
+        self._stream = stream
+        self._notes = notes
+
+    def on_rows(self, stream: str, instance: str, token: int, rows: Sequence[object]) -> None:
+        if stream != self._stream or len(rows) != 1:
+            return
+        row = rows[0]
+        if isinstance(row, (list, tuple)) and row and type(row[0]) is str:
+            self._notes.note(token, row[0])

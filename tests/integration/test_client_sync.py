@@ -306,9 +306,10 @@ async def test_a_newly_joined_room_comes_with_its_full_state(database_dsn: str, 
 
 
 async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_dsn: str, tmp_path: Path) -> None:
-    """A long-polling /sync is not computed again for events in rooms its user is not joined to
-    (each computation counts in tributary_sync_duration_seconds{kind="incremental"}); a message
-    in its room, or an invite to another room, still ends the wait with it."""
+    """A long-polling /sync is not computed again for events, typing or receipts in rooms its
+    user is not joined to (each computation counts in tributary_sync_duration_seconds
+    {kind="incremental"}); a message in its room, or an invite to another room, still ends the
+    wait with it."""
     async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (hs, client):
         alice, bob = await _users(client)
         shared = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
@@ -332,13 +333,17 @@ async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_ds
 
         poll, before = await waiting(since)
         for i in range(5):
-            await _ok(client, "PUT", f"rooms/{elsewhere}/send/m.room.message/e{i}", {"body": f"e{i}"}, token=alice)
+            last = await _ok(client, "PUT", f"rooms/{elsewhere}/send/m.room.message/e{i}", {"body": f"e{i}"}, token=alice)
+        # Typing and a read receipt there: positions of their own streams, in a room not Bob's.
+        await _ok(client, "PUT", f"rooms/{elsewhere}/typing/{quote(ALICE)}", {"typing": True, "timeout": 30000},
+                  token=alice)
+        await _ok(client, "POST", f"rooms/{elsewhere}/receipt/m.read/{quote(last['event_id'])}", {}, token=alice)
         sent = (await _ok(client, "PUT", f"rooms/{shared}/send/m.room.message/s", {"body": "s"}, token=alice))["event_id"]
         answer = await poll
         assert answer.status == 200, answer
         assert [e["event_id"] for e in answer.body["rooms"]["join"][shared]["timeline"]["events"]] == [sent]
         assert elsewhere not in answer.body["rooms"]["join"]
-        assert computed() - before == 1  # the wake for the message in its room; none for the five
+        assert computed() - before == 1  # the wake for the message in its room; none for the rest
 
         poll, before = await waiting(answer.body["next_batch"])
         await _ok(client, "PUT", f"rooms/{elsewhere}/send/m.room.message/e5", {"body": "e5"}, token=alice)

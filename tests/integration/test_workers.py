@@ -186,9 +186,9 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                 assert time.monotonic() < deadline, f"Bob never reached the user directory: {found}"
                 time.sleep(0.2)
 
-            # Carol's long-poll on the generic worker sleeps through messages in a room she is not
-            # in (their events stream rows, from the persisters, are noted there), and wakes for
-            # one in hers: each computation counts in tributary_sync_duration_seconds.
+            # Carol's long-poll on the generic worker sleeps through messages, typing and receipts
+            # in a room she is not in (the rows of other writers are noted there), and wakes for
+            # a message in hers: each computation counts in tributary_sync_duration_seconds.
             lonely = alice.ok("POST", "createRoom", {"preset": "public_chat"})["room_id"]
             mark = carol.ok("GET", "sync?timeout=0")["next_batch"]
             deadline = time.monotonic() + 10
@@ -215,7 +215,12 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                 time.sleep(0.05)
             computed = incremental_syncs()
             for i in range(5):
-                alice.ok("PUT", f"rooms/{quote(lonely, safe='')}/send/m.room.message/lonely-{i}", {"body": str(i)})
+                last = alice.ok("PUT", f"rooms/{quote(lonely, safe='')}/send/m.room.message/lonely-{i}",
+                                {"body": str(i)})["event_id"]
+            # Typing (written by the generic worker itself) and a receipt (the main process's,
+            # over replication) in that room: no wake either.
+            alice.ok("PUT", f"rooms/{quote(lonely, safe='')}/typing/{quote(alice_id)}", {"typing": True, "timeout": 30000})
+            alice.ok("POST", f"rooms/{quote(lonely, safe='')}/receipt/m.read/{quote(last)}", {})
             time.sleep(0.5)  # the rows reach the generic worker
             assert incremental_syncs() == computed and poll.is_alive()
             wake = alice.ok("PUT", f"rooms/{quote(rooms[2], safe='')}/send/m.room.message/wake", {"body": "w"})

@@ -179,7 +179,7 @@ def test_a_sync_sleeps_through_events_its_quiet_check_clears_but_not_other_strea
         asked.append(upto)
         return upto < 6  # positions 4 and 5 hold nothing for this sync; 6 does
 
-    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet_events=quiet)
+    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet={SyncStreamKey.EVENTS: quiet})
     current["token"] = since.advance(SyncStreamKey.EVENTS, RoomStreamToken(5))
     notifier.notify("events")
     assert not d.called and asked == [5]
@@ -187,11 +187,35 @@ def test_a_sync_sleeps_through_events_its_quiet_check_clears_but_not_other_strea
     notifier.notify("typing")  # another stream moved: the sync looks, whatever the events hold
     assert result_of(d) is True and asked == [5]
 
-    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet_events=quiet)
+    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet={SyncStreamKey.EVENTS: quiet})
     assert result_of(d) is True  # already ahead in typing: no wait
     current["token"] = StreamToken(RoomStreamToken(6))
-    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet_events=quiet)
+    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet={SyncStreamKey.EVENTS: quiet})
     assert result_of(d) is True and asked == [5, 6]
+
+
+def test_each_quiet_stream_is_checked_and_any_other_stream_wakes_at_once() -> None:
+    notifier = Notifier(Clock())
+    since = StreamToken(RoomStreamToken(3))
+    current = {"token": since}
+    asked: list[str] = []
+
+    def quiet(name: str) -> Any:
+        def check(upto: int) -> bool:
+            asked.append(name)
+            return True
+        return check
+
+    checks = {SyncStreamKey.EVENTS: quiet("events"), SyncStreamKey.TYPING: quiet("typing")}
+    d = notifier.wait_for_sync_token(since, lambda: current["token"], timeout=30, quiet=checks)
+    current["token"] = since.advance(SyncStreamKey.EVENTS, RoomStreamToken(4)).advance(
+        SyncStreamKey.TYPING, MultiWriterStreamToken(2))
+    notifier.notify("typing")
+    assert not d.called and sorted(asked) == ["events", "typing"]
+    current["token"] = current["token"].advance(SyncStreamKey.RECEIPTS, MultiWriterStreamToken(1))
+    asked.clear()
+    notifier.notify("receipts")
+    assert result_of(d) is True and asked == []  # receipts have no check here: no other check runs
 
 
 class Positions:
@@ -210,7 +234,7 @@ def test_the_sync_waiters_of_one_notify_read_the_positions_once() -> None:
     notifier = Notifier(Clock())
     since = StreamToken(RoomStreamToken(3))
     positions = Positions(since)
-    waiting = [notifier.wait_for_sync_token(since, positions.current_token, timeout=30, quiet_events=lambda _: True)
+    waiting = [notifier.wait_for_sync_token(since, positions.current_token, timeout=30, quiet={SyncStreamKey.EVENTS: lambda _: True})
                for _ in range(50)]
     assert positions.reads == 50  # each new waiter's first look reads afresh
     positions.token = since.advance(SyncStreamKey.EVENTS, RoomStreamToken(4))

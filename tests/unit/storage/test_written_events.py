@@ -11,12 +11,16 @@ import pytest
 
 from storage.kernel.written_events import (
     QuietWatch,
+    ReplicatedRoomNotes,
+    RoomNotes,
     ReplicatedEventNotes,
     WrittenEvent,
     WrittenEvents,
+    events_concern,
     is_fanout,
     is_push,
     is_state,
+    rooms_concern,
 )
 
 MESSAGE = WrittenEvent(state=False, fanout=False)
@@ -57,7 +61,7 @@ def test_only_the_last_capacity_positions_are_remembered() -> None:
 
 def test_a_waiting_sync_is_quiet_through_other_rooms_and_other_users_memberships() -> None:
     written = WrittenEvents()
-    watch = QuietWatch(written, "@bob:hs", frozenset({"!mine:hs"}), after=10)
+    watch = QuietWatch(written, events_concern("@bob:hs", frozenset({"!mine:hs"})), 10)
     written.note(11, WrittenEvent(False, False, room_id="!other:hs"))
     written.note(12, WrittenEvent(True, False, room_id="!other:hs", member="@carol:hs"))
     assert watch.quiet_upto(12) and watch.quiet_upto(10)
@@ -72,8 +76,8 @@ def test_a_waiting_sync_wakes_for_its_users_membership_an_unknown_room_or_positi
     written.note(2, WrittenEvent(False, False))  # a note without its room
     written.note(4, WrittenEvent(False, False, room_id="!other:hs"))  # 3: another writer's
     for after, upto in ((0, 1), (1, 2), (2, 4)):
-        assert not QuietWatch(written, "@bob:hs", frozenset(), after).quiet_upto(upto), (after, upto)
-    assert QuietWatch(written, "@bob:hs", frozenset(), 3).quiet_upto(4)
+        assert not QuietWatch(written, events_concern("@bob:hs", frozenset()), after).quiet_upto(upto), (after, upto)
+    assert QuietWatch(written, events_concern("@bob:hs", frozenset()), 3).quiet_upto(4)
 
 
 class CountingNotes(WrittenEvents):
@@ -90,7 +94,7 @@ class CountingNotes(WrittenEvents):
 
 def test_a_quiet_watch_looks_at_each_position_once() -> None:
     written = CountingNotes()
-    watch = QuietWatch(written, "@bob:hs", frozenset({"!mine:hs"}), after=0)
+    watch = QuietWatch(written, events_concern("@bob:hs", frozenset({"!mine:hs"})), 0)
     for position in range(1, 101):
         written.note(position, WrittenEvent(False, False, room_id=f"!r{position}:hs"))
         assert watch.quiet_upto(position)
@@ -102,7 +106,7 @@ def test_another_writers_event_rows_are_noted_as_far_as_they_tell() -> None:
     notes = ReplicatedEventNotes(written)
     notes.on_rows("events", "persister1", 1, [("$a", "!other:hs", "m.room.message", None, "@carol:hs")])
     notes.on_rows("events", "persister1", 2, [["$b", "!other:hs", "m.room.member", "@dave:hs", "@dave:hs"]])
-    watch = QuietWatch(written, "@bob:hs", frozenset({"!mine:hs"}), after=0)
+    watch = QuietWatch(written, events_concern("@bob:hs", frozenset({"!mine:hs"})), 0)
     assert watch.quiet_upto(2)
     assert written.nothing_for(0, 1, is_state) and not written.nothing_for(1, 2, is_state)
     # Whether they went to other servers or notified a pusher, rows do not say: read as before.
@@ -122,3 +126,24 @@ def test_rows_that_do_not_tell_leave_their_position_unknown() -> None:
     notes.on_rows("events", "persister1", 5, [])  # a position without rows
     for position in range(1, 6):
         assert not written.nothing_for(position - 1, position, is_state), position
+
+
+def test_a_room_keyed_stream_is_quiet_through_other_rooms_only() -> None:
+    notes = RoomNotes()
+    watch = QuietWatch(notes, rooms_concern(frozenset({"!mine:hs"})), 0)
+    notes.note(1, "!other:hs")
+    assert watch.quiet_upto(1) and not watch.quiet_upto(2)  # 2 not noted (yet)
+    notes.note(2, "!mine:hs")
+    assert not watch.quiet_upto(2)
+
+
+def test_another_writers_typing_and_receipt_rows_are_noted_by_their_room() -> None:
+    typing, receipts = RoomNotes(), RoomNotes()
+    handlers = [ReplicatedRoomNotes("typing", typing), ReplicatedRoomNotes("receipts", receipts)]
+    for handler in handlers:
+        handler.on_rows("typing", "g1", 1, [("!a:hs", ("@carol:hs",))])
+        handler.on_rows("receipts", "g1", 1, [("!b:hs", "m.read", "@carol:hs", None, "$e", "{}")])
+        handler.on_rows("typing", "g1", 2, [(7, ())])  # not a room ID: left unknown
+    assert typing.nothing_for(0, 1, {"!b:hs"}.__contains__) and not typing.nothing_for(0, 1, {"!a:hs"}.__contains__)
+    assert receipts.nothing_for(0, 1, {"!a:hs"}.__contains__)
+    assert not typing.nothing_for(1, 2, {"!a:hs"}.__contains__)
