@@ -120,7 +120,7 @@ from storage.id_generators import StreamIdGenerator
 from storage.kernel.background import register_metrics as register_background_metrics
 from storage.kernel.background import run_in_background
 from storage.stores.partial_state import PartialStateStore
-from storage.kernel.written_events import ReplicatedEventNotes, ReplicatedRoomNotes, RoomNotes, WrittenEvents
+from storage.kernel.written_events import KeyNotes, ReplicatedEventNotes, ReplicatedKeyNotes, WrittenEvents
 from storage.metrics import StorageMetrics, StreamMetrics
 from storage.notifier import Notifier
 from storage.tokens import SyncStreamKey
@@ -293,8 +293,10 @@ class HomeServer:
         # What this process persisted at recent events-stream positions: its own readers of the
         # stream (fan-out, user directory) skip queries over ranges it knows hold nothing for them.
         self.written_events = WrittenEvents()
-        # The room of each recent receipts and typing position (their writers here, or replication).
-        self.room_notes = {SyncStreamKey.RECEIPTS: RoomNotes(), SyncStreamKey.TYPING: RoomNotes()}
+        # What each recent position of these streams is about, rooms or users (their writers
+        # here note them, or replication does).
+        self.key_notes = {key: KeyNotes() for key in (SyncStreamKey.RECEIPTS, SyncStreamKey.TYPING,
+                                                      SyncStreamKey.TO_DEVICE, SyncStreamKey.ACCOUNT_DATA)}
         self.stream_metrics = StreamMetrics.create(self.registry)
         self.reactor_monitor = ReactorTickMonitor(reactor, ReactorMetrics.create(self.registry))
         self.ports: list[IListeningPort] = []
@@ -481,7 +483,8 @@ class HomeServer:
         queries = build_remote_queries(config, reactor, client)
         accounts = AccountServices.build(config, db, reactor,
                                          account_data_stream_ids=generators[StreamName.ACCOUNT_DATA].get_next,
-                                         instance_name=self.instance_name, remote_profiles=queries)
+                                         instance_name=self.instance_name, remote_profiles=queries,
+                                         account_data_noted=self.key_notes[SyncStreamKey.ACCOUNT_DATA].note)
         accounts.auth.revoked_hooks.append(revoked)
         streams.caches.register(TokenCacheInvalidation(accounts.auth))
 
@@ -543,7 +546,7 @@ class HomeServer:
             remote_keys=FederationKeyClient(client),
             search_all_users=config.user_directory.search_all_users,
             written=self.written_events,
-            room_notes=self.room_notes,
+            key_notes=self.key_notes,
         )
         local_writers = rooms.local_writers(accounts)
         writers = build_writers(local_writers, layout, internal_client)
@@ -655,11 +658,11 @@ class HomeServer:
 
         handler.add_row_handler(CacheInvalidationHandler(invalidate))
         handler.add_row_handler(ReplicatedTyping(services.rooms.typing))
-        # Other writers' events, receipts and typing, noted before the generators advance
-        # (connect_streams, below).
+        # Other writers' events, receipts, typing, to-device messages and account data, noted
+        # before the generators advance (connect_streams, below).
         handler.add_row_handler(ReplicatedEventNotes(self.written_events))
-        for key, notes in self.room_notes.items():
-            handler.add_row_handler(ReplicatedRoomNotes(key.value, notes))
+        for key, notes in self.key_notes.items():
+            handler.add_row_handler(ReplicatedKeyNotes(key.value, notes))
         sender = services.outbound.sender
         if sender is not None:
             # EDUs from the federation stream (sender workers) and outbox wake-ups from other

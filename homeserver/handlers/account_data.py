@@ -38,8 +38,12 @@ SERVER_MANAGED_ROOM_TYPES: Final = frozenset({"m.fully_read"})
 
 
 class AccountDataHandler:
-    def __init__(self, store: AccountDataStore, stream_ids: StreamIdAllocator, *, instance_name: str) -> None:
+    def __init__(self, store: AccountDataStore, stream_ids: StreamIdAllocator, *, instance_name: str,
+                 noted: Callable[[int, frozenset[str]], None] | None = None) -> None:
         self._store = store
+        # Told each position this process writes and its user, before the position completes
+        # (``KeyNotes``: a waiting /sync sleeps through other users' account data).
+        self._noted = noted
         self._stream_ids = stream_ids
         self._instance_name = instance_name
         self.account_data_changed_hooks: list[AccountDataChangedHook] = []
@@ -116,6 +120,8 @@ class AccountDataHandler:
             await self._store.put(
                 user_id, room_id, data_type, text, stream_id=stream_id, instance_name=self._instance_name
             )
+            if self._noted is not None:
+                self._noted(stream_id, frozenset((user_id,)))
         for hook in self.account_data_changed_hooks:
             await hook(user_id, room_id, data_type, stream_id)
         return stream_id

@@ -105,6 +105,7 @@ class AccountServices:
         instance_name: str = DEFAULT_INSTANCE_NAME,
         clock: Callable[[], float] = time.time,
         remote_profiles: RemoteProfiles | None = None,
+        account_data_noted: Callable[[int, frozenset[str]], None] | None = None,
     ) -> AccountServices:
         accounts = AccountStore(db)
         device_store = DeviceStore(db)
@@ -153,6 +154,7 @@ class AccountServices:
                 account_data_store,
                 account_data_stream_ids or sequence_stream_ids(account_data_store),
                 instance_name=instance_name,
+                noted=account_data_noted,
             ),
             filters=FilterHandler(FilterStore(db)),
             registration_token_valid=lambda token: tokens.registration_token_valid(token, int(clock() * 1000)),

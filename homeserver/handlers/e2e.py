@@ -115,8 +115,12 @@ class E2eHandler:
         federation: OutboundEdus | None = None,
         remote: RemoteKeys | None = None,
         room_position: Callable[[RoomStreamToken], Awaitable[RoomPosition]] | None = None,
+        noted: Callable[[int, frozenset[str]], None] | None = None,
     ) -> None:
         self._room_position = room_position
+        # Told each to-device position this process writes and its local recipients, before
+        # the position completes (``KeyNotes``: a waiting /sync sleeps through others' messages).
+        self._noted = noted
         # Set by the composition root once built (it reports key changes back here).
         self.cross_signing: CrossSigningHandler | None = None
         # Server-side key backup, served beside the keys (set by the composition root).
@@ -169,6 +173,8 @@ class E2eHandler:
         async with self._stream.get_next() as stream_id:
             if rows:
                 await self._store.add_to_device(stream_id, instance, rows)
+            if self._noted is not None:
+                self._noted(stream_id, frozenset(user_id for user_id, _, _ in rows))
             if remote and self._federation is not None:
                 await self._federation.to_device(stream_id, instance, requester.user_id, event_type, remote)
 
@@ -192,6 +198,8 @@ class E2eHandler:
         if rows:
             async with self._stream.get_next() as stream_id:
                 await self._store.add_to_device(stream_id, self._stream.instance_name or "master", rows)
+                if self._noted is not None:
+                    self._noted(stream_id, frozenset(user_id for user_id, _, _ in rows))
         return len(rows)
 
     # --- device lists ---------------------------------------------------------------------------

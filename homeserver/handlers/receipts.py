@@ -50,11 +50,14 @@ class ReceiptsHandler:
         account_data: AccountDataStore,
         account_data_stream: StreamIdGenerator,
         federation: OutboundEdus | None = None,
-        noted: Callable[[int, str], None] | None = None,
+        noted: Callable[[int, frozenset[str]], None] | None = None,
+        account_data_noted: Callable[[int, frozenset[str]], None] | None = None,
     ) -> None:
-        # Told each position this process writes and its room, before the position completes
-        # (``RoomNotes``: a waiting /sync sleeps through receipts in rooms not its user's).
+        # Told each position this process writes and its room (for the fully-read marker, the
+        # account data position and its user), before the position completes (``KeyNotes``: a
+        # waiting /sync sleeps through what is not for its user).
         self._noted = noted
+        self._account_data_noted = account_data_noted
         self._account_data = account_data
         self._account_data_stream = account_data_stream
         self._stream = stream
@@ -94,7 +97,7 @@ class ReceiptsHandler:
                 self._stream.instance_name or "master",
             )
             if self._noted is not None:
-                self._noted(stream_id, room_id)
+                self._noted(stream_id, frozenset((room_id,)))
         if self._federation is not None:
             await self._federation.receipt(room_id, receipt_type, requester.user_id, event_id, data)
 
@@ -119,7 +122,7 @@ class ReceiptsHandler:
                 self._stream.instance_name or "master",
             )
             if self._noted is not None:
-                self._noted(stream_id, room_id)
+                self._noted(stream_id, frozenset((room_id,)))
         return True
 
     async def set_fully_read(self, requester: Requester, room_id: str, event_id: str) -> None:
@@ -137,6 +140,8 @@ class ReceiptsHandler:
                 stream_id=stream_id,
                 instance_name=self._account_data_stream.instance_name or "master",
             )
+            if self._account_data_noted is not None:
+                self._account_data_noted(stream_id, frozenset((requester.user_id,)))
 
     async def ephemeral_for(
         self, user_id: str, room_ids: Collection[str], since: int, upto: int

@@ -9,7 +9,7 @@ decides anything.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -42,7 +42,7 @@ from homeserver.handlers.sync import SyncHandler
 from homeserver.handlers.typing import TypingHandler
 from homeserver.routing.writers import Writers
 from storage.database import Database
-from storage.kernel.written_events import RoomNotes, WrittenEvents
+from storage.kernel.written_events import KeyNotes, WrittenEvents
 from storage.tokens import SyncStreamKey
 from storage.stores.partial_state import PartialStateStore
 from storage.stores.admin import AdminStore
@@ -119,14 +119,15 @@ class RoomServices:
         remote_keys: RemoteKeys | None = None,
         search_all_users: bool = False,
         written: WrittenEvents | None = None,
-        room_notes: Mapping[SyncStreamKey, RoomNotes] | None = None,
+        key_notes: Mapping[SyncStreamKey, KeyNotes] | None = None,
     ) -> RoomServices:
         """``remote`` and ``backfill`` come from federation (None: this server's rooms only);
         ``edus`` takes typing, receipts, presence and to-device to other servers (None: this
         process sends none); ``written``: the notes of the events this process knows of, and
-        ``room_notes`` the rooms of the receipts and typing positions, which let a waiting
-        ``/sync`` sleep through what is not for its user (their writers here note them)."""
-        room_notes = room_notes or {}
+        ``key_notes`` what the positions of other streams are about (rooms, users), which let
+        a waiting ``/sync`` sleep through what is not for its user (their writers here note
+        them)."""
+        key_notes = key_notes or {}
         def clock_ms() -> int:
             return int(reactor.seconds() * 1000)
 
@@ -194,9 +195,12 @@ class RoomServices:
                 "record_typing", insert_typing_txn, stream_id, str(typing_stream.instance_name), room_id, user_ids
             )
 
-        typing_notes, receipt_notes = room_notes.get(SyncStreamKey.TYPING), room_notes.get(SyncStreamKey.RECEIPTS)
+        def noting(key: SyncStreamKey) -> Callable[[int, frozenset[str]], None] | None:
+            notes = key_notes.get(key)
+            return None if notes is None else notes.note
+
         typing = TypingHandler(stream=typing_stream, clock=reactor, is_joined=is_joined, record=record_typing,
-                               federation=edus, noted=None if typing_notes is None else typing_notes.note)
+                               federation=edus, noted=noting(SyncStreamKey.TYPING))
         receipts = ReceiptsHandler(
             stream=streams[StreamName.RECEIPTS],
             timeline=timeline,
@@ -206,7 +210,8 @@ class RoomServices:
             account_data=AccountDataStore(db),
             account_data_stream=streams[StreamName.ACCOUNT_DATA],
             federation=edus,
-            noted=None if receipt_notes is None else receipt_notes.note,
+            noted=noting(SyncStreamKey.RECEIPTS),
+            account_data_noted=noting(SyncStreamKey.ACCOUNT_DATA),
         )
         async def device_ids(user_id: str) -> list[str]:
             return [device.device_id for device in await accounts.devices.get_devices(user_id)]
@@ -221,6 +226,7 @@ class RoomServices:
             federation=edus,
             remote=remote_keys,
             room_position=room_tokens.position,
+            noted=noting(SyncStreamKey.TO_DEVICE),
         )
         e2e.cross_signing = CrossSigningHandler(
             store=CrossSigningStore(db), e2e_store=e2e_store, keys_changed=e2e.cross_signing_changed
@@ -249,7 +255,7 @@ class RoomServices:
             push=PushStore(db),
             partial_state=partial_state,
             written=written,
-            room_notes=room_notes,
+            key_notes=key_notes,
         )
         sliding_sync = SlidingSyncHandler(
             store=SlidingSyncStore(db), sync=sync, notifier=notifier, clock=reactor, room_tokens=room_tokens,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 from prometheus_client import CollectorRegistry
@@ -49,10 +49,21 @@ from storage.stores.timeline import MembershipRow, TimelineStore
 from storage.streams import StreamName
 from storage.room_tokens import RoomPosition, RoomTokens
 from storage.kernel.errors import invalid_param
-from storage.kernel.written_events import QuietWatch, RoomNotes, WrittenEvents, events_concern, rooms_concern
+from storage.kernel.written_events import (
+    KeyNotes,
+    QuietWatch,
+    WrittenEvents,
+    events_concern,
+    rooms_concern,
+    user_concerns,
+)
 from storage.tokens import InvalidTokenError, MultiWriterStreamToken, RoomStreamToken, StreamToken, SyncStreamKey
 
 T = TypeVar("T")
+
+# The streams whose positions are each about rooms (``KeyNotes``); the other noted ones are
+# about users.
+_ROOM_KEYED: Final = frozenset({SyncStreamKey.TYPING, SyncStreamKey.RECEIPTS})
 
 DEFAULT_TIMELINE_LIMIT = 10
 # The spec's m.heroes: up to 5 members other than the syncing user.
@@ -156,13 +167,13 @@ class SyncHandler:
         push: PushStore,
         partial_state: PartialStateStore | None = None,
         written: WrittenEvents | None = None,
-        room_notes: Mapping[SyncStreamKey, RoomNotes] | None = None,
+        key_notes: Mapping[SyncStreamKey, KeyNotes] | None = None,
     ) -> None:
-        # The notes of the events this process knows of, and the rooms of the positions of
-        # room-keyed streams (receipts, typing): a waiting sync sleeps through those not for
-        # its user (``QuietWatch``).
+        # The notes of the events this process knows of, and what the positions of other
+        # streams are about (receipts and typing: rooms; to-device and account data: users):
+        # a waiting sync sleeps through those not for its user (``QuietWatch``).
         self._written = written
-        self._room_notes = dict(room_notes or {})
+        self._key_notes = dict(key_notes or {})
         self._push = push
         self._partial_state = partial_state
         self._presence = presence
@@ -258,14 +269,16 @@ class SyncHandler:
         self, user_id: str, rooms: frozenset[str], reached: StreamToken
     ) -> dict[SyncStreamKey, Callable[[int], bool]]:
         """For a sync waiting from ``reached``, by stream: whether positions up to a given one
-        hold nothing for it (``QuietWatch``), what is in rooms other than ``rooms`` (and, for
-        events, not about the user). Only streams with notes in this process."""
+        hold nothing for it (``QuietWatch``): events in rooms other than ``rooms`` and not
+        about the user, typing and receipts in other rooms, to-device messages and account
+        data of other users. Only streams with notes in this process."""
         quiet: dict[SyncStreamKey, Callable[[int], bool]] = {}
         if self._written is not None:
             quiet[SyncStreamKey.EVENTS] = QuietWatch(
                 self._written, events_concern(user_id, rooms), reached.events.minimum).quiet_upto
-        for key, notes in self._room_notes.items():
-            quiet[key] = QuietWatch(notes, rooms_concern(rooms), reached.get(key).minimum).quiet_upto
+        for key, notes in self._key_notes.items():
+            concerns = rooms_concern(rooms) if key in _ROOM_KEYED else user_concerns(user_id)
+            quiet[key] = QuietWatch(notes, concerns, reached.get(key).minimum).quiet_upto
         return quiet
 
     async def wait_for_room(

@@ -39,11 +39,11 @@ class TypingHandler:
         is_joined: Callable[[str, str], Awaitable[bool]],
         record: Callable[[int, str, list[str]], Awaitable[None]] | None = None,
         federation: OutboundEdus | None = None,
-        noted: Callable[[int, str], None] | None = None,
+        noted: Callable[[int, frozenset[str]], None] | None = None,
     ) -> None:
         self._stream = stream
         # Told each position this process writes and its room, before the position completes
-        # (``RoomNotes``: a waiting /sync sleeps through typing in rooms not its user's).
+        # (``KeyNotes``: a waiting /sync sleeps through typing in rooms not its user's).
         self._noted = noted
         # Writes (stream_id, room_id, typing users) to typing_stream, for other processes.
         self._record = record
@@ -119,7 +119,7 @@ class TypingHandler:
                 users.pop(user_id, None)
             self._serial[room_id] = stream_id
             if self._noted is not None:
-                self._noted(stream_id, room_id)
+                self._noted(stream_id, frozenset((room_id,)))
             if self._record is not None:
                 await self._record(stream_id, room_id, sorted(users))
 

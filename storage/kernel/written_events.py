@@ -84,9 +84,11 @@ class WrittenEvents(PositionNotes[WrittenEvent]):
     """The notes of the last ``capacity`` positions of the events stream this process knows."""
 
 
-class RoomNotes(PositionNotes[str]):
-    """The room of each recent position of a stream whose every position is of one room
-    (``receipts``, ``typing``), noted by its writer in this process or from replication rows."""
+class KeyNotes(PositionNotes[frozenset[str]]):
+    """What each recent position of a stream is about, by key: the rooms of ``receipts`` and
+    ``typing`` positions, the users of ``to_device`` and ``account_data`` ones (the local
+    recipients; none for a message only to other servers). Noted by the stream's writer in
+    this process, or from its replication rows."""
 
 
 def is_state(written: WrittenEvent) -> bool:
@@ -133,9 +135,20 @@ def events_concern(user_id: str, rooms: frozenset[str]) -> Callable[[WrittenEven
     return concerns
 
 
-def rooms_concern(rooms: frozenset[str]) -> Callable[[str], bool]:
+def rooms_concern(rooms: frozenset[str]) -> Callable[[frozenset[str]], bool]:
     """Positions of a room-keyed stream that may change a sync: those of ``rooms``."""
-    return rooms.__contains__
+    def concerns(keys: frozenset[str]) -> bool:
+        return not rooms.isdisjoint(keys)
+
+    return concerns
+
+
+def user_concerns(user_id: str) -> Callable[[frozenset[str]], bool]:
+    """Positions of a user-keyed stream that may change ``user_id``'s sync: those of the user."""
+    def concerns(keys: frozenset[str]) -> bool:
+        return user_id in keys
+
+    return concerns
 
 
 class ReplicatedEventNotes:
@@ -163,19 +176,23 @@ class ReplicatedEventNotes:
         self._written.note(token, WrittenEvent(state_key is not None, True, True, room_id, member))
 
 
-class ReplicatedRoomNotes:
-    """A replication ``RowHandler`` (registered before the generators advance): the room of
-    each position of ``stream`` another writer sends (the first column of its rows: typing's
-    and receipts' ``room_id``), noted in ``notes``. A position with other than one row, or
-    whose first column is not a string, is left unknown."""
+class ReplicatedKeyNotes:
+    """A replication ``RowHandler`` (registered before the generators advance): what each
+    position of ``stream`` that another writer sends is about, the first column of its rows
+    (typing's and receipts' ``room_id``, account data's ``user_id``, to-device's ``entity``: a
+    local user, or another server, which no local sync waits for), noted in ``notes``. A
+    position without rows, or with a row whose first column is not a string, is left unknown."""
 
-    def __init__(self, stream: str, notes: RoomNotes) -> None:
+    def __init__(self, stream: str, notes: KeyNotes) -> None:
         self._stream = stream
         self._notes = notes
 
     def on_rows(self, stream: str, instance: str, token: int, rows: Sequence[object]) -> None:
-        if stream != self._stream or len(rows) != 1:
+        if stream != self._stream or not rows:
             return
-        row = rows[0]
-        if isinstance(row, (list, tuple)) and row and type(row[0]) is str:
-            self._notes.note(token, row[0])
+        keys = set()
+        for row in rows:
+            if not isinstance(row, (list, tuple)) or not row or type(row[0]) is not str:
+                return
+            keys.add(row[0])
+        self._notes.note(token, frozenset(keys))

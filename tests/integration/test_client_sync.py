@@ -307,9 +307,9 @@ async def test_a_newly_joined_room_comes_with_its_full_state(database_dsn: str, 
 
 async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_dsn: str, tmp_path: Path) -> None:
     """A long-polling /sync is not computed again for events, typing or receipts in rooms its
-    user is not joined to (each computation counts in tributary_sync_duration_seconds
-    {kind="incremental"}); a message in its room, or an invite to another room, still ends the
-    wait with it."""
+    user is not joined to, nor for another user's account data or to-device messages (each
+    computation counts in tributary_sync_duration_seconds{kind="incremental"}); a message in
+    its room, an invite to another room, or a to-device message to it, still ends the wait."""
     async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (hs, client):
         alice, bob = await _users(client)
         shared = (await _ok(client, "POST", "createRoom", {"preset": "public_chat"}, token=alice))["room_id"]
@@ -338,6 +338,10 @@ async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_ds
         await _ok(client, "PUT", f"rooms/{elsewhere}/typing/{quote(ALICE)}", {"typing": True, "timeout": 30000},
                   token=alice)
         await _ok(client, "POST", f"rooms/{elsewhere}/receipt/m.read/{quote(last['event_id'])}", {}, token=alice)
+        # Alice's account data, and a to-device message to her: other users' positions.
+        await _ok(client, "PUT", f"user/{quote(ALICE)}/account_data/org.example.a", {"a": 1}, token=alice)
+        await _ok(client, "POST", f"rooms/{elsewhere}/read_markers", {"m.fully_read": last["event_id"]}, token=alice)
+        await _ok(client, "PUT", "sendToDevice/org.example.d/t1", {"messages": {ALICE: {"*": {"d": 1}}}}, token=alice)
         sent = (await _ok(client, "PUT", f"rooms/{shared}/send/m.room.message/s", {"body": "s"}, token=alice))["event_id"]
         answer = await poll
         assert answer.status == 200, answer
@@ -351,4 +355,11 @@ async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_ds
         answer = await poll
         assert answer.status == 200, answer
         assert list(answer.body["rooms"]["invite"]) == [elsewhere] and not answer.body["rooms"]["join"]
+        assert computed() - before == 1
+
+        poll, before = await waiting(answer.body["next_batch"])
+        await _ok(client, "PUT", "sendToDevice/org.example.d/t2", {"messages": {BOB: {"*": {"d": 2}}}}, token=alice)
+        answer = await poll
+        assert answer.status == 200, answer
+        assert [m["content"] for m in answer.body["to_device"]["events"]] == [{"d": 2}]
         assert computed() - before == 1

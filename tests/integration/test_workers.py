@@ -187,8 +187,9 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
                 time.sleep(0.2)
 
             # Carol's long-poll on the generic worker sleeps through messages, typing and receipts
-            # in a room she is not in (the rows of other writers are noted there), and wakes for
-            # a message in hers: each computation counts in tributary_sync_duration_seconds.
+            # in a room she is not in and through Alice's account data and to-device messages (the
+            # rows of other writers are noted there), and wakes for a message in her room: each
+            # computation counts in tributary_sync_duration_seconds.
             lonely = alice.ok("POST", "createRoom", {"preset": "public_chat"})["room_id"]
             mark = carol.ok("GET", "sync?timeout=0")["next_batch"]
             deadline = time.monotonic() + 10
@@ -221,6 +222,9 @@ def test_workers_deliver_every_message_once_through_a_persister_crash_and_restar
             # over replication) in that room: no wake either.
             alice.ok("PUT", f"rooms/{quote(lonely, safe='')}/typing/{quote(alice_id)}", {"typing": True, "timeout": 30000})
             alice.ok("POST", f"rooms/{quote(lonely, safe='')}/receipt/m.read/{quote(last)}", {})
+            # Alice's account data and a to-device message to her (the main process's): no wake.
+            alice.ok("PUT", f"user/{quote(alice_id)}/account_data/org.example.a", {"a": 1})
+            alice.ok("PUT", "sendToDevice/org.example.d/w1", {"messages": {alice_id: {"*": {"d": 1}}}})
             time.sleep(0.5)  # the rows reach the generic worker
             assert incremental_syncs() == computed and poll.is_alive()
             wake = alice.ok("PUT", f"rooms/{quote(rooms[2], safe='')}/send/m.room.message/wake", {"body": "w"})

@@ -10,10 +10,10 @@ from collections.abc import Callable
 import pytest
 
 from storage.kernel.written_events import (
+    KeyNotes,
     QuietWatch,
-    ReplicatedRoomNotes,
-    RoomNotes,
     ReplicatedEventNotes,
+    ReplicatedKeyNotes,
     WrittenEvent,
     WrittenEvents,
     events_concern,
@@ -21,6 +21,7 @@ from storage.kernel.written_events import (
     is_push,
     is_state,
     rooms_concern,
+    user_concerns,
 )
 
 MESSAGE = WrittenEvent(state=False, fanout=False)
@@ -128,22 +129,35 @@ def test_rows_that_do_not_tell_leave_their_position_unknown() -> None:
         assert not written.nothing_for(position - 1, position, is_state), position
 
 
-def test_a_room_keyed_stream_is_quiet_through_other_rooms_only() -> None:
-    notes = RoomNotes()
-    watch = QuietWatch(notes, rooms_concern(frozenset({"!mine:hs"})), 0)
-    notes.note(1, "!other:hs")
-    assert watch.quiet_upto(1) and not watch.quiet_upto(2)  # 2 not noted (yet)
-    notes.note(2, "!mine:hs")
-    assert not watch.quiet_upto(2)
+def test_a_keyed_stream_is_quiet_through_other_rooms_or_users_only() -> None:
+    notes = KeyNotes()
+    rooms = QuietWatch(notes, rooms_concern(frozenset({"!mine:hs"})), 0)
+    users = QuietWatch(notes, user_concerns("@bob:hs"), 0)
+    notes.note(1, frozenset({"!other:hs", "@carol:hs"}))
+    notes.note(2, frozenset())  # a to-device message only for other servers
+    assert rooms.quiet_upto(2) and users.quiet_upto(2)
+    assert not rooms.quiet_upto(3) and not users.quiet_upto(3)  # 3 not noted (yet)
+    notes.note(3, frozenset({"!mine:hs", "!other:hs"}))
+    assert not rooms.quiet_upto(3)
+    notes.note(4, frozenset({"@carol:hs", "@bob:hs"}))
+    assert not QuietWatch(notes, user_concerns("@bob:hs"), 3).quiet_upto(4)
 
 
-def test_another_writers_typing_and_receipt_rows_are_noted_by_their_room() -> None:
-    typing, receipts = RoomNotes(), RoomNotes()
-    handlers = [ReplicatedRoomNotes("typing", typing), ReplicatedRoomNotes("receipts", receipts)]
+def test_another_writers_keyed_rows_are_noted_by_their_first_column() -> None:
+    typing, receipts, to_device = KeyNotes(), KeyNotes(), KeyNotes()
+    handlers = [ReplicatedKeyNotes("typing", typing), ReplicatedKeyNotes("receipts", receipts),
+                ReplicatedKeyNotes("to_device", to_device)]
     for handler in handlers:
         handler.on_rows("typing", "g1", 1, [("!a:hs", ("@carol:hs",))])
         handler.on_rows("receipts", "g1", 1, [("!b:hs", "m.read", "@carol:hs", None, "$e", "{}")])
+        handler.on_rows("to_device", "g1", 1, [("@carol:hs",), ("other.example",)])  # one position, two rows
         handler.on_rows("typing", "g1", 2, [(7, ())])  # not a room ID: left unknown
-    assert typing.nothing_for(0, 1, {"!b:hs"}.__contains__) and not typing.nothing_for(0, 1, {"!a:hs"}.__contains__)
-    assert receipts.nothing_for(0, 1, {"!a:hs"}.__contains__)
-    assert not typing.nothing_for(1, 2, {"!a:hs"}.__contains__)
+        handler.on_rows("to_device", "g1", 2, [("@carol:hs",), ()])  # one row without a key: unknown
+        handler.on_rows("receipts", "g1", 2, [])  # a position without rows: unknown
+    assert typing.nothing_for(0, 1, rooms_concern(frozenset({"!b:hs"})))
+    assert not typing.nothing_for(0, 1, rooms_concern(frozenset({"!a:hs"})))
+    assert receipts.nothing_for(0, 1, rooms_concern(frozenset({"!a:hs"})))
+    assert to_device.nothing_for(0, 1, user_concerns("@bob:hs"))
+    assert not to_device.nothing_for(0, 1, user_concerns("@carol:hs"))
+    for notes in (typing, receipts, to_device):
+        assert not notes.nothing_for(1, 2, lambda _: False)
