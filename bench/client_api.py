@@ -328,6 +328,16 @@ async def online_elsewhere(anon: Api, sender: Api, pid: int | None, db_pid: int 
         cpu, db_cpu, elapsed = cpu_seconds(pid) - cpu0, tree_cpu_seconds(db_pid) - db0, time.perf_counter() - start
         print(f"  a typing notice and a read receipt there: CPU per pair (one every {elapsed / messages * 1000:.0f} "
               f"ms): server {cpu / messages * 1000:.1f} ms, its PostgreSQL {db_cpu / messages * 1000:.1f} ms")
+        # Then moves its read marker (account data) and sends its own devices a to-device message.
+        cpu0, db0, start = cpu_seconds(pid), tree_cpu_seconds(db_pid), time.perf_counter()
+        for i, message in enumerate(sent):
+            await sender.call("POST", f"/rooms/{elsewhere}/read_markers", {"m.fully_read": message["event_id"]})
+            await sender.call("PUT", f"/sendToDevice/org.example.bench/d{run}{i}", {"messages": {me: {"*": {"i": i}}}})
+            await asyncio.sleep(0.02)
+        cpu, db_cpu, elapsed = cpu_seconds(pid) - cpu0, tree_cpu_seconds(db_pid) - db0, time.perf_counter() - start
+        print(f"  a read marker and a to-device message to its own devices: CPU per pair (one every "
+              f"{elapsed / messages * 1000:.0f} ms): server {cpu / messages * 1000:.1f} ms, its PostgreSQL "
+              f"{db_cpu / messages * 1000:.1f} ms")
         for poll in polls:
             poll.cancel()
         await asyncio.gather(*polls, return_exceptions=True)
