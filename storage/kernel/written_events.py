@@ -1,4 +1,5 @@
-"""What this process wrote at recent positions of the events stream, for its own readers.
+"""What is at recent positions of the events stream (and what the positions of the
+room- and user-keyed streams are about, ``KeyNotes``), for this process's own readers.
 
 Each time the events stream moves, readers in the same process (the federation sender's
 fan-out, the user directory's updater) look at what the new positions hold, and each look is
@@ -106,7 +107,7 @@ def is_push(written: WrittenEvent) -> bool:
 class QuietWatch(Generic[T]):
     """For a ``/sync`` waiting from position ``after`` of a stream: whether the stream moved
     only by what cannot change its answer, positions noted here none of which ``concerns`` it
-    (``events_concern``, ``rooms_concern``). Any position not noted here (a rolled-back
+    (``events_concern``, ``rooms_concern``, ``user_concerns``). Any position not noted here (a rolled-back
     transaction's, one forgotten, another writer's whose row has not come) counts as a
     change, so the sync never sleeps through one. Positions found quiet are not looked at
     again: each move costs the new positions only."""
