@@ -192,6 +192,10 @@ class SyncHandler:
         # (user, device) -> the to-device position up to which this process deleted the
         # device's messages (acknowledged by a sync token): no need to delete again.
         self._to_device_acked = DictCache[int]("sync_to_device_acked", max_entries=100_000)
+        # (user, device) -> the token of the last answer this process computed for the device
+        # and the rooms the user was joined to then: its next long-poll, from that token,
+        # sleeps through what is not for it from the start (``wait_for_sync``).
+        self._answered_rooms = DictCache[tuple[str, frozenset[str]]]("sync_answered_rooms", max_entries=100_000)
         # (user, device, room) -> the member events (state key, event ID) this process sent the
         # device under ``lazy_load_members``: not sent again (unless ``include_redundant_members``).
         self._lazy_members = DictCache[tuple[tuple[str, str], ...]]("sync_lazy_members", max_entries=100_000)
@@ -239,6 +243,15 @@ class SyncHandler:
             return await self.sync(requester, since, full_state=full_state, sync_filter=sync_filter)
         deadline = self._clock.seconds() + min(timeout_ms / 1000.0, MAX_TIMEOUT_S)
         woken_at: float | None = None
+        if not self.current_token().advanced_keys(since):
+            # Nothing happened since the client's token (it comes back right after its last
+            # answer): a sync now would find nothing, so it waits first, as Synapse does; from
+            # the token of the last answer here, with the rooms that answer saw.
+            answered = self._answered_rooms.get(_device_key(requester))
+            quiet = ({} if answered is None or answered[0] != since.to_string()
+                     else self.quiet_watch(requester.user_id, answered[1], since))
+            if await self._wait(since, deadline - self._clock.seconds(), quiet):
+                woken_at = self._clock.seconds()
         while True:
             joined: set[str] = set()
             result = await self.sync(requester, since, full_state=False, sync_filter=sync_filter, joined_out=joined)
@@ -247,16 +260,11 @@ class SyncHandler:
                 self._metrics.wake_latency.observe(self._clock.seconds() - woken_at)
             if has_changes(result) or remaining <= 0:
                 return result
-            self._metrics.long_polls.inc()
             reached = StreamToken.parse(result["next_batch"])
             # Events, receipts and typing after ``reached`` in rooms the user is not joined to
             # (events: about others) cannot change the answer: slept through (docs/client-api.md,
             # "A waiting /sync").
-            quiet = self.quiet_watch(requester.user_id, frozenset(joined), reached)
-            try:
-                woken = await self._notifier.wait_for_sync_token(reached, self.current_token, remaining, quiet=quiet)
-            finally:
-                self._metrics.long_polls.dec()
+            woken = await self._wait(reached, remaining, self.quiet_watch(requester.user_id, frozenset(joined), reached))
             if not woken and self._notifier.closed:
                 return result  # shutting down: the (empty) answer now, not at the timeout
             # The notifier fires its waiters synchronously from the position
@@ -264,6 +272,16 @@ class SyncHandler:
             woken_at = self._clock.seconds() if woken else None
             if self._clock.seconds() >= deadline:
                 return await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
+
+    async def _wait(self, reached: StreamToken, remaining: float,
+                    quiet: Mapping[SyncStreamKey, Callable[[int], bool]]) -> bool:
+        """Wait until a stream moves past ``reached`` (but for what ``quiet`` clears), or for
+        ``remaining`` seconds; whether it moved. Counted in ``tributary_sync_long_polls_active``."""
+        self._metrics.long_polls.inc()
+        try:
+            return await self._notifier.wait_for_sync_token(reached, self.current_token, remaining, quiet=quiet)
+        finally:
+            self._metrics.long_polls.dec()
 
     def quiet_watch(
         self, user_id: str, rooms: frozenset[str], reached: StreamToken
@@ -420,8 +438,9 @@ class SyncHandler:
         try:
             snapshot = await rooms_read
             joined_ids = [r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN and r not in partial_hidden]
+            all_joined = frozenset(r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN)
             if joined_out is not None:
-                joined_out.update(r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN)
+                joined_out.update(all_joined)
             receipts_range = moved(SyncStreamKey.RECEIPTS)
             receipts = (
                 await self._receipts.ephemeral_for(user_id, joined_ids, *receipts_range) if receipts_range else {}
@@ -544,6 +563,7 @@ class SyncHandler:
             if newly_shared:
                 presence = presence + await self._presence.presence_events(sorted(newly_shared))
 
+        self._answered_rooms.set(_device_key(requester), (now.to_string(), all_joined))
         return {
             "next_batch": now.to_string(),
             "rooms": {"join": join, "invite": invite, "leave": leave, "knock": knock},

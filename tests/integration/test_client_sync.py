@@ -323,7 +323,7 @@ async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_ds
             return value
 
         async def waiting(since: str) -> tuple[Deferred[Response], float]:
-            """Bob's long-poll, once it waits (its first computation done), and the count then."""
+            """Bob's long-poll, once it waits, and the count then."""
             poll = Deferred.fromCoroutine(client.request("GET", f"sync?since={since}&timeout=20000", token=bob))
             deadline = time.monotonic() + 10
             while hs.process.notifier.waiter_count() < 1:
@@ -331,7 +331,15 @@ async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_ds
                 await deferLater(reactor, 0.01, lambda: None)
             return poll, computed()
 
-        poll, before = await waiting(since)
+        async def waiting_at_once(since: str) -> tuple[Deferred[Response], float]:
+            """``waiting`` for the token of Bob's last answer, when nothing happened since: the
+            request waits before computing anything, as Synapse's does."""
+            before = computed()
+            poll, now = await waiting(since)
+            assert now == before
+            return poll, now
+
+        poll, before = await waiting_at_once(since)
         for i in range(5):
             last = await _ok(client, "PUT", f"rooms/{elsewhere}/send/m.room.message/e{i}", {"body": f"e{i}"}, token=alice)
         # Typing and a read receipt there: positions of their own streams, in a room not Bob's.
@@ -349,7 +357,7 @@ async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_ds
         assert elsewhere not in answer.body["rooms"]["join"]
         assert computed() - before == 1  # the wake for the message in its room; none for the rest
 
-        poll, before = await waiting(answer.body["next_batch"])
+        poll, before = await waiting_at_once(answer.body["next_batch"])
         await _ok(client, "PUT", f"rooms/{elsewhere}/send/m.room.message/e5", {"body": "e5"}, token=alice)
         await _ok(client, "POST", f"rooms/{elsewhere}/invite", {"user_id": BOB}, token=alice)
         answer = await poll
@@ -357,7 +365,7 @@ async def test_a_waiting_sync_sleeps_through_events_not_for_its_user(database_ds
         assert list(answer.body["rooms"]["invite"]) == [elsewhere] and not answer.body["rooms"]["join"]
         assert computed() - before == 1
 
-        poll, before = await waiting(answer.body["next_batch"])
+        poll, before = await waiting_at_once(answer.body["next_batch"])
         await _ok(client, "PUT", "sendToDevice/org.example.d/t2", {"messages": {BOB: {"*": {"d": 2}}}}, token=alice)
         answer = await poll
         assert answer.status == 200, answer
