@@ -42,11 +42,11 @@ class Notifier:
         self._generators: dict[str, StreamIdGenerator] = {}
         # Set by ``shut_down``: the process is stopping, so nobody waits any more.
         self.closed = False
-        # Counts ``notify`` calls: a stream's position read in one is good for the rest of it
-        # (``_current_in_round``).
-        self._round = 0
-        self._in_round = False
-        self._current_token: tuple[int, Callable[[], StreamToken], StreamToken] | None = None
+        # How many ``notify`` calls are under way (one inside another when a woken waiter's work
+        # moves a stream), and the positions one of them read for its sync waiters
+        # (``_current_in_round``), dropped whenever a stream moves.
+        self._notifying = 0
+        self._current_token: tuple[Callable[[], StreamToken], StreamToken] | None = None
 
     def add_stream(self, generator: StreamIdGenerator) -> None:
         """Follow a stream: its position changes wake its waiters."""
@@ -65,27 +65,16 @@ class Notifier:
 
     def notify(self, stream_name: str) -> None:
         """``stream_name`` advanced: wake its waiters whose condition now holds."""
+        self._current_token = None  # positions moved: a read of them is stale
         waiters = self._waiters.get(stream_name)
         if not waiters:
             return
-        self._round += 1
-        self._in_round = True
+        self._notifying += 1
         try:
             for waiter in list(waiters):
-                deferred = waiter.deferred
-                if deferred is None or deferred.called:
-                    continue
-                try:
-                    ready = waiter.condition()
-                except Exception:
-                    self._remove(waiter)
-                    deferred.errback()
-                    continue
-                if ready:
-                    self._remove(waiter)
-                    deferred.callback(True)
+                self._check(waiter, timed_out=False)
         finally:
-            self._in_round = False
+            self._notifying -= 1
             self._current_token = None
 
     def wait_until(
@@ -126,15 +115,23 @@ class Notifier:
     def _time_out(self, waiter: _Waiter) -> None:
         waiter.timer = None
         self._remove(waiter)
+        self._check(waiter, timed_out=True)
+
+    def _check(self, waiter: _Waiter, *, timed_out: bool) -> None:
+        """Fire ``waiter`` with its condition when it holds, or when ``timed_out`` with whatever
+        it says; a failing condition fails the waiter alone. Fired waiters are removed."""
         deferred = waiter.deferred
         if deferred is None or deferred.called:
             return
         try:
             ready = waiter.condition()
         except Exception:
+            self._remove(waiter)
             deferred.errback()
             return
-        deferred.callback(ready)
+        if ready or timed_out:
+            self._remove(waiter)
+            deferred.callback(ready)
 
     def _remove(self, waiter: _Waiter) -> None:
         if waiter.timer is not None and waiter.timer.active():
@@ -188,14 +185,14 @@ class Notifier:
     def _current_in_round(self, current: Callable[[], StreamToken]) -> StreamToken:
         """``current()``, read once per ``notify`` for all the sync waiters it looks at (a read
         is seven streams' positions: every waiter read them at every move). Only inside a
-        ``notify``: a stream that moves meanwhile (a woken waiter's work) notifies, which starts
-        a new round; outside one (a new waiter's first look) it is read afresh."""
-        if not self._in_round:
+        ``notify``: a stream that moves meanwhile (a woken waiter's work) notifies, which drops
+        the read; outside one (a new waiter's first look) it is read afresh."""
+        if not self._notifying:
             return current()
         cached = self._current_token
         # ``current`` is a bound method, a new object at each access: equal, not the same.
-        if cached is not None and cached[0] == self._round and cached[1] == current:
-            return cached[2]
+        if cached is not None and cached[0] == current:
+            return cached[1]
         token = current()
-        self._current_token = (self._round, current, token)
+        self._current_token = (current, token)
         return token
