@@ -184,11 +184,7 @@ class SlidingSyncHandler:
             # (docs/client-api.md, "A waiting /sync").
             quiet = self._sync.quiet_watch(
                 user_id, frozenset(await self._timeline.get_rooms_for_user(user_id)) | frozenset(subscriptions), now)
-            self._metrics.long_polls.inc()
-            try:
-                woken = await self._notifier.wait_for_sync_token(now, self._sync.current_token, remaining, quiet=quiet)
-            finally:
-                self._metrics.long_polls.dec()
+            woken = await self._sync.wait_for_change(now, remaining, quiet)
             if not woken and self._notifier.closed:
                 break
             woken_at = self._clock.seconds() if woken else None

@@ -247,14 +247,10 @@ class SyncHandler:
             # Nothing happened since the client's token (it comes back right after its last
             # answer): a sync now would find nothing, so it waits first, as Synapse does; from
             # the token of the last answer here, with the rooms that answer saw.
-            answered = self._answered_rooms.get(_device_key(requester))
-            quiet = ({} if answered is None or answered[0] != since.to_string()
-                     else self.quiet_watch(requester.user_id, answered[1], since))
-            if await self._wait(since, deadline - self._clock.seconds(), quiet):
+            if await self.wait_for_change(since, deadline - self._clock.seconds(), self._quiet_after(requester, since)):
                 woken_at = self._clock.seconds()
         while True:
-            joined: set[str] = set()
-            result = await self.sync(requester, since, full_state=False, sync_filter=sync_filter, joined_out=joined)
+            result = await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
             remaining = deadline - self._clock.seconds()
             if has_changes(result) and woken_at is not None:
                 self._metrics.wake_latency.observe(self._clock.seconds() - woken_at)
@@ -264,7 +260,7 @@ class SyncHandler:
             # Events, receipts and typing after ``reached`` in rooms the user is not joined to
             # (events: about others) cannot change the answer: slept through (docs/client-api.md,
             # "A waiting /sync").
-            woken = await self._wait(reached, remaining, self.quiet_watch(requester.user_id, frozenset(joined), reached))
+            woken = await self.wait_for_change(reached, remaining, self._quiet_after(requester, reached))
             if not woken and self._notifier.closed:
                 return result  # shutting down: the (empty) answer now, not at the timeout
             # The notifier fires its waiters synchronously from the position
@@ -273,10 +269,19 @@ class SyncHandler:
             if self._clock.seconds() >= deadline:
                 return await self.sync(requester, since, full_state=False, sync_filter=sync_filter)
 
-    async def _wait(self, reached: StreamToken, remaining: float,
-                    quiet: Mapping[SyncStreamKey, Callable[[int], bool]]) -> bool:
+    def _quiet_after(self, requester: Requester, reached: StreamToken) -> dict[SyncStreamKey, Callable[[int], bool]]:
+        """``quiet_watch`` for a wait from ``reached`` when it is the token of this process's last
+        answer to the device (whose rooms are kept with it), else nothing to sleep through."""
+        answered = self._answered_rooms.get(_device_key(requester))
+        if answered is None or answered[0] != reached.to_string():
+            return {}
+        return self.quiet_watch(requester.user_id, answered[1], reached)
+
+    async def wait_for_change(self, reached: StreamToken, remaining: float,
+                              quiet: Mapping[SyncStreamKey, Callable[[int], bool]]) -> bool:
         """Wait until a stream moves past ``reached`` (but for what ``quiet`` clears), or for
-        ``remaining`` seconds; whether it moved. Counted in ``tributary_sync_long_polls_active``."""
+        ``remaining`` seconds; whether it moved. Counted in ``tributary_sync_long_polls_active``
+        (sliding sync's waits too)."""
         self._metrics.long_polls.inc()
         try:
             return await self._notifier.wait_for_sync_token(reached, self.current_token, remaining, quiet=quiet)
@@ -345,19 +350,14 @@ class SyncHandler:
         return chunk
 
     async def sync(
-        self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter,
-        joined_out: set[str] | None = None,
+        self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter
     ) -> dict[str, Any]:
-        """The sync from ``since``; ``joined_out``, when given, is filled with every room the user
-        is joined to as the answer saw them (those hidden while their state is partial too)."""
         kind = "initial" if since is None or full_state else "incremental"
         with self._metrics.duration.labels(kind).time():
-            return await self._sync(requester, since, full_state=full_state, sync_filter=sync_filter,
-                                    joined_out=joined_out)
+            return await self._sync(requester, since, full_state=full_state, sync_filter=sync_filter)
 
     async def _sync(
-        self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter,
-        joined_out: set[str] | None = None,
+        self, requester: Requester, since: StreamToken | None, *, full_state: bool, sync_filter: SyncFilter
     ) -> dict[str, Any]:
         user_id = requester.user_id
         now = self.current_token()
@@ -438,9 +438,9 @@ class SyncHandler:
         try:
             snapshot = await rooms_read
             joined_ids = [r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN and r not in partial_hidden]
+            # Every joined room, those hidden while their state is partial too: kept with the
+            # answer's token for the device's next long-poll (``_quiet_after``).
             all_joined = frozenset(r for r, (m, _, _) in snapshot.rooms_at.items() if m == C.JOIN)
-            if joined_out is not None:
-                joined_out.update(all_joined)
             receipts_range = moved(SyncStreamKey.RECEIPTS)
             receipts = (
                 await self._receipts.ephemeral_for(user_id, joined_ids, *receipts_range) if receipts_range else {}
@@ -563,9 +563,10 @@ class SyncHandler:
             if newly_shared:
                 presence = presence + await self._presence.presence_events(sorted(newly_shared))
 
-        self._answered_rooms.set(_device_key(requester), (now.to_string(), all_joined))
+        next_batch = now.to_string()
+        self._answered_rooms.set(_device_key(requester), (next_batch, all_joined))
         return {
-            "next_batch": now.to_string(),
+            "next_batch": next_batch,
             "rooms": {"join": join, "invite": invite, "leave": leave, "knock": knock},
             "account_data": {
                 "events": [{"type": t, "content": json.loads(c)} for t, c in sorted(account_data.global_data.items())]
