@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -307,37 +307,39 @@ async def online_elsewhere(anon: Api, sender: Api, pid: int | None, db_pid: int 
             await asyncio.sleep(0.5)
             if cpu_seconds(pid) - before < 0.025:
                 break
-        cpu0, db0, start = cpu_seconds(pid), tree_cpu_seconds(db_pid), time.perf_counter()
-        sent = []
-        for i in range(messages):
-            sent.append(await sender.call("PUT", f"/rooms/{elsewhere}/send/m.room.message/x{run}{i}",
-                                          {"msgtype": "m.text", "body": f"elsewhere {i}"}))
-            await asyncio.sleep(0.02)
-        cpu, db_cpu, elapsed = cpu_seconds(pid) - cpu0, tree_cpu_seconds(db_pid) - db0, time.perf_counter() - start
-        print(f"a message in a room none of {online} users long-polling /sync is in: CPU per message (the send and "
-              f"the waits; one every {elapsed / messages * 1000:.0f} ms): server {cpu / messages * 1000:.1f} ms, its "
-              f"PostgreSQL {db_cpu / messages * 1000:.1f} ms")
-        # The sender types and then reads each message there: two more streams' positions.
+        async def measured(what: str, step: Callable[[int], Awaitable[None]]) -> None:
+            """``step(i)`` for each of ``messages``, 20 ms apart: the server's and its PostgreSQL's
+            CPU per step, printed after ``what``."""
+            cpu0, db0, start = cpu_seconds(pid), tree_cpu_seconds(db_pid), time.perf_counter()
+            for i in range(messages):
+                await step(i)
+                await asyncio.sleep(0.02)
+            cpu, db_cpu, elapsed = cpu_seconds(pid) - cpu0, tree_cpu_seconds(db_pid) - db0, time.perf_counter() - start
+            print(f"{what} (one every {elapsed / messages * 1000:.0f} ms): server {cpu / messages * 1000:.1f} ms, "
+                  f"its PostgreSQL {db_cpu / messages * 1000:.1f} ms")
+
+        sent: list[str] = []
+
+        async def send(i: int) -> None:
+            sent.append((await sender.call("PUT", f"/rooms/{elsewhere}/send/m.room.message/x{run}{i}",
+                                           {"msgtype": "m.text", "body": f"elsewhere {i}"}))["event_id"])
+
+        await measured(f"a message in a room none of {online} users long-polling /sync is in: CPU per message "
+                       "(the send and the waits)", send)
         me = (await sender.call("GET", "/account/whoami"))["user_id"]
-        cpu0, db0, start = cpu_seconds(pid), tree_cpu_seconds(db_pid), time.perf_counter()
-        for message in sent:
+
+        async def type_and_read(i: int) -> None:  # two more streams' positions
             await sender.call("PUT", f"/rooms/{elsewhere}/typing/{urllib.parse.quote(me)}",
                               {"typing": True, "timeout": 30000})
-            await sender.call("POST", f"/rooms/{elsewhere}/receipt/m.read/{urllib.parse.quote(message['event_id'])}", {})
-            await asyncio.sleep(0.02)
-        cpu, db_cpu, elapsed = cpu_seconds(pid) - cpu0, tree_cpu_seconds(db_pid) - db0, time.perf_counter() - start
-        print(f"  a typing notice and a read receipt there: CPU per pair (one every {elapsed / messages * 1000:.0f} "
-              f"ms): server {cpu / messages * 1000:.1f} ms, its PostgreSQL {db_cpu / messages * 1000:.1f} ms")
-        # Then moves its read marker (account data) and sends its own devices a to-device message.
-        cpu0, db0, start = cpu_seconds(pid), tree_cpu_seconds(db_pid), time.perf_counter()
-        for i, message in enumerate(sent):
-            await sender.call("POST", f"/rooms/{elsewhere}/read_markers", {"m.fully_read": message["event_id"]})
+            await sender.call("POST", f"/rooms/{elsewhere}/receipt/m.read/{urllib.parse.quote(sent[i])}", {})
+
+        await measured("  a typing notice and a read receipt there: CPU per pair", type_and_read)
+
+        async def mark_and_message(i: int) -> None:  # account data, and a to-device message to its own devices
+            await sender.call("POST", f"/rooms/{elsewhere}/read_markers", {"m.fully_read": sent[i]})
             await sender.call("PUT", f"/sendToDevice/org.example.bench/d{run}{i}", {"messages": {me: {"*": {"i": i}}}})
-            await asyncio.sleep(0.02)
-        cpu, db_cpu, elapsed = cpu_seconds(pid) - cpu0, tree_cpu_seconds(db_pid) - db0, time.perf_counter() - start
-        print(f"  a read marker and a to-device message to its own devices: CPU per pair (one every "
-              f"{elapsed / messages * 1000:.0f} ms): server {cpu / messages * 1000:.1f} ms, its PostgreSQL "
-              f"{db_cpu / messages * 1000:.1f} ms")
+
+        await measured("  a read marker and a to-device message to its own devices: CPU per pair", mark_and_message)
         for poll in polls:
             poll.cancel()
         await asyncio.gather(*polls, return_exceptions=True)
