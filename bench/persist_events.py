@@ -29,9 +29,9 @@ from signedjson.key import generate_signing_key  # noqa: E402
 from twisted.internet.defer import Deferred, gatherResults  # noqa: E402
 
 from homeserver.events import EventTemplate, parse_create_room_request  # noqa: E402
-from homeserver.handlers.event_loader import EventLoader  # noqa: E402
-from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics  # noqa: E402
-from homeserver.handlers.room_events import RoomEventCreator  # noqa: E402
+from homeserver.handlers.rooms.event_loader import EventLoader  # noqa: E402
+from homeserver.handlers.rooms.event_persistence import EventPersister, PersistenceMetrics  # noqa: E402
+from homeserver.handlers.rooms.room_events import RoomEventCreator  # noqa: E402
 from storage.database import Database  # noqa: E402
 from storage.metrics import StorageMetrics  # noqa: E402
 from storage.prepare import prepare_database  # noqa: E402

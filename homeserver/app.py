@@ -50,37 +50,37 @@ from homeserver.admin.servlets import AdminApi
 from homeserver.admin.tasks import TaskTracker
 from homeserver.config import MAIN_INSTANCE, ConfigError, HomeserverConfig, ListenerConfig
 from homeserver.events import FrozenEvent
-from homeserver.federation.acl import ServerAcls
+from homeserver.events.server_acl import ServerAcls
 from homeserver.federation.devices import FederationDeviceHandler, FederationKeyClient
 from homeserver.federation.edus import register_edu_handlers
-from homeserver.federation.metrics import FederationMetrics
+from homeserver.remote.metrics import FederationMetrics
 from homeserver.federation.sender_transport import client_transport
-from homeserver.federation.directory import register_federation_directory_servlets
-from homeserver.federation.servlets import (
+from homeserver.http.federation.directory import register_federation_directory_servlets
+from homeserver.http.federation.servlets import (
     FederationServices,
     build_federation_client,
     build_remote_queries,
     register_federation_servlets,
 )
 from homeserver.handlers.account_services import AccountServices
-from homeserver.handlers.auth import TokenCacheInvalidation
-from homeserver.handlers.event_loader import EventCacheMetrics, EventLoader
-from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
-from homeserver.handlers.federation_edus import EduSink, OutboundEdus
-from homeserver.handlers.metrics import SyncMetrics
-from homeserver.handlers.presence import SyncTracker
-from homeserver.handlers.push import PushActionsEvaluator, PushersHandler
-from homeserver.handlers.ratelimit import Ratelimiter
-from homeserver.handlers.remote_invites import RemoteInvites
-from homeserver.handlers.room_events import RoomEventCreator
+from homeserver.handlers.accounts.auth import TokenCacheInvalidation
+from homeserver.handlers.rooms.event_loader import EventCacheMetrics, EventLoader
+from homeserver.handlers.rooms.event_persistence import EventPersister, PersistenceMetrics
+from homeserver.handlers.ephemeral.federation_edus import EduSink, OutboundEdus
+from homeserver.handlers.sync.metrics import SyncMetrics
+from homeserver.handlers.ephemeral.presence import SyncTracker
+from homeserver.handlers.push.push import PushActionsEvaluator, PushersHandler
+from storage.kernel.ratelimit import Ratelimiter
+from homeserver.handlers.rooms.remote_invites import RemoteInvites
+from homeserver.handlers.rooms.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
-from homeserver.handlers.typing import ReplicatedTyping
+from homeserver.handlers.ephemeral.typing import ReplicatedTyping
 from homeserver.http.client import register_versions
 from homeserver.http.client_api import register_client_api_servlets
 from homeserver.http.client_api.push import register_push_servlets
 from homeserver.http.client_api.media import register_legacy_download_for_federation, register_media_servlets
 from homeserver.http.client_api.sync import register_room_api_servlets
-from homeserver.federation.media import register_federation_media_servlets
+from homeserver.http.federation.media import register_federation_media_servlets
 from homeserver.media.metrics import MediaMetrics
 from homeserver.media.preview import UrlPreviewer
 from homeserver.media.remote import RemoteMediaFetcher
@@ -91,7 +91,8 @@ from homeserver.http.metrics import HttpMetrics
 from homeserver.http.server import Handler, JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key, load_tls_options
 from homeserver.metrics import ReactorMetrics, ReactorTickMonitor
-from homeserver.roles import MAIN, RoleContext, RoleHook, Stoppable, WorkerRole, known_roles, load_role
+from homeserver.config import known_roles
+from homeserver.roles import MAIN, RoleContext, RoleHook, Stoppable, WorkerRole, load_role
 from homeserver.routing.federation import (
     FederationStreamReader,
     FederationStreamSink,
@@ -108,7 +109,8 @@ from homeserver.routing.forwarding import (
 from homeserver.routing.internal_api import PREFIX as INTERNAL_PREFIX
 from homeserver.routing.internal_api import InternalApiClient, InternalApiServer
 from homeserver.routing.layout import Layout
-from homeserver.routing.writers import Writers, build_writers, choose_invite_writer, register_writer_operations
+from homeserver.handlers.writers import Writers
+from homeserver.routing.writers import build_writers, choose_invite_writer, register_writer_operations
 from replication.commands import JsonValue, UserSyncCommand
 from replication.handler import CacheInvalidationHandler
 from replication.stream_sources import connect_streams, stream_sources

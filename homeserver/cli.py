@@ -230,7 +230,7 @@ def _register_user(args: argparse.Namespace) -> int:
 
     try:
         config = _load(args.config, args.data_dir)
-        from homeserver.handlers.validation import check_localpart
+        from homeserver.events.validation import check_localpart
         from storage.kernel.errors import MatrixError
 
         localpart = args.user.lower()

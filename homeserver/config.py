@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from ipaddress import ip_address
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -734,11 +735,17 @@ def _workers(path: str, raw: object) -> dict[str, WorkerConfig]:
         s.finish()
     return out
 
+# Where worker roles are installed (workers/roles.py declares the shipped ones; homeserver/roles.py loads them).
+ENTRY_POINT_GROUP: Final = "tributary.workers"
+
+
+def known_roles() -> list[str]:
+    """The names of the worker roles installed in the ``tributary.workers`` entry-point group."""
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
 
 def _worker_app(path: str, value: object) -> str:
     """A worker role installed in the ``tributary.workers`` entry-point group (workers/roles.py)."""
-    from homeserver.roles import known_roles
-
     name = _expect_str(path, value)
     known = known_roles() or list(WORKER_APPS)
     if name not in known:

@@ -36,12 +36,11 @@ from typing import Any, Final, Protocol
 import attrs
 from prometheus_client import CollectorRegistry
 
-from homeserver.config import HomeserverConfig
+from homeserver.config import ENTRY_POINT_GROUP, HomeserverConfig, known_roles
 from storage.database import Database
 from storage.id_generators import StreamIdGenerator
 from storage.kernel.written_events import WrittenEvents
 
-ENTRY_POINT_GROUP: Final = "tributary.workers"
 
 # Servlets that write what only the main process writes (device lists, access
 # tokens and devices): served by the main process alone; nginx sends them there.
@@ -101,7 +100,7 @@ class WorkerRole:
     description: str
     resources: frozenset[str] = frozenset({"health"})
     # "all": every servlet; "worker": all but MAIN_ONLY_SERVLETS; "media": the media servlets
-    # (names starting ``media_``: homeserver/http/client_api/media.py, homeserver/federation/media.py); "none".
+    # (names starting ``media_``: homeserver/http/client_api/media.py, homeserver/http/federation/media.py); "none".
     servlets: str = "none"
     streams: frozenset[str] = frozenset()
     sends_federation: bool = False
@@ -135,7 +134,7 @@ def load_role(name: str) -> WorkerRole:
     """The role registered as ``name`` in the ``tributary.workers`` entry-point group."""
     found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
     if not found:
-        known = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        known = known_roles()
         raise UnknownRole(f"no worker role {name!r} is installed (known: {', '.join(known) or 'none'}); "
                           "is the package installed (pip install -e .)?")
     role = found[0].load()
@@ -143,6 +142,3 @@ def load_role(name: str) -> WorkerRole:
         raise UnknownRole(f"entry point {found[0].value} is not a WorkerRole")
     return role
 
-
-def known_roles() -> list[str]:
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))

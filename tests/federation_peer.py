@@ -56,8 +56,8 @@ from homeserver.events import (
     sign_pdu,
 )
 from homeserver.events.canonical import thaw
-from homeserver.federation.auth import authenticate_request
-from homeserver.federation.client import FederationClient
+from homeserver.remote.request_auth import authenticate_request
+from homeserver.remote.client import FederationClient
 from homeserver.federation.keys import Keyring, server_key_response
 from storage.kernel.errors import MatrixError
 from homeserver.keys import ensure_self_signed_certificate, load_tls_options

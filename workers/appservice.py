@@ -19,8 +19,8 @@ from typing import Any
 from homeserver.appservice.client import AppServiceClient
 from homeserver.appservice.metrics import AppServiceMetrics
 from homeserver.appservice.sender import AppServiceSender
-from homeserver.handlers.client_events import format_event
-from homeserver.handlers.event_loader import EventLoader
+from homeserver.handlers.rooms.client_events import format_event
+from homeserver.handlers.rooms.event_loader import EventLoader
 from homeserver.roles import RoleContext
 from storage.stores.appservice import AppServiceStore
 from storage.stores.events import EventsStore

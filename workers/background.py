@@ -1,5 +1,5 @@
 """The ``background`` role's hook: periodic pruning (``workers/pruning.py``) and the user
-directory's updater (``homeserver/handlers/user_directory.py``).
+directory's updater (``homeserver/handlers/directory/user_directory.py``).
 
 Runs in one process of a deployment: the ``background`` worker when the config has one, else
 the main process. The updater follows the events stream through the positions this process
@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 from twisted.internet.defer import DeferredList, maybeDeferred
 
-from homeserver.handlers.user_directory import UserDirectoryUpdater
+from homeserver.handlers.directory.user_directory import UserDirectoryUpdater
 from homeserver.roles import RoleContext
 from storage.stores.user_directory import UserDirectoryStore
 from workers.pruning import StreamPruner, start_pruning

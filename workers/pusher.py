@@ -1,4 +1,4 @@
-"""The ``pusher`` role's hook: deliver notifications to push gateways (``homeserver/handlers/pusher.py``).
+"""The ``pusher`` role's hook: deliver notifications to push gateways (``homeserver/handlers/push/pusher.py``).
 
 Runs in one process of a deployment: the ``pusher`` worker when the config has one, else
 the main process. It follows the events stream (to deliver new notification records) and
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from homeserver.handlers.pusher import HttpGatewayTransport, PusherMetrics, PusherPool
+from homeserver.handlers.push.pusher import HttpGatewayTransport, PusherMetrics, PusherPool
 from homeserver.roles import RoleContext
 from storage.stores.events import EventsStore
 from storage.stores.push import PushStore

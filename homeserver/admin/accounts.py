@@ -14,7 +14,7 @@ from typing import Any
 from twisted.internet.threads import deferToThreadPool
 
 from homeserver.config import HomeserverConfig
-from homeserver.handlers.auth import PasswordHasher
+from homeserver.handlers.accounts.auth import PasswordHasher
 from storage.database import Database
 from storage.stores.accounts import AccountStore
 from storage.stores.admin import AdminStore

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Requester
+from homeserver.handlers.accounts.auth import Requester
 from homeserver.http.server import Handler, Routes
 
 CONSOLE_PAGE: Final = b"""<!DOCTYPE html>

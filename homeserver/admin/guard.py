@@ -20,8 +20,8 @@ from typing import Any
 import attrs
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth, Requester
-from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
+from homeserver.handlers.accounts.auth import Auth, Requester
+from storage.kernel.ratelimit import Ratelimiter, ratelimit
 from homeserver.http.server import Handler
 from storage.kernel.errors import MatrixError
 from storage.stores.admin import AdminStore

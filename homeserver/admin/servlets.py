@@ -36,11 +36,11 @@ from homeserver.config import HomeserverConfig
 from homeserver.events import get_room_version
 from homeserver.events.identifiers import is_valid_server_name, is_valid_user_id, server_name_of
 from homeserver.handlers.account_services import AccountServices
-from homeserver.handlers.auth import Requester, client_ip
-from homeserver.handlers.deactivate import DeactivationHandler
-from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
+from homeserver.handlers.accounts.auth import Requester, client_ip
+from homeserver.handlers.accounts.deactivate import DeactivationHandler
+from storage.kernel.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.room_services import RoomServices
-from homeserver.handlers.validation import MAX_PASSWORD_LENGTH, check_localpart
+from homeserver.events.validation import MAX_PASSWORD_LENGTH, check_localpart
 from homeserver.http.client_api._base import (
     optional_bool,
     parse_optional_json_object,

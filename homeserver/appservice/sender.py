@@ -36,7 +36,7 @@ from homeserver.appservice.core import (
 )
 from homeserver.appservice.metrics import AppServiceMetrics
 from homeserver.appservice.registration import AppService, EventFacts, is_interested
-from homeserver.handlers.presence import presence_event
+from homeserver.events.presence import presence_event
 from storage.kernel.background import run_in_background
 from storage.stores.appservice import AppServiceStore, Ephemeral, PresenceChange
 

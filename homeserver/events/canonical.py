@@ -209,3 +209,9 @@ def parse_json_object(raw: bytes | str, *, max_bytes: int, what: str = "event") 
         raise InvalidEvent(f"{what}: expected a JSON object, got {type(value).__name__}")
     check_canonical(value, what=what)
     return value
+
+
+class EncodedJson(bytes):
+    """A handler's body already encoded as JSON (a big answer assembled from stored JSON):
+    sent as it is, as ``application/json``. Other ``bytes`` bodies (media) carry the
+    Content-Type their handler set."""

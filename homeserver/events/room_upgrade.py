@@ -6,7 +6,7 @@ with ``predecessor``, the upgrader's join, power levels, the transferable state,
 old room's bans, the canonical alias) plus the power levels to restore once they are sent;
 ``locked_power_levels`` is the old room's power levels with sending and inviting raised;
 ``users_to_invite`` names who needs an invite into the new room. Sending these events,
-moving aliases and the tombstone are ``homeserver.handlers.room_upgrade``'s.
+moving aliases and the tombstone are ``homeserver.handlers.rooms.room_upgrade``'s.
 """
 
 # tests: tests/unit/events/test_room_upgrade.py

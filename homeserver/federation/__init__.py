@@ -1,8 +1,8 @@
-"""Federation: the server-server API, inbound and outbound.
+"""Federation logic: what this server does with what other servers send and ask.
 
-``keys`` serves our signing keys and fetches other servers'; ``auth`` signs and
-verifies ``X-Matrix`` requests; ``client`` is the outbound HTTPS client;
-``transaction`` handles ``PUT /send``; ``membership`` joins rooms across servers;
-``history`` serves events and state; ``servlets`` routes it all; ``sender`` is the
-interim outbound path for new local events. See docs/federation.md.
+``transaction`` handles ``PUT /send``; ``membership`` joins, leaves, knocks and invites
+across servers; ``history`` serves events and state; ``keys`` serves our signing keys and
+fetches other servers'; ``gaps`` and ``backfill`` fill holes in a room's graph. The servlets
+are adapters in homeserver/http/federation/; the outbound client is in homeserver/remote/.
+See docs/federation.md.
 """

@@ -23,7 +23,7 @@ from urllib.parse import quote
 from homeserver.events import FrozenEvent, RoomVersion, get_room_version
 from homeserver.events import constants as C
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
-from homeserver.federation.client import FederationClient, FederationClientError
+from homeserver.remote.client import FederationClient, FederationClientError
 from homeserver.federation.keys import Keyring
 from homeserver.federation.pdus import (
     by_depth,
@@ -32,8 +32,8 @@ from homeserver.federation.pdus import (
     parse_and_verify,
     verified_in_room,
 )
-from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.handlers.rooms.event_loader import EventLoader
+from homeserver.handlers.rooms.event_persistence import EventPersister
 from storage.kernel.concurrency import map_concurrently
 from storage.stores.events import EventsStore, StateKey
 

@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol
 from urllib.parse import quote
 
-from homeserver.federation.client import FederationClientError, HttpResponseError
-from homeserver.handlers.e2e import DEFAULT_REMOTE_TIMEOUT_S, E2eHandler, KeyServerUnreachable
-from homeserver.handlers.validation import is_local_user_id
+from homeserver.remote.client import FederationClientError, HttpResponseError
+from homeserver.handlers.e2e.e2e import DEFAULT_REMOTE_TIMEOUT_S, E2eHandler, KeyServerUnreachable
+from homeserver.events.validation import is_local_user_id
 from storage.kernel.errors import bad_json, invalid_param
 from storage.stores.devices import DeviceRow
 from storage.stores.e2e import E2eStore

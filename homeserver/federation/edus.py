@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from homeserver.events.identifiers import server_name_of
-from homeserver.handlers.e2e_rules import parse_prev_ids, parse_stream_id
-from homeserver.handlers.presence import PRESENCE_STATES
-from homeserver.handlers.validation import is_storable_text
-from homeserver.routing.writers import (
+from homeserver.handlers.e2e.e2e_rules import parse_prev_ids, parse_stream_id
+from homeserver.handlers.ephemeral.presence import PRESENCE_STATES
+from homeserver.events.validation import is_storable_text
+from homeserver.handlers.writers import (
     DeviceListWriter,
     PresenceWriter,
     ReceiptsWriter,

@@ -34,13 +34,13 @@ from twisted.internet.defer import DeferredLock
 from homeserver.events import FrozenEvent, RoomVersion
 from homeserver.events import constants as C
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
-from homeserver.federation.client import FederationClient, FederationClientError
+from homeserver.remote.client import FederationClient, FederationClientError
 from homeserver.federation.keys import Keyring
-from homeserver.federation.metrics import FederationMetrics
+from homeserver.remote.metrics import FederationMetrics
 from homeserver.federation.pdus import check_against_auth_events, parse_and_verify, verified_in_room
-from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import EventPersister
-from homeserver.handlers.ratelimit import Ratelimiter
+from homeserver.handlers.rooms.event_loader import EventLoader
+from homeserver.handlers.rooms.event_persistence import EventPersister
+from storage.kernel.ratelimit import Ratelimiter
 from storage.kernel.concurrency import map_concurrently
 from storage.kernel.errors import MatrixError
 from storage.stores.events import EventsStore, StateKey

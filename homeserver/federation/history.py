@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 from homeserver.events import FrozenEvent, get_room_version
-from homeserver.handlers.event_loader import EventLoader
+from homeserver.handlers.rooms.event_loader import EventLoader
 from storage.kernel.errors import forbidden, not_found
 from storage.stores.events import EventsStore
 

@@ -27,7 +27,7 @@ from homeserver.events import FrozenEvent, StateKey
 from homeserver.events import constants as C
 from homeserver.events.canonical import encode_compact
 from homeserver.events.identifiers import server_name_of
-from homeserver.http.server import EncodedJson
+from homeserver.events.canonical import EncodedJson
 from storage.stores.events import EventsStore
 from storage.stores.room_state import RoomStateStore
 

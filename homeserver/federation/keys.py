@@ -33,7 +33,7 @@ from unpaddedbase64 import decode_base64
 from twisted.internet.defer import CancelledError, Deferred
 
 from homeserver.events import ServerKey
-from homeserver.federation.client import FederationClientError, parse_server_name, within
+from homeserver.remote.client import FederationClientError, parse_server_name, within
 from storage.kernel.concurrency import map_concurrently
 from storage.kernel.errors import MatrixError, bad_json
 

@@ -58,7 +58,7 @@ from homeserver.events.restricted import (
     needs_authorisation,
 )
 from homeserver.events.redaction import prune_event_dict
-from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError
+from homeserver.remote.client import FederationClient, FederationClientError, HttpResponseError
 from homeserver.federation.join_state import (
     CheckedState,
     RunInThread,
@@ -68,17 +68,17 @@ from homeserver.federation.join_state import (
     verify_batch,
 )
 from homeserver.federation.join_response import encode_send_join_response
-from homeserver.http.server import EncodedJson
+from homeserver.events.canonical import EncodedJson
 from homeserver.federation.keys import Keyring
 from homeserver.federation.partial_state import BadPartialAnswer, parse_servers_in_room
 from homeserver.federation.pdus import check_against_auth_events, check_against_state, parse_and_verify
-from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import EventPersister
-from homeserver.handlers.remote_invites import RemoteInvites
-from homeserver.routing.writers import InviteWriter
+from homeserver.handlers.rooms.event_loader import EventLoader
+from homeserver.handlers.rooms.event_persistence import EventPersister
+from homeserver.handlers.rooms.remote_invites import RemoteInvites
+from homeserver.handlers.writers import InviteWriter
 from homeserver.config import InviteRateLimits
-from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
-from homeserver.handlers.rooms import RemoteMembershipError
+from storage.kernel.ratelimit import Ratelimiter, ratelimit
+from homeserver.handlers.rooms.rooms import RemoteMembershipError
 from storage.kernel.errors import MatrixError, bad_json, forbidden, not_found
 from storage.stores.events import EventsStore, StateKey
 from storage.stores.room_state import RoomStateStore

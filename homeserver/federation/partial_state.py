@@ -29,12 +29,12 @@ from homeserver.events import RoomVersion, get_room_version
 from homeserver.events import constants as C
 from homeserver.events.errors import EventsError
 from homeserver.events.identifiers import is_valid_server_name
-from homeserver.federation.client import FederationClient, FederationClientError
+from homeserver.remote.client import FederationClient, FederationClientError
 from homeserver.federation.join_state import RunInThread, order_and_check, run_inline, state_map, verify_batch
 from homeserver.federation.keys import Keyring
-from homeserver.federation.metrics import FederationMetrics
-from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import EventPersister
+from homeserver.remote.metrics import FederationMetrics
+from homeserver.handlers.rooms.event_loader import EventLoader
+from homeserver.handlers.rooms.event_persistence import EventPersister
 from storage.kernel.background import run_in_background
 from storage.kernel.backoff import BackoffPolicy
 from storage.stores.events import EventsStore

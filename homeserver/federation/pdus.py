@@ -32,7 +32,7 @@ from homeserver.events.auth import auth_state_from_auth_events, check_auth_event
 from homeserver.events.errors import AuthError, EventsError, InvalidEvent, MissingEventsError
 from homeserver.events.hashing import create_event_id_from_room_id
 from homeserver.federation.keys import Keyring
-from homeserver.handlers.event_loader import EventLoader
+from homeserver.handlers.rooms.event_loader import EventLoader
 
 
 async def parse_and_verify(keyring: Keyring, room_version: RoomVersion, pdu: object) -> FrozenEvent:

@@ -15,9 +15,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
-from homeserver.federation.client import FederationClientError, HttpResponseError, parse_server_name
-from homeserver.federation.ttl_cache import TtlCache
-from homeserver.handlers.validation import MAX_AVATAR_URL_LENGTH, MAX_DISPLAYNAME_LENGTH
+from homeserver.remote.client import FederationClientError, HttpResponseError, parse_server_name
+from homeserver.remote.ttl_cache import TtlCache
+from homeserver.events.validation import MAX_AVATAR_URL_LENGTH, MAX_DISPLAYNAME_LENGTH
 from storage.kernel.errors import MatrixError, not_found
 from storage.stores.profiles import ProfileRow
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from federation_sender.transport import TransactionFailed, Transport
-from homeserver.federation.client import FederationClientError, HttpResponseError
+from homeserver.remote.client import FederationClientError, HttpResponseError
 
 
 class JsonPutter(Protocol):

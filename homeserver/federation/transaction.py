@@ -35,13 +35,13 @@ from twisted.python.failure import Failure
 from homeserver.events import FrozenEvent, KeyRing, ReceivedPdu, RoomVersion, get_room_version
 from homeserver.events.errors import AuthError, EventsError, MissingEventsError
 from homeserver.events.identifiers import is_valid_room_id
-from homeserver.federation.acl import ServerAcls
+from homeserver.events.server_acl import ServerAcls
 from homeserver.federation.batching import BatchPlanner, wanted_prevs
-from homeserver.federation.client import FederationClient
+from homeserver.remote.client import FederationClient
 from homeserver.federation.edus import EduRejected
 from homeserver.federation.gaps import GapFiller, topological_order
 from homeserver.federation.keys import Keyring
-from homeserver.federation.metrics import FederationMetrics
+from homeserver.remote.metrics import FederationMetrics
 from homeserver.federation.pdus import (
     auth_state_ids,
     auth_state_keys,
@@ -50,8 +50,8 @@ from homeserver.federation.pdus import (
     parse_with_keys,
     verify_each,
 )
-from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
+from homeserver.handlers.rooms.event_loader import EventLoader
+from homeserver.handlers.rooms.event_persistence import EventPersister, RemoteBatchEvent
 from storage.kernel.errors import MatrixError, bad_json
 from storage.metrics import Children
 from storage.stores.events import EventAlreadyPersisted, EventsStore, StateKey

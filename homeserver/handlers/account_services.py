@@ -24,15 +24,15 @@ from homeserver.appservice.client import AppServiceClient
 from homeserver.appservice.queries import AppServiceQueries
 from homeserver.appservice.registration import AppServiceRegistry
 from homeserver.config import HomeserverConfig
-from homeserver.handlers.account_data import AccountDataHandler, StreamIdAllocator
-from homeserver.handlers.auth import Auth, PasswordHasher
-from homeserver.handlers.devices import DeviceHandler
-from homeserver.handlers.filters import FilterHandler
-from homeserver.handlers.login import LoginHandler
-from homeserver.handlers.profile import ProfileHandler, RemoteProfiles
+from homeserver.handlers.accounts.account_data import AccountDataHandler, StreamIdAllocator
+from homeserver.handlers.accounts.auth import Auth, PasswordHasher
+from homeserver.handlers.accounts.devices import DeviceHandler
+from homeserver.handlers.accounts.filters import FilterHandler
+from homeserver.handlers.accounts.login import LoginHandler
+from homeserver.handlers.accounts.profile import ProfileHandler, RemoteProfiles
 from homeserver.handlers.ratelimit import Ratelimiters
-from homeserver.handlers.register import RegistrationHandler
-from homeserver.handlers.ui_auth import (
+from homeserver.handlers.accounts.register import RegistrationHandler
+from homeserver.handlers.accounts.ui_auth import (
     LOGIN_DUMMY,
     LOGIN_PASSWORD,
     LOGIN_REGISTRATION_TOKEN,

@@ -16,31 +16,31 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from homeserver.events import constants as C
-from homeserver.handlers.partial_state import PartialStateWaiter
+from homeserver.handlers.rooms.partial_state import PartialStateWaiter
 from homeserver.handlers.account_services import AccountServices
-from homeserver.handlers.aggregations import Aggregator
-from homeserver.handlers.client_events import ClientEvents
-from homeserver.handlers.cross_signing import CrossSigningHandler
-from homeserver.handlers.directory import DirectoryHandler, PublicRoomsClient
-from homeserver.handlers.key_backup import KeyBackupHandler
-from homeserver.handlers.e2e import E2eHandler, RemoteKeys
-from homeserver.handlers.hierarchy import HierarchyHandler
-from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.federation_edus import OutboundEdus
-from homeserver.handlers.messages import Backfill, MessagesHandler
-from homeserver.handlers.metrics import SyncMetrics
-from homeserver.handlers.presence import PresenceHandler
-from homeserver.handlers.receipts import ReceiptsHandler
-from homeserver.handlers.relations import RelationsHandler
-from homeserver.handlers.remote_invites import RemoteInvites
-from homeserver.handlers.room_events import RoomEventCreator
-from homeserver.handlers.room_upgrade import RoomUpgradeHandler
-from homeserver.handlers.search import SearchHandler
-from homeserver.handlers.rooms import RemoteDirectory, RemoteMembership, RoomHandler
-from homeserver.handlers.sliding_sync import SlidingSyncHandler
-from homeserver.handlers.sync import SyncHandler
-from homeserver.handlers.typing import TypingHandler
-from homeserver.routing.writers import Writers
+from homeserver.handlers.rooms.aggregations import Aggregator
+from homeserver.handlers.rooms.client_events import ClientEvents
+from homeserver.handlers.e2e.cross_signing import CrossSigningHandler
+from homeserver.handlers.directory.directory import DirectoryHandler, PublicRoomsClient
+from homeserver.handlers.e2e.key_backup import KeyBackupHandler
+from homeserver.handlers.e2e.e2e import E2eHandler, RemoteKeys
+from homeserver.handlers.directory.hierarchy import HierarchyHandler
+from homeserver.handlers.rooms.event_loader import EventLoader
+from homeserver.handlers.ephemeral.federation_edus import OutboundEdus
+from homeserver.handlers.rooms.messages import Backfill, MessagesHandler
+from homeserver.handlers.sync.metrics import SyncMetrics
+from homeserver.handlers.ephemeral.presence import PresenceHandler
+from homeserver.handlers.ephemeral.receipts import ReceiptsHandler
+from homeserver.handlers.rooms.relations import RelationsHandler
+from homeserver.handlers.rooms.remote_invites import RemoteInvites
+from homeserver.handlers.rooms.room_events import RoomEventCreator
+from homeserver.handlers.rooms.room_upgrade import RoomUpgradeHandler
+from homeserver.handlers.directory.search import SearchHandler
+from homeserver.handlers.rooms.rooms import RemoteDirectory, RemoteMembership, RoomHandler
+from homeserver.handlers.sync.sliding_sync import SlidingSyncHandler
+from homeserver.handlers.sync.sync import SyncHandler
+from homeserver.handlers.ephemeral.typing import TypingHandler
+from homeserver.handlers.writers import Writers
 from storage.database import Database
 from storage.kernel.written_events import KeyNotes, WrittenEvents
 from storage.tokens import SyncStreamKey

@@ -30,6 +30,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, unrecognized
 from storage.kernel.json_input import JsonRules, decode_json
+from homeserver.events.canonical import EncodedJson
 from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_server_name, is_valid_user_id
 from homeserver.http.metrics import HttpMetrics, method_label
 from storage.kernel.logcontext import log_context, set_log_context
@@ -146,12 +147,6 @@ def check_path_params(params: Mapping[str, str]) -> None:
             raise invalid_param(f"{name}: {value[:100]!r} is not a valid {check[1]}")
         if "\x00" in value:
             raise invalid_param(f"{name}: path parameters may not contain NUL")
-
-
-class EncodedJson(bytes):
-    """A handler's body already encoded as JSON (a big answer assembled from stored JSON):
-    sent as it is, as ``application/json``. Other ``bytes`` bodies (media) carry the
-    Content-Type their handler set."""
 
 
 def encode_json(value: Any) -> bytes:

@@ -32,8 +32,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IResponse
 from zope.interface import implementer
 
-from homeserver.federation.client import FederationClientError, IpFilter, read_body, within
-from homeserver.federation.ttl_cache import TtlCache
+from homeserver.remote.client import FederationClientError, IpFilter, read_body, within
+from homeserver.remote.ttl_cache import TtlCache
 from homeserver.media.config import UrlPreviewConfig
 from homeserver.media.metrics import MediaMetrics
 from homeserver.media.opengraph import decode_html, parse_opengraph

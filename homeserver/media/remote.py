@@ -20,7 +20,7 @@ from urllib.parse import quote
 import attrs
 from twisted.internet.defer import CancelledError
 
-from homeserver.federation.client import FederationClient, HttpResponseError, ResponseTooLarge
+from homeserver.remote.client import FederationClient, HttpResponseError, ResponseTooLarge
 from homeserver.media.rules import (
     MultipartError,
     filename_from_disposition,

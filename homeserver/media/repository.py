@@ -23,8 +23,8 @@ from twisted.internet.defer import Deferred, DeferredLock, DeferredSemaphore
 from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
 
-from homeserver.federation.ttl_cache import TtlCache
-from homeserver.handlers.ratelimit import Ratelimiter, ratelimit
+from homeserver.remote.ttl_cache import TtlCache
+from storage.kernel.ratelimit import Ratelimiter, ratelimit
 from homeserver.media.config import MediaConfig
 from homeserver.media.metrics import MediaMetrics
 from homeserver.media.remote import (

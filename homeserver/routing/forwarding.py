@@ -32,9 +32,9 @@ import attrs
 
 from homeserver.events import EventTemplate, FrozenEvent, RoomVersion, get_room_version, make_event
 from homeserver.events.canonical import thaw
-from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
-from homeserver.handlers.room_events import MembershipPrecondition, RoomEventCreator, RoomNotFound
-from homeserver.handlers.rooms import send_error
+from homeserver.handlers.rooms.event_persistence import EventPersister, RemoteBatchEvent
+from homeserver.handlers.rooms.room_events import MembershipPrecondition, RoomEventCreator, RoomNotFound
+from homeserver.handlers.rooms.rooms import send_error
 from storage.kernel.errors import MatrixError, bad_json
 from homeserver.events.errors import EventsError
 from storage.stores.events import DuplicateTxnId, PersistResult, SendTxn, StateKey

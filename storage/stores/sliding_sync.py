@@ -1,6 +1,6 @@
 """Simplified sliding sync (MSC4186): the room list in recency order, and per-connection state.
 
-Owns the SQL of ``homeserver/handlers/sliding_sync.py``: a user's rooms filtered and ordered
+Owns the SQL of ``homeserver/handlers/sync/sliding_sync.py``: a user's rooms filtered and ordered
 by their newest "bump" event in one query (never every room loaded into Python), the state
 reads a room result needs, and the connection tables of schema 0022 (which rooms each
 ``conn_id`` has been sent, as of each ``pos``). It knows nothing of request formats or of

@@ -170,8 +170,8 @@ async def test_account_data_global_and_per_room_on_the_stream_table(database: Da
 async def test_account_data_handler_with_the_real_stream_generator(database: Database) -> None:
     """What the composition root will wire: the account_data stream's generator as the allocator.
     Each write's stream ID completes when the write is done, so the stream's position covers it."""
-    from homeserver.handlers.account_data import AccountDataHandler
-    from homeserver.handlers.auth import Requester
+    from homeserver.handlers.accounts.account_data import AccountDataHandler
+    from homeserver.handlers.accounts.auth import Requester
     from storage.streams import create_id_generator
     from tests.twisted_plugin import reactor
 

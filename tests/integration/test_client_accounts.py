@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from homeserver.handlers.auth import Requester
+from homeserver.handlers.accounts.auth import Requester
 from storage.stores.profiles import ProfileRow
 from tests.integration.test_client_support import SERVER_NAME, Client, running_server
 

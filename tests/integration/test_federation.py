@@ -23,7 +23,7 @@ from homeserver.app import HomeServer
 from homeserver.config import parse_config
 from homeserver.events import EventTemplate, FrozenEvent, create_local_event, make_event, parse_create_room_request
 from homeserver.events.canonical import thaw
-from homeserver.federation.client import FederationClient, FederationClientError, HttpResponseError, Target
+from homeserver.remote.client import FederationClient, FederationClientError, HttpResponseError, Target
 from homeserver.federation.keys import parse_key_response
 from homeserver.federation.membership import JoinError
 from storage.stores.federation import FederationStore

@@ -3,7 +3,7 @@
 PDUs sent one per transaction do, and a retried transaction (same ID, or the same PDUs under a new
 ID) stores nothing twice and answers the same."""
 
-# tests: homeserver/federation/transaction.py homeserver/federation/batching.py homeserver/handlers/event_persistence.py
+# tests: homeserver/federation/transaction.py homeserver/federation/batching.py homeserver/handlers/rooms/event_persistence.py
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import pytest
 
 from homeserver.app import HomeServer
 from homeserver.events import EventTemplate, get_room_version, make_event, parse_create_room_request, sign_pdu
-from homeserver.federation.client import HttpResponseError
+from homeserver.remote.client import HttpResponseError
 from tests.big_room import add_members, add_members_to_process
 from tests.conftest import scratch_database
 from tests.harness import TributaryProcess, configure_workers

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from homeserver.events import EventTemplate, build_pdu, parse_create_room_request, select_auth_event_ids, sign_pdu
-from homeserver.federation.client import HttpResponseError, Target
+from homeserver.remote.client import HttpResponseError, Target
 from tests.federation_peer import FederationPeer
 from tests.harness import free_port
 from tests.integration.test_federation import eventually, name, stored, two_servers

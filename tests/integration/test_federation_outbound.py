@@ -7,7 +7,7 @@ notary GETs work, the caps and the rate limit answer 400 and 429; a client's rem
 and alias lookups go over federation, are cached, and fail as 404 or 502, never hang.
 """
 
-# tests: homeserver/federation/keys.py, homeserver/federation/queries.py, homeserver/federation/client.py
+# tests: homeserver/federation/keys.py, homeserver/federation/queries.py, homeserver/remote/client.py
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 from signedjson.key import generate_signing_key
 
-from homeserver.federation.client import FederationClient, HttpResponseError
+from homeserver.remote.client import FederationClient, HttpResponseError
 from homeserver.federation.keys import parse_key_response
 from tests.federation_peer import Behaviour, FederationPeer
 from tests.integration.test_federation_peer import Tributary, running_tributary

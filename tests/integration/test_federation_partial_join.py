@@ -8,7 +8,7 @@ hostile (its answers altered on their way out, over real HTTPS). The restart tes
 as a real process, killed and started again.
 """
 
-# tests of: homeserver/federation/partial_state.py, homeserver/handlers/partial_state.py,
+# tests of: homeserver/federation/partial_state.py, homeserver/handlers/rooms/partial_state.py,
 #           storage/stores/partial_state.py
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import pytest
 
 from homeserver.app import HomeServer
 from homeserver.events import EventTemplate, get_room_version, parse_create_room_request, sign_pdu
-from homeserver.federation.client import HttpResponseError
-from homeserver.http.server import EncodedJson
+from homeserver.remote.client import HttpResponseError
+from homeserver.events.canonical import EncodedJson
 from tests.big_room import add_members
 from tests.conftest import scratch_database
 from tests.harness import TributaryProcess

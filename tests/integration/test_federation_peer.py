@@ -20,7 +20,7 @@ from signedjson.key import generate_signing_key
 from twisted.internet.defer import Deferred
 
 from homeserver.events import EventTemplate, build_pdu, get_room_version, sign_pdu
-from homeserver.federation.client import (
+from homeserver.remote.client import (
     FederationClient,
     FederationClientError,
     FederationTimeout,

@@ -3,7 +3,7 @@ redactions applied only as the room version allows, server ACLs on every inbound
 that names a room and on outbound destinations, make_join/make_leave/make_knock running
 the auth rules, and the per-origin limit on inbound invites."""
 
-# tests: homeserver/federation/acl.py homeserver/federation/membership.py homeserver/handlers/client_events.py
+# tests: homeserver/events/server_acl.py homeserver/federation/membership.py homeserver/handlers/rooms/client_events.py
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from homeserver.events import EventTemplate, build_pdu, get_room_version, select_auth_event_ids, sign_pdu
 from homeserver.events import constants as C
-from homeserver.federation.client import HttpResponseError
+from homeserver.remote.client import HttpResponseError
 from tests.federation_peer import FederationPeer
 from tests.integration.test_client_support import Client
 from tests.integration.test_federation_peer import Tributary, make_peer, running_tributary, started_peer

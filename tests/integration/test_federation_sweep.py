@@ -9,7 +9,7 @@ leave the database as it was (row counts of the event, state, membership and tra
 tables). Seeded (``derandomize``) and bounded: ``TRIBUTARY_SWEEP_EXAMPLES`` examples per endpoint
 (20 by default, so it stays quick in ``make test``); raise it by hand for a longer run."""
 
-# tests: homeserver/federation/servlets.py homeserver/federation/requests.py storage/kernel/json_input.py
+# tests: homeserver/http/federation/servlets.py homeserver/federation/requests.py storage/kernel/json_input.py
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from homeserver.federation.servlets import register_federation_servlets
+from homeserver.http.federation.servlets import register_federation_servlets
 from tests.federation_peer import FederationPeer
 from tests.integration.test_federation_input import (
     RawAnswer,

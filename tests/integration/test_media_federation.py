@@ -16,7 +16,7 @@ import yaml
 from twisted.internet.threads import deferToThread
 
 from tests.conftest import scratch_database
-from homeserver.federation.client import FederationClient, HttpResponseError
+from homeserver.remote.client import FederationClient, HttpResponseError
 from homeserver.keys import load_or_create_signing_key
 from homeserver.media.remote import media_from_multipart
 from tests.harness import TributaryProcess, free_port

@@ -1,4 +1,4 @@
-# tests: docs/metrics.md docker/grafana/tributary.json homeserver/metrics.py homeserver/handlers/metrics.py storage/metrics.py
+# tests: docs/metrics.md docker/grafana/tributary.json homeserver/metrics.py homeserver/handlers/sync/metrics.py storage/metrics.py
 """docs/metrics.md and the Grafana dashboard against what a real main process serves.
 
 One ``tributary run`` process (real PostgreSQL, a replication listener so the

@@ -2,7 +2,7 @@
 (messages, a state event, a rejected one) ends exactly as persisting them one by one does, in one
 database transaction; a batch containing an event stored meanwhile writes nothing."""
 
-# tests: homeserver/handlers/event_persistence.py storage/stores/events.py storage/database.py
+# tests: homeserver/handlers/rooms/event_persistence.py storage/stores/events.py storage/database.py
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.federation.batching import BatchPlanner, wanted_prevs
 from homeserver.federation.pdus import auth_state_keys
-from homeserver.handlers.event_persistence import EventPersister, RemoteBatchEvent
+from homeserver.handlers.rooms.event_persistence import EventPersister, RemoteBatchEvent
 from storage.database import Database, Transaction
 from storage.stores.events import EventAlreadyPersisted, EventsStore
 from tests.integration.test_persist_events import V12, _events_in_order, new_persister

@@ -13,8 +13,8 @@ from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.events.errors import MissingEventsError
 from homeserver.events.room_versions import KNOWN_ROOM_VERSIONS
-from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import EventPersister, PersistenceMetrics
+from homeserver.handlers.rooms.event_loader import EventLoader
+from homeserver.handlers.rooms.event_persistence import EventPersister, PersistenceMetrics
 from storage.database import Database, Transaction
 from storage.stores.events import MAX_STATE_DELTA_DEPTH, EventsStore, StoredEvent
 from storage.stores.timeline import TimelineStore

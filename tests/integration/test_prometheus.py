@@ -1,4 +1,4 @@
-# tests: docker/prometheus.yml homeserver/handlers/event_persistence.py replication/metrics.py storage/metrics.py
+# tests: docker/prometheus.yml homeserver/handlers/rooms/event_persistence.py replication/metrics.py storage/metrics.py
 """A real Prometheus server scrapes a real main process while users chat.
 
 Prometheus is Debian's ``prometheus`` binary (``.ci/install-observability.sh``

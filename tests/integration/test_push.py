@@ -189,7 +189,7 @@ async def test_a_kept_push_context_is_not_used_once_rules_or_pushers_change(
     it (docs/push.md). Bob's new pusher, his muting of the room and a change written by
     another process straight into the database each make the next send read the room again, so
     each notifies as it must; the last shows the kept copy was in use (the send is built again)."""
-    caplog.set_level(logging.INFO, logger="homeserver.handlers.room_events")
+    caplog.set_level(logging.INFO, logger="homeserver.handlers.rooms.room_events")
     async with gateway() as (gw, url), running_server(database_dsn, tmp_path, **LIMITS) as (hs, client):
         alice = (await client.register_ok("alice"))["access_token"]
         bob = (await client.register_ok("bob"))["access_token"]

@@ -12,8 +12,8 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 
 from homeserver.events import AuthError, EventTemplate, create_local_event, get_room_version, parse_create_room_request
-from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.room_events import RoomEventCreator, RoomNotFound
+from homeserver.handlers.rooms.event_loader import EventLoader
+from homeserver.handlers.rooms.room_events import RoomEventCreator, RoomNotFound
 from storage.database import Database, Transaction
 from storage.stores.events import _DELETE_EXTREMITIES_CHECKED, STALE_ROOM_SQLSTATE, EventsStore
 from tests.integration.test_persist_events import new_persister

@@ -2,7 +2,7 @@
 signature made over pre-encoded content, are byte for byte the canonical JSON that encoding
 the whole value would give, so a receiver that re-encodes what it parsed verifies them."""
 
-# tests: federation_sender/queue.py (PlannedTransaction.body), homeserver/federation/auth.py (request_message)
+# tests: federation_sender/queue.py (PlannedTransaction.body), homeserver/remote/request_auth.py (request_message)
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from signedjson.key import generate_signing_key, get_verify_key
 
 from federation_sender.queue import Edu, PendingPdu, PlannedTransaction, encode_pdu
-from homeserver.federation.auth import (
+from homeserver.remote.request_auth import (
     parse_x_matrix,
     request_json,
     request_message,

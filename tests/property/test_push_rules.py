@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from homeserver.handlers.push_evaluator import PushContext, evaluate
-from homeserver.handlers.push_rules import apply_edit, effective_rules
+from homeserver.events.push_evaluator import PushContext, evaluate
+from homeserver.events.push_rules import apply_edit, effective_rules
 from storage.kernel.errors import MatrixError
 
 BOB = "@bob:example.org"
@@ -87,7 +87,7 @@ def test_the_shared_compiled_defaults_evaluate_as_each_users_own(
     rules that name the user (an invite for them, a mention, their localpart as a word of the
     body) comparing with the evaluated user; for any user and event, the outcome is that of the
     user's own rules (``effective_rules(stored, user)``) compiled for them alone."""
-    from homeserver.handlers.push_evaluator import compile_ruleset, compiled_rules
+    from homeserver.events.push_evaluator import compile_ruleset, compiled_rules
 
     user, someone = f"@{own}:example.org", f"@{other}:example.org"
     body = before + (own.upper() if upper else own) + after
@@ -119,7 +119,7 @@ ascii_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_siz
 def test_a_display_name_is_found_as_its_pattern_finds_it(name: str, before: str, after: str, upper: bool) -> None:
     """For ASCII names and bodies, ``contains_display_name`` is decided without a regex per name;
     it finds the name exactly where the name's pattern (a whole word, any case) does."""
-    from homeserver.handlers.push_evaluator import _contains_display_name, _display_name_pattern
+    from homeserver.events.push_evaluator import _contains_display_name, _display_name_pattern
 
     for body in (before + (name.upper() if upper else name) + after, before + after):
         event = {"type": "m.room.message", "content": {"body": body}}
@@ -143,7 +143,7 @@ def test_rules_skipped_by_event_type_are_rules_that_could_not_match(
         added: list[tuple[str, str, bool]], types: list[Any], defaults: bool) -> None:
     """A compiled ruleset tries an event only against the rules that can match its type
     (``CompiledRuleset.for_type``); the outcome is that of trying every rule in order."""
-    from homeserver.handlers.push_evaluator import SILENT, compile_ruleset
+    from homeserver.events.push_evaluator import SILENT, compile_ruleset
 
     ruleset: dict[str, list[dict[str, Any]]] = effective_rules(None, BOB) if defaults else {}
     ruleset = {kind: list(rules) for kind, rules in ruleset.items()}

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from homeserver.handlers.sliding_sync_request import RoomConfig, StateSpec, parse_request
+from homeserver.handlers.sync.sliding_sync_request import RoomConfig, StateSpec, parse_request
 from storage.kernel.errors import MatrixError
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**40), st.text(max_size=12),

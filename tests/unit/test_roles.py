@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from homeserver.roles import MAIN, MAIN_ONLY_SERVLETS, UnknownRole, WorkerRole, known_roles, load_role
+from homeserver.config import known_roles
+from homeserver.roles import MAIN, MAIN_ONLY_SERVLETS, UnknownRole, WorkerRole, load_role
 from workers import roles as shipped
 
 

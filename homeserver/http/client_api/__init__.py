@@ -19,7 +19,7 @@ from homeserver.http.client_api.profile import register_profile_servlets
 from homeserver.http.client_api.server_info import register_server_info_servlets
 from homeserver.http.client_api.threepid import register_threepid_servlets
 from homeserver.http.server import Routes
-from homeserver.routing.writers import Writers
+from homeserver.handlers.writers import Writers
 
 __all__ = ["register_client_api_servlets"]
 

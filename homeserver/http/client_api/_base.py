@@ -14,7 +14,7 @@ from typing import Any, Final, overload
 
 from twisted.web.server import Request
 
-from homeserver.handlers.validation import check_text
+from homeserver.events.validation import check_text
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param
 from homeserver.http.server import JsonDict, parse_json_object
 

@@ -20,13 +20,13 @@ from twisted.web.server import Request
 
 from homeserver.appservice.registration import AppService
 from homeserver.config import HomeserverConfig
-from homeserver.handlers.auth import MAX_TOKEN_LENGTH, Auth, client_ip
-from homeserver.handlers.deactivate import DeactivationHandler
-from homeserver.handlers.login import LOGIN_TYPE_PASSWORD, LoginHandler, invalid_credentials, user_from_identifier
-from homeserver.handlers.register import RegistrationHandler, RegistrationResult
+from homeserver.handlers.accounts.auth import MAX_TOKEN_LENGTH, Auth, client_ip
+from homeserver.handlers.accounts.deactivate import DeactivationHandler
+from homeserver.handlers.accounts.login import LOGIN_TYPE_PASSWORD, LoginHandler, invalid_credentials, user_from_identifier
+from homeserver.handlers.accounts.register import RegistrationHandler, RegistrationResult
 from homeserver.handlers.server_info import client_well_known
-from homeserver.handlers.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, LOGIN_REGISTRATION_TOKEN, UserInteractiveAuth
-from homeserver.handlers.validation import (
+from homeserver.handlers.accounts.ui_auth import LOGIN_DUMMY, LOGIN_PASSWORD, LOGIN_REGISTRATION_TOKEN, UserInteractiveAuth
+from homeserver.events.validation import (
     MAX_DEVICE_DISPLAY_NAME_LENGTH,
     MAX_DEVICE_ID_LENGTH,
     MAX_PASSWORD_LENGTH,

@@ -15,12 +15,12 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.account_data import AccountDataHandler
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.filters import FilterHandler
+from homeserver.handlers.accounts.account_data import AccountDataHandler
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.accounts.filters import FilterHandler
 from homeserver.http.client_api._base import client_path, empty
 from homeserver.http.server import Routes, parse_json_body, parse_json_object
-from homeserver.routing.writers import Writers
+from homeserver.handlers.writers import Writers
 
 
 def register_account_data_servlets(

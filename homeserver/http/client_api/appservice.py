@@ -11,7 +11,7 @@ from typing import Any
 from twisted.web.server import Request
 
 from homeserver.appservice.queries import AppServiceQueries
-from homeserver.handlers.auth import Auth
+from homeserver.handlers.accounts.auth import Auth
 from homeserver.http.client_api._base import client_path, optional_string, parse_optional_json_object
 from homeserver.http.server import Routes
 from storage.kernel.errors import MatrixError, forbidden

@@ -17,10 +17,10 @@ from typing import Any, Final
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.devices import DeviceHandler
-from homeserver.handlers.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
-from homeserver.handlers.validation import MAX_DEVICE_DISPLAY_NAME_LENGTH, MAX_DEVICE_ID_LENGTH, check_text
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.accounts.devices import DeviceHandler
+from homeserver.handlers.accounts.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
+from homeserver.events.validation import MAX_DEVICE_DISPLAY_NAME_LENGTH, MAX_DEVICE_ID_LENGTH, check_text
 from homeserver.http.client_api._base import client_path, empty, optional_string, parse_optional_json_object
 from storage.kernel.errors import bad_json, invalid_param, missing_param
 from homeserver.http.server import Routes, parse_json_object

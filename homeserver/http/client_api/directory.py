@@ -15,15 +15,15 @@ from typing import Any, Final
 from twisted.web.server import Request
 
 from homeserver.events.identifiers import is_valid_server_name
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.directory import (
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.directory.directory import (
     DEFAULT_USER_SEARCH_LIMIT,
     MAX_SEARCH_TERM,
     DirectoryHandler,
     parse_public_rooms_filter,
 )
-from homeserver.handlers.hierarchy import HierarchyHandler
-from homeserver.handlers.validation import check_room_id
+from homeserver.handlers.directory.hierarchy import HierarchyHandler
+from homeserver.events.validation import check_room_id
 from homeserver.http.client_api._base import (
     client_path,
     empty,

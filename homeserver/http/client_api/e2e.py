@@ -9,16 +9,16 @@ from typing import Any, Final
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.e2e import E2eHandler
-from homeserver.handlers.presence import PRESENCE_STATES, PresenceHandler
-from homeserver.handlers.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
-from homeserver.handlers.validation import check_text, check_user_id
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.e2e.e2e import E2eHandler
+from homeserver.handlers.ephemeral.presence import PRESENCE_STATES, PresenceHandler
+from homeserver.handlers.accounts.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
+from homeserver.events.validation import check_text, check_user_id
 from homeserver.http.client_api.key_backup import register_key_backup_servlets
 from homeserver.http.client_api._base import client_path, empty, optional_string, query_string, required_string
 from storage.kernel.errors import MatrixError, invalid_param
 from homeserver.http.server import Routes, parse_json_object
-from homeserver.routing.writers import Writers
+from homeserver.handlers.writers import Writers
 
 MAX_ID_LENGTH: Final = 255
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.key_backup import KeyBackupHandler
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.e2e.key_backup import KeyBackupHandler
 from homeserver.http.client_api._base import client_path, query_string
 from homeserver.http.server import Routes, parse_json_body, parse_json_object
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth, Requester
+from homeserver.handlers.accounts.auth import Auth, Requester
 from homeserver.http.client_api._base import query_bool, query_string
 from homeserver.http.server import Handler, Routes
 from homeserver.media.preview import UrlPreviewer

@@ -14,9 +14,9 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.profile import ProfileHandler
-from homeserver.handlers.validation import check_user_id
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.accounts.profile import ProfileHandler
+from homeserver.events.validation import check_user_id
 from homeserver.http.client_api._base import client_path, empty
 from storage.kernel.errors import bad_json, missing_param
 from homeserver.http.server import Routes, parse_json_object

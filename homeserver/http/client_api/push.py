@@ -17,14 +17,14 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.account_data import AccountDataHandler
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.client_events import ClientEvents
-from homeserver.handlers.push import PushersHandler
-from homeserver.handlers.push_rules import find_rule, parse_rule_path
+from homeserver.handlers.accounts.account_data import AccountDataHandler
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.rooms.client_events import ClientEvents
+from homeserver.handlers.push.push import PushersHandler
+from homeserver.events.push_rules import find_rule, parse_rule_path
 from homeserver.http.client_api._base import client_path, empty, query_string
 from homeserver.http.server import Routes, parse_json_body
-from homeserver.routing.writers import Writers
+from homeserver.handlers.writers import Writers
 from storage.kernel.errors import invalid_param
 
 

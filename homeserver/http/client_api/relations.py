@@ -15,9 +15,9 @@ from typing import Any, Final
 from twisted.web.server import Request
 
 from homeserver.events.identifiers import is_valid_event_id
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.relations import RelationsHandler
-from homeserver.handlers.validation import check_room_id, check_text
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.rooms.relations import RelationsHandler
+from homeserver.events.validation import check_room_id, check_text
 from homeserver.http.client_api._base import query_bool, query_int, query_string
 from homeserver.http.server import Routes
 from storage.kernel.errors import invalid_param

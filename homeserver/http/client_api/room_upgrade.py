@@ -13,9 +13,9 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.room_upgrade import RoomUpgradeHandler
-from homeserver.handlers.validation import check_room_id
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.rooms.room_upgrade import RoomUpgradeHandler
+from homeserver.events.validation import check_room_id
 from homeserver.http.client_api._base import client_path
 from homeserver.http.server import Routes, parse_json_object
 

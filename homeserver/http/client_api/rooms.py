@@ -16,11 +16,11 @@ from twisted.web.server import Request
 
 from homeserver.events import constants as C
 from homeserver.events.identifiers import is_valid_event_id, is_valid_server_name
-from homeserver.handlers.auth import Auth, Requester
-from homeserver.handlers.messages import MessagesHandler, parse_event_filter
-from homeserver.handlers.rooms import MEMBERSHIP_ACTIONS, RoomHandler
-from homeserver.routing.writers import Writers
-from homeserver.handlers.validation import (
+from homeserver.handlers.accounts.auth import Auth, Requester
+from homeserver.handlers.rooms.messages import MessagesHandler, parse_event_filter
+from homeserver.handlers.rooms.rooms import MEMBERSHIP_ACTIONS, RoomHandler
+from homeserver.handlers.writers import Writers
+from homeserver.events.validation import (
     MAX_AVATAR_URL_LENGTH,
     MAX_DISPLAYNAME_LENGTH,
     check_room_id,
@@ -37,7 +37,7 @@ from homeserver.http.client_api._base import (
     query_string,
     required_string,
 )
-from homeserver.handlers.receipts import check_receipt_thread
+from homeserver.handlers.ephemeral.receipts import check_receipt_thread
 from storage.kernel.errors import bad_json, invalid_param
 from homeserver.http.server import CLIENT_JSON, Routes, parse_json_object
 from storage.kernel.json_input import JsonInputError, decode_json

@@ -10,8 +10,8 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.search import SearchHandler, parse_search_request
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.directory.search import SearchHandler, parse_search_request
 from homeserver.http.client_api._base import client_path, query_string
 from homeserver.http.server import Routes, parse_json_object
 from storage.kernel.errors import invalid_param

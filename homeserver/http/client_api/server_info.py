@@ -14,7 +14,7 @@ from typing import Any
 from twisted.web.server import Request
 
 from homeserver.config import HomeserverConfig
-from homeserver.handlers.auth import Auth
+from homeserver.handlers.accounts.auth import Auth
 from homeserver.handlers.server_info import capabilities, client_well_known
 from homeserver.http.client_api._base import client_path
 from storage.kernel.errors import not_found

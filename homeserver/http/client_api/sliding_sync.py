@@ -12,10 +12,10 @@ from typing import Any, Final
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.presence import SyncTracker, while_syncing
-from homeserver.handlers.sliding_sync import SlidingSyncHandler
-from homeserver.handlers.sliding_sync_request import parse_request
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.ephemeral.presence import SyncTracker, while_syncing
+from homeserver.handlers.sync.sliding_sync import SlidingSyncHandler
+from homeserver.handlers.sync.sliding_sync_request import parse_request
 from homeserver.http.client_api._base import parse_optional_json_object, query_string
 from homeserver.http.server import Routes
 

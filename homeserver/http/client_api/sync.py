@@ -12,14 +12,14 @@ from typing import Any, Final
 from twisted.web.server import Request
 
 from homeserver.handlers.account_services import AccountServices
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.deactivate import DeactivationHandler
-from homeserver.handlers.filters import FilterHandler, validate_filter
-from homeserver.handlers.presence import PRESENCE_STATES, SyncTracker, while_syncing
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.accounts.deactivate import DeactivationHandler
+from homeserver.handlers.accounts.filters import FilterHandler, validate_filter
+from homeserver.handlers.ephemeral.presence import PRESENCE_STATES, SyncTracker, while_syncing
 from homeserver.handlers.room_services import RoomServices
-from homeserver.handlers.legacy_sync import LegacySyncHandler
-from homeserver.handlers.sync import DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncHandler
-from homeserver.handlers.validation import check_room_id
+from homeserver.handlers.sync.legacy_sync import LegacySyncHandler
+from homeserver.handlers.sync.sync import DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncHandler
+from homeserver.events.validation import check_room_id
 from homeserver.http.client_api.account import register_deactivate_servlet
 from homeserver.http.client_api.e2e import register_e2e_servlets
 from homeserver.http.client_api.rooms import ROOM, register_room_servlets
@@ -31,7 +31,7 @@ from homeserver.http.client_api.room_upgrade import register_room_upgrade_servle
 from homeserver.http.client_api._base import client_path, query_int, query_string
 from storage.kernel.errors import invalid_param, missing_param
 from homeserver.http.server import Routes
-from homeserver.routing.writers import Writers
+from homeserver.handlers.writers import Writers
 from storage.tokens import InvalidTokenError, StreamToken
 
 # The older /events long-poll waits this long when the client gives no timeout (as Synapse).

@@ -26,8 +26,8 @@ from typing import Any, Final
 
 from twisted.web.server import Request
 
-from homeserver.handlers.auth import Auth
-from homeserver.handlers.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
+from homeserver.handlers.accounts.auth import Auth
+from homeserver.handlers.accounts.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
 from homeserver.http.client_api._base import client_path, optional_string, required_string
 from homeserver.http.server import JsonDict, Routes, parse_json_object
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param

@@ -1,13 +1,13 @@
-"""The server ACL matcher (homeserver/federation/acl.py): globs, ports, IP literals, deny over
+"""The server ACL matcher (homeserver/events/server_acl.py): globs, ports, IP literals, deny over
 allow, malformed content read as Synapse reads it, and which rooms an EDU names."""
 
-# tests: homeserver/federation/acl.py
+# tests: homeserver/events/server_acl.py
 
 from __future__ import annotations
 
 import pytest
 
-from homeserver.federation.acl import edu_rooms, host_of, is_ip_literal, server_allowed
+from homeserver.events.server_acl import edu_rooms, host_of, is_ip_literal, server_allowed
 
 
 def test_no_acl_allows_everyone() -> None:

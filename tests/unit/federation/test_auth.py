@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from signedjson.key import generate_signing_key, get_verify_key
 
-from homeserver.federation.auth import (
+from homeserver.remote.request_auth import (
     XMatrixError,
     authenticate_request,
     parse_x_matrix,
@@ -124,7 +124,7 @@ def test_a_body_checked_as_it_came_or_in_its_canonical_spelling() -> None:
     """The signed message is first made with the body's bytes joined in as they came; a body in
     another spelling than the one signed is checked in the canonical one, as the spec says."""
     from homeserver.events import encode_canonical
-    from homeserver.federation.auth import sign_encoded_request
+    from homeserver.remote.request_auth import sign_encoded_request
 
     verify = get_verify_key(KEY)
     canonical = encode_canonical(BODY)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from homeserver.federation.client import IpFilter, ServerName, parse_server_name
+from homeserver.remote.client import IpFilter, ServerName, parse_server_name
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_within_times_out_cancels_and_lets_cancellation_through() -> None:
     from twisted.internet.defer import CancelledError, Deferred
     from twisted.internet.task import Clock
 
-    from homeserver.federation.client import FederationTimeout, within
+    from homeserver.remote.client import FederationTimeout, within
 
     clock = Clock()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from homeserver.federation.metrics import METHODS, PDU_OUTCOMES, REQUEST_OUTCOMES, TRANSACTION_OUTCOMES, FederationMetrics
+from homeserver.remote.metrics import METHODS, PDU_OUTCOMES, REQUEST_OUTCOMES, TRANSACTION_OUTCOMES, FederationMetrics
 
 
 def test_series_are_preinitialised() -> None:

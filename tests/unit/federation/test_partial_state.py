@@ -1,13 +1,13 @@
 """The pure parts of partial-state joins: checking ``servers_in_room``, and what /sync hides."""
 
-# tests of: homeserver/federation/partial_state.py, homeserver/handlers/partial_state.py
+# tests of: homeserver/federation/partial_state.py, homeserver/handlers/rooms/partial_state.py
 
 from __future__ import annotations
 
 import pytest
 
 from homeserver.federation.partial_state import MAX_SERVERS_IN_ROOM, BadPartialAnswer, parse_servers_in_room
-from homeserver.handlers.partial_state import sync_view
+from homeserver.handlers.rooms.partial_state import sync_view
 from storage.room_tokens import RoomPosition
 from storage.stores.partial_state import PartialStateRow
 
@@ -84,7 +84,7 @@ def test_the_sweep_resumes_only_rooms_partial_for_longer_than_its_interval() -> 
     from prometheus_client import CollectorRegistry
     from twisted.internet.task import Clock
 
-    from homeserver.federation.metrics import FederationMetrics
+    from homeserver.remote.metrics import FederationMetrics
     from homeserver.federation.partial_state import PartialStateResyncer
 
     clock = Clock()
@@ -131,7 +131,7 @@ def test_a_members_read_waits_for_the_room_to_be_whole_and_seen_here_then_gives_
     from twisted.internet.defer import Deferred
     from twisted.internet.task import Clock
 
-    from homeserver.handlers.partial_state import PartialStateWaiter
+    from homeserver.handlers.rooms.partial_state import PartialStateWaiter
     from storage.kernel.errors import MatrixError
 
     class Rows:

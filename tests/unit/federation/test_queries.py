@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from twisted.internet.defer import Deferred
 
-from homeserver.federation.client import FederationClientError, FederationTimeout, HttpResponseError
+from homeserver.remote.client import FederationClientError, FederationTimeout, HttpResponseError
 from homeserver.federation.queries import RemoteQueries, directory_from_answer, profile_from_answer
 from storage.kernel.errors import MatrixError
 from storage.stores.profiles import ProfileRow

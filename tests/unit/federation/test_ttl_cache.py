@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from homeserver.federation.ttl_cache import TtlCache
+from homeserver.remote.ttl_cache import TtlCache
 
 
 def test_entries_expire_after_their_ttl() -> None:

@@ -10,7 +10,7 @@ import pytest
 from twisted.internet.defer import Deferred
 
 from federation_sender.transport import TransactionFailed
-from homeserver.federation.client import FederationClientError, HttpResponseError
+from homeserver.remote.client import FederationClientError, HttpResponseError
 from homeserver.federation.sender_transport import client_transport
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from homeserver.events import FrozenEvent, get_room_version
 from homeserver.events.event import make_event
-from homeserver.handlers.aggregations import is_valid_edit, pick_edit, relation_of
+from homeserver.handlers.rooms.aggregations import is_valid_edit, pick_edit, relation_of
 
 V11 = get_room_version("11")
 

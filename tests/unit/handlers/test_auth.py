@@ -9,7 +9,7 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.web.test.requesthelper import DummyRequest
 
-from homeserver.handlers.auth import (
+from homeserver.handlers.accounts.auth import (
     Auth,
     PasswordHasher,
     access_token_from_request,

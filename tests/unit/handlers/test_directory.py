@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from homeserver.handlers.directory import (
+from homeserver.handlers.directory.directory import (
     PublicRoomsFilter,
     matches,
     page,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from signedjson.key import encode_verify_key_base64, generate_signing_key, get_verify_key
 from signedjson.sign import sign_json
 
-from homeserver.handlers.e2e_rules import (
+from homeserver.handlers.e2e.e2e_rules import (
     Step,
     check_cross_signing_key,
     check_device_keys,

@@ -14,7 +14,7 @@ from homeserver.events import FrozenEvent
 from homeserver.events import constants as C
 from homeserver.events.errors import MissingEventsError
 from homeserver.events.room_versions import KNOWN_ROOM_VERSIONS
-from homeserver.handlers.event_loader import FALLBACK_ROOM_VERSION, EventCacheMetrics, EventLoader
+from homeserver.handlers.rooms.event_loader import FALLBACK_ROOM_VERSION, EventCacheMetrics, EventLoader
 from storage.stores.events import StateKey, StoredEvent
 from tests.unit.events.helpers import ALICE, RoomBuilder, standard_room
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from homeserver.handlers.filters import parse_filter_id, validate_filter
+from homeserver.handlers.accounts.filters import parse_filter_id, validate_filter
 from storage.kernel.errors import MatrixError
 
 

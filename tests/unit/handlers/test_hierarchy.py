@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from homeserver.handlers.hierarchy import (
+from homeserver.handlers.directory.hierarchy import (
     child_order_key,
     children_state,
     may_see,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from homeserver.handlers.key_backup import parse_key, parse_rooms, parse_version, should_replace
+from homeserver.handlers.e2e.key_backup import parse_key, parse_rooms, parse_version, should_replace
 from storage.kernel.errors import MatrixError
 from storage.stores.key_backup import RoomKey
 

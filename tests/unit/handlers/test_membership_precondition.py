@@ -7,8 +7,8 @@ import pytest
 from homeserver.events import AuthError
 from homeserver.events import constants as C
 from homeserver.events.room_versions import V11
-from homeserver.handlers.room_events import MembershipPrecondition
-from homeserver.handlers.rooms import ACTION_TARGET_MEMBERSHIPS
+from homeserver.handlers.rooms.room_events import MembershipPrecondition
+from homeserver.handlers.rooms.rooms import ACTION_TARGET_MEMBERSHIPS
 from tests.unit.events.helpers import ALICE, BOB, standard_room
 
 KICK = MembershipPrecondition(BOB, *ACTION_TARGET_MEMBERSHIPS["kick"])

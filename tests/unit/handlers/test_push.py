@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from homeserver.events.room_versions import KNOWN_ROOM_VERSIONS
-from homeserver.handlers.push import check_gateway_url, evaluate_for_room
-from homeserver.handlers.push_evaluator import PushContext, evaluate
-from homeserver.handlers.push_rules import RulePath, apply_edit, effective_rules, parse_rule_path
+from homeserver.handlers.push.push import check_gateway_url, evaluate_for_room
+from homeserver.events.push_evaluator import PushContext, evaluate
+from homeserver.events.push_rules import RulePath, apply_edit, effective_rules, parse_rule_path
 from storage.kernel.errors import MatrixError
 from storage.stores.push import PushContextRow
 from tests.unit.events.helpers import ALICE, RoomBuilder

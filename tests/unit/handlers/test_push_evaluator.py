@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from homeserver.handlers.push_evaluator import Outcome, PushContext, evaluate
-from homeserver.handlers.push_rules import default_push_rules
+from homeserver.events.push_evaluator import Outcome, PushContext, evaluate
+from homeserver.events.push_rules import default_push_rules
 
 ALICE = "@alice:example.org"
 RULES = default_push_rules(ALICE)
@@ -101,8 +101,8 @@ def test_compiled_rules_follow_the_stored_text() -> None:
     """Rules are compiled once per text of ``m.push_rules``: new text is compiled afresh."""
     import json
 
-    from homeserver.handlers.push_evaluator import compiled_rules
-    from homeserver.handlers.push_rules import effective_rules
+    from homeserver.events.push_evaluator import compiled_rules
+    from homeserver.events.push_rules import effective_rules
 
     assert compiled_rules(ALICE, None, effective_rules).evaluate(message("lunch?"), ctx()) == NOTIFY
     muted = effective_rules(None, ALICE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from homeserver.config import parse_config
-from homeserver.handlers.push_rules import default_push_rules
+from homeserver.events.push_rules import default_push_rules
 from homeserver.handlers.server_info import capabilities, client_well_known
 
 USER = "@alice:example.org"

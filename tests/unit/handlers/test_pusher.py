@@ -15,8 +15,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.web.client import URI
 
-from homeserver.federation.client import IpFilter
-from homeserver.handlers.pusher import (
+from homeserver.remote.client import IpFilter
+from homeserver.handlers.push.pusher import (
     GatewayBlocked,
     PusherMetrics,
     PusherPool,

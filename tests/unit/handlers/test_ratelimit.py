@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from homeserver.config import ConfigError, LoginRateLimits, RateLimit, parse_config
-from homeserver.handlers.ratelimit import Ratelimiter, Ratelimiters, limit_exceeded, ratelimit
+from homeserver.handlers.ratelimit import Ratelimiters
+from storage.kernel.ratelimit import Ratelimiter, limit_exceeded, ratelimit
 from storage.kernel.errors import MatrixError
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from homeserver.events import EventTemplate, FrozenEvent, get_room_version
 from homeserver.events.event import make_event
-from homeserver.handlers.client_events import format_event, strip_event
-from homeserver.handlers.messages import parse_event_filter, parse_pagination_token, room_token
-from homeserver.handlers.sync import DEFAULT_TIMELINE_LIMIT, MAX_TIMELINE_LIMIT, SyncFilter
+from homeserver.handlers.rooms.client_events import format_event, strip_event
+from homeserver.handlers.rooms.messages import parse_event_filter, parse_pagination_token, room_token
+from homeserver.handlers.sync.sync import DEFAULT_TIMELINE_LIMIT, MAX_TIMELINE_LIMIT, SyncFilter
 from storage.kernel.errors import MatrixError
 from storage.room_tokens import RoomPosition, RoomTokens
 from storage.tokens import RoomStreamToken, StreamToken

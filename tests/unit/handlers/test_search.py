@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from homeserver.handlers.search import RoomEventsSearch, parse_batch, parse_search_request
+from homeserver.handlers.directory.search import RoomEventsSearch, parse_batch, parse_search_request
 from storage.kernel.errors import MatrixError
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from homeserver.handlers.event_loader import EventLoader
-from homeserver.handlers.event_persistence import (
+from homeserver.handlers.rooms.event_loader import EventLoader
+from homeserver.handlers.rooms.event_persistence import (
     MAX_KEPT_PUSH_RECIPIENTS,
     EventPersister,
     PersistenceMetrics,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from homeserver.handlers.sliding_sync import dm_rooms
-from homeserver.handlers.sliding_sync_request import (
+from homeserver.handlers.sync.sliding_sync import dm_rooms
+from homeserver.handlers.sync.sliding_sync_request import (
     MAX_TIMEOUT_MS, RoomConfig, StateSpec, in_ranges, parse_request, parse_required_state, range_limit,
 )
 from storage.kernel.errors import MatrixError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.internet.task import Clock
 
-from homeserver.handlers.presence import SyncTracker
+from homeserver.handlers.ephemeral.presence import SyncTracker
 
 
 def tracker() -> tuple[SyncTracker, Clock, list[tuple[str, bool]]]:

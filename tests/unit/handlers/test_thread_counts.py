@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from homeserver.handlers.receipts import check_receipt_thread
-from homeserver.handlers.sync import unread_sections
+from homeserver.handlers.ephemeral.receipts import check_receipt_thread
+from homeserver.handlers.sync.sync import unread_sections
 from storage.kernel.errors import MatrixError
 
 

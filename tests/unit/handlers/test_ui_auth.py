@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from homeserver.handlers.ui_auth import (
+from homeserver.handlers.accounts.ui_auth import (
     LOGIN_DUMMY,
     LOGIN_PASSWORD,
     StageFailed,

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from homeserver.handlers.user_directory import POSITION_WRITE_LAG, UserDirectoryUpdater, batches
+from homeserver.handlers.directory.user_directory import POSITION_WRITE_LAG, UserDirectoryUpdater, batches
 from storage.kernel.written_events import WrittenEvent, WrittenEvents
 from storage.stores.user_directory import UserDirectoryStore
 

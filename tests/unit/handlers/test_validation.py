@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from homeserver.handlers.login import resolve_user, user_from_identifier
-from homeserver.handlers.register import localpart_from_username
-from homeserver.handlers.validation import (
+from homeserver.handlers.accounts.login import resolve_user, user_from_identifier
+from homeserver.handlers.accounts.register import localpart_from_username
+from homeserver.events.validation import (
     check_event_type,
     check_localpart,
     check_room_id,

@@ -21,7 +21,8 @@ from twisted.web.server import Request
 
 from storage.kernel.errors import MatrixError
 from homeserver.http.metrics import HttpMetrics
-from homeserver.http.server import EncodedJson, JsonRouter, make_site, parse_json_object
+from homeserver.events.canonical import EncodedJson
+from homeserver.http.server import JsonRouter, make_site, parse_json_object
 from tests.twisted_plugin import reactor, run_sync
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from homeserver.federation.client import HttpResponseError, RawResponse, ResponseTooLarge
+from homeserver.remote.client import HttpResponseError, RawResponse, ResponseTooLarge
 from homeserver.media.remote import (
     RemoteMediaFetcher,
     RemoteMediaNotFound,

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from homeserver.handlers.auth import Requester
+from homeserver.handlers.accounts.auth import Requester
 from homeserver.routing.internal_api import Operation
 from homeserver.routing.layout import Layout
+from homeserver.handlers.writers import Writers
 from homeserver.routing.writers import (
     OPERATIONS,
     RemoteTyping,
-    Writers,
     build_writers,
     choose_invite_writer,
     register_writer_operations,

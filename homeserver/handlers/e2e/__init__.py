@@ -1,0 +1,1 @@
+"""End-to-end encryption: device and one-time keys, cross-signing, key backups."""

@@ -1,0 +1,1 @@
+"""Rooms and events: creating, sending and persisting events, loading them, membership, history (/messages, /context), relations, upgrades, partial-state rooms."""

@@ -1,0 +1,1 @@
+"""Sync: /sync (incremental, initial, long-poll), the legacy /events and /initialSync, and simplified sliding sync."""
