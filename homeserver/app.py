@@ -77,6 +77,7 @@ from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.ephemeral.typing import ReplicatedTyping
 from homeserver.http.client import register_versions
 from homeserver.http.client_api import register_client_api_servlets
+from homeserver.http.routes import Gate
 from homeserver.http.client_api.push import register_push_servlets
 from homeserver.http.client_api.media import register_legacy_download_for_federation, register_media_servlets
 from homeserver.http.client_api.sync import register_room_api_servlets
@@ -722,7 +723,8 @@ class HomeServer:
         accounts, rooms = services.accounts, services.rooms
         router = _RoleRouter(self.router, self.role)
         register_versions(router)
-        register_client_api_servlets(router, self.config, accounts, services.writers)
+        gate = Gate(users=accounts.auth, clock=self.reactor.seconds)
+        register_client_api_servlets(router, gate, self.config, accounts, services.writers)
         register_room_api_servlets(router, rooms, accounts, services.writers, services.sync_tracker)
         events = streams.generators[StreamName.EVENTS]
         pushers = PushersHandler(PushStore(storage.db), clock_ms=lambda: int(self.reactor.seconds() * 1000),

@@ -41,9 +41,9 @@ from homeserver.handlers.accounts.deactivate import DeactivationHandler
 from storage.kernel.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.room_services import RoomServices
 from homeserver.events.validation import MAX_PASSWORD_LENGTH, check_localpart
+from homeserver.http.server import parse_optional_json_object
 from homeserver.http.client_api._base import (
     optional_bool,
-    parse_optional_json_object,
     query_bool,
     query_int,
     query_string,

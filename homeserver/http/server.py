@@ -129,6 +129,20 @@ def parse_json_object(request: Request, rules: JsonRules = CLIENT_JSON) -> JsonD
     return value
 
 
+def parse_optional_json_object(request: Request) -> JsonDict:
+    """The body as a JSON object, or ``{}`` when the body is empty (clients send none on some POSTs)."""
+    if getattr(request, "body_too_large", False):
+        raise MatrixError(413, "M_TOO_LARGE", "Request body is too large")
+    content = request.content
+    if content is None:
+        return {}
+    raw = content.read()
+    if not raw.strip():
+        return {}
+    content.seek(0)
+    return parse_json_object(request)
+
+
 ID_PARAMS: Final[Mapping[str, tuple[Callable[[object], bool], str]]] = {
     "room_id": (is_valid_room_id, "room ID"),
     "user_id": (is_valid_user_id, "user ID"),

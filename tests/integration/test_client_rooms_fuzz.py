@@ -18,7 +18,14 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.integration.test_client_fuzz import BROKEN_BODIES, ODD_SEGMENTS, ErrorLogCounter, _url, odd_value
+from tests.integration.test_client_fuzz import (
+    BROKEN_BODIES,
+    ODD_SEGMENTS,
+    ErrorLogCounter,
+    _url,
+    odd_value,
+    servlet_module,
+)
 from tests.integration.test_client_support import GENEROUS, SERVER_NAME, running_server
 
 ROOM_LIMITS: Final = {
@@ -134,7 +141,7 @@ async def test_malformed_room_input_never_causes_a_server_error(database_dsn: st
     statuses: dict[int, int] = {}
     try:
         async with running_server(database_dsn, tmp_path, **ROOM_LIMITS) as (hs, client):
-            ours = [r for r in hs.router._routes if r.handler.__module__ in ROOM_MODULES]
+            ours = [r for r in hs.router._routes if servlet_module(r) in ROOM_MODULES]
             fill = {"alias": "%23a%3Ab", "room": "!r:b", "type": "t", "txn": "1", "state_key": "k", "event": "$e",
                     "user": "@a:b", "receipt_type": "m.read"}  # fmt: skip
             samples = [(m, _url(t.format(**fill)).split("?")[0]) for m, t in ENDPOINTS]

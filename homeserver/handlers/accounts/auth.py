@@ -269,8 +269,10 @@ class Auth:
         # Called with the hashes of revoked tokens, after this process forgot them.
         self.revoked_hooks: list[Callable[[list[bytes]], None]] = []
 
-    async def get_user_by_req(self, request: Request) -> Requester:
-        """The requester, or 401 ``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``."""
+    async def get_user_by_req(self, request: Request, *, allow_guest: bool | None = None) -> Requester:
+        """The requester, or 401 ``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``. A guest is refused
+        (403 ``M_GUEST_ACCESS_FORBIDDEN``) unless ``allow_guest`` (the route's declaration,
+        homeserver/http/routes.py); None: by the servlet name, for routes not yet declared."""
         token = access_token_from_request(request)
         if token is None:
             raise missing_token()
@@ -279,10 +281,18 @@ class Auth:
             return await self._app_service_requester(service, request)
         owner = await self._lookup(token)
         # The router names the servlet on the request; one allow-list decides for guests.
-        if owner.is_guest and not guest_may_use(getattr(request, "servlet", ""), getattr(request, "path_params", {})):
+        if allow_guest is None:
+            allow_guest = guest_may_use(getattr(request, "servlet", ""), getattr(request, "path_params", {}))
+        if owner.is_guest and not allow_guest:
             raise guest_access_forbidden()
         await self._note_seen(owner, client_ip(request))
         return Requester(owner.user_id, owner.device_id, owner.token_id, owner.is_guest)
+
+    def has_access_token(self, request: Request) -> bool:
+        return access_token_from_request(request) is not None
+
+    def has_app_service_token(self, request: Request) -> bool:
+        return self.app_service_by_req(request) is not None
 
     def app_service_by_req(self, request: Request) -> AppService | None:
         """The service whose ``as_token`` the request carries (None: not a service's token)."""

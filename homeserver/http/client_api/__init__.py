@@ -13,19 +13,21 @@ from homeserver.config import HomeserverConfig
 from homeserver.handlers.account_services import AccountServices
 from homeserver.http.client_api.account import register_account_servlets
 from homeserver.http.client_api.appservice import register_appservice_servlets
-from homeserver.http.client_api.account_data import register_account_data_servlets
+from homeserver.http.client_api.account_data import AccountDataServlets
 from homeserver.http.client_api.devices import register_device_servlets
 from homeserver.http.client_api.profile import register_profile_servlets
 from homeserver.http.client_api.server_info import register_server_info_servlets
 from homeserver.http.client_api.threepid import register_threepid_servlets
+from homeserver.http.routes import Gate, declare
 from homeserver.http.server import Routes
 from homeserver.handlers.writers import Writers
 
 __all__ = ["register_client_api_servlets"]
 
 
-def register_client_api_servlets(router: Routes, config: HomeserverConfig, services: AccountServices,
+def register_client_api_servlets(router: Routes, gate: Gate, config: HomeserverConfig, services: AccountServices,
                                  writers: Writers) -> None:
+    declare(router, gate, AccountDataServlets(services.account_data, services.filters, writers.account_data))
     register_account_servlets(
         router,
         config=config,
@@ -37,9 +39,6 @@ def register_client_api_servlets(router: Routes, config: HomeserverConfig, servi
     )
     register_device_servlets(router, auth=services.auth, devices=services.devices, uia=services.uia)
     register_profile_servlets(router, auth=services.auth, profiles=services.profiles)
-    register_account_data_servlets(
-        router, auth=services.auth, account_data=services.account_data, filters=services.filters, writers=writers
-    )
     register_server_info_servlets(router, config=config, auth=services.auth)
     register_threepid_servlets(router, auth=services.auth, uia=services.uia)
     register_appservice_servlets(router, auth=services.auth, queries=services.app_service_queries)

@@ -16,7 +16,7 @@ from twisted.web.server import Request
 
 from homeserver.events.validation import check_text
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param
-from homeserver.http.server import JsonDict, parse_json_object
+from homeserver.http.server import JsonDict
 
 # matrix-nio and older clients still use r0 for some endpoints; both are served.
 CLIENT_PREFIX: Final = r"/_matrix/client/(?:r0|v3)"
@@ -25,20 +25,6 @@ CLIENT_PREFIX: Final = r"/_matrix/client/(?:r0|v3)"
 def client_path(suffix: str) -> str:
     """A route pattern for ``suffix`` under both the r0 and v3 client prefixes."""
     return CLIENT_PREFIX + suffix
-
-
-def parse_optional_json_object(request: Request) -> JsonDict:
-    """The body as a JSON object, or ``{}`` when the body is empty (clients send none on some POSTs)."""
-    if getattr(request, "body_too_large", False):
-        raise MatrixError(413, "M_TOO_LARGE", "Request body is too large")
-    content = request.content
-    if content is None:
-        return {}
-    raw = content.read()
-    if not raw.strip():
-        return {}
-    content.seek(0)
-    return parse_json_object(request)
 
 
 def optional_string(body: JsonDict, key: str, *, max_length: int, allow_empty: bool = True) -> str | None:

@@ -32,12 +32,12 @@ from homeserver.events.validation import (
     MAX_PASSWORD_LENGTH,
     check_text,
 )
+from homeserver.http.server import parse_optional_json_object
 from homeserver.http.client_api._base import (
     client_path,
     empty,
     optional_bool,
     optional_string,
-    parse_optional_json_object,
     query_string,
     required_string,
 )

@@ -10,57 +10,47 @@ and GET /user/{userId}/filter/{filterId}. Each needs the access token of
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from twisted.web.server import Request
-
 from homeserver.handlers.accounts.account_data import AccountDataHandler
-from homeserver.handlers.accounts.auth import Auth
 from homeserver.handlers.accounts.filters import FilterHandler
+from homeserver.handlers.writers import AccountDataWriter
 from homeserver.http.client_api._base import client_path, empty
-from homeserver.http.server import Routes, parse_json_body, parse_json_object
-from homeserver.handlers.writers import Writers
+from homeserver.http.routes import Body, Call, Caller, Response, route
+
+USER = r"/user/(?P<user_id>[^/]+)"
+GLOBAL = client_path(USER + r"/account_data/(?P<type>[^/]+)")
+ROOM = client_path(USER + r"/rooms/(?P<room_id>[^/]+)/account_data/(?P<type>[^/]+)")
 
 
-def register_account_data_servlets(
-    router: Routes, *, auth: Auth, account_data: AccountDataHandler, filters: FilterHandler, writers: Writers
-) -> None:
-    async def get_global(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        return 200, await account_data.get_global(requester, params["user_id"], params["type"])
+class AccountDataServlets:
+    def __init__(self, account_data: AccountDataHandler, filters: FilterHandler, writer: AccountDataWriter) -> None:
+        self._account_data = account_data
+        self._filters = filters
+        self._writer = writer
 
-    async def put_global(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        content = parse_json_object(request)
-        await writers.account_data.set_global(requester, params["user_id"], params["type"], content)
+    @route("GET", GLOBAL, "client_account_data", caller=Caller.USER)
+    async def get_global(self, call: Call) -> Response:
+        return 200, await self._account_data.get_global(call.user, call.params["user_id"], call.params["type"])
+
+    @route("PUT", GLOBAL, "client_account_data_update", caller=Caller.USER, body=Body.OBJECT)
+    async def put_global(self, call: Call) -> Response:
+        await self._writer.set_global(call.user, call.params["user_id"], call.params["type"], call.content)
         return empty()
 
-    async def get_room(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        return 200, await account_data.get_room(requester, params["user_id"], params["room_id"], params["type"])
+    @route("GET", ROOM, "client_room_account_data", caller=Caller.USER)
+    async def get_room(self, call: Call) -> Response:
+        p = call.params
+        return 200, await self._account_data.get_room(call.user, p["user_id"], p["room_id"], p["type"])
 
-    async def put_room(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        content = parse_json_object(request)
-        await writers.account_data.set_room(requester, params["user_id"], params["room_id"], params["type"], content)
+    @route("PUT", ROOM, "client_room_account_data_update", caller=Caller.USER, body=Body.OBJECT)
+    async def put_room(self, call: Call) -> Response:
+        p = call.params
+        await self._writer.set_room(call.user, p["user_id"], p["room_id"], p["type"], call.content)
         return empty()
 
-    async def post_filter(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        filter_id = await filters.add_filter(requester, params["user_id"], parse_json_body(request))
-        return 200, {"filter_id": filter_id}
+    @route("POST", client_path(USER + r"/filter"), "client_filter_create", caller=Caller.USER, body=Body.JSON)
+    async def post_filter(self, call: Call) -> Response:
+        return 200, {"filter_id": await self._filters.add_filter(call.user, call.params["user_id"], call.body)}
 
-    async def get_filter(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        return 200, await filters.get_filter(requester, params["user_id"], params["filter_id"])
-
-    user = r"/user/(?P<user_id>[^/]+)"
-    global_path = client_path(user + r"/account_data/(?P<type>[^/]+)")
-    room_path = client_path(user + r"/rooms/(?P<room_id>[^/]+)/account_data/(?P<type>[^/]+)")
-    router.register(["GET"], global_path, get_global, "client_account_data")
-    router.register(["PUT"], global_path, put_global, "client_account_data_update")
-    router.register(["GET"], room_path, get_room, "client_room_account_data")
-    router.register(["PUT"], room_path, put_room, "client_room_account_data_update")
-    router.register(["POST"], client_path(user + r"/filter"), post_filter, "client_filter_create")
-    router.register(["GET"], client_path(user + r"/filter/(?P<filter_id>[^/]+)"), get_filter, "client_filter")
+    @route("GET", client_path(USER + r"/filter/(?P<filter_id>[^/]+)"), "client_filter", caller=Caller.USER)
+    async def get_filter(self, call: Call) -> Response:
+        return 200, await self._filters.get_filter(call.user, call.params["user_id"], call.params["filter_id"])

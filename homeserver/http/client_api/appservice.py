@@ -12,7 +12,8 @@ from twisted.web.server import Request
 
 from homeserver.appservice.queries import AppServiceQueries
 from homeserver.handlers.accounts.auth import Auth
-from homeserver.http.client_api._base import client_path, optional_string, parse_optional_json_object
+from homeserver.http.server import parse_optional_json_object
+from homeserver.http.client_api._base import client_path, optional_string
 from homeserver.http.server import Routes
 from storage.kernel.errors import MatrixError, forbidden
 

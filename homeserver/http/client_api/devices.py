@@ -21,7 +21,8 @@ from homeserver.handlers.accounts.auth import Auth
 from homeserver.handlers.accounts.devices import DeviceHandler
 from homeserver.handlers.accounts.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
 from homeserver.events.validation import MAX_DEVICE_DISPLAY_NAME_LENGTH, MAX_DEVICE_ID_LENGTH, check_text
-from homeserver.http.client_api._base import client_path, empty, optional_string, parse_optional_json_object
+from homeserver.http.server import parse_optional_json_object
+from homeserver.http.client_api._base import client_path, empty, optional_string
 from storage.kernel.errors import bad_json, invalid_param, missing_param
 from homeserver.http.server import Routes, parse_json_object
 from storage.stores.devices import DeviceRow

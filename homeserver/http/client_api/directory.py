@@ -24,10 +24,10 @@ from homeserver.handlers.directory.directory import (
 )
 from homeserver.handlers.directory.hierarchy import HierarchyHandler
 from homeserver.events.validation import check_room_id
+from homeserver.http.server import parse_optional_json_object
 from homeserver.http.client_api._base import (
     client_path,
     empty,
-    parse_optional_json_object,
     query_bool,
     query_int,
     query_string,

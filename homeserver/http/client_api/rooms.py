@@ -27,12 +27,12 @@ from homeserver.events.validation import (
     check_text,
     check_user_id,
 )
+from homeserver.http.server import parse_optional_json_object
 from homeserver.http.client_api._base import (
     client_path,
     empty,
     optional_bool,
     optional_string,
-    parse_optional_json_object,
     query_int,
     query_string,
     required_string,

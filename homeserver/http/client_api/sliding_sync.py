@@ -16,7 +16,8 @@ from homeserver.handlers.accounts.auth import Auth
 from homeserver.handlers.ephemeral.presence import SyncTracker, while_syncing
 from homeserver.handlers.sync.sliding_sync import SlidingSyncHandler
 from homeserver.handlers.sync.sliding_sync_request import parse_request
-from homeserver.http.client_api._base import parse_optional_json_object, query_string
+from homeserver.http.server import parse_optional_json_object
+from homeserver.http.client_api._base import query_string
 from homeserver.http.server import Routes
 
 SLIDING_SYNC_PATH: Final = r"/_matrix/client/unstable/org\.matrix\.simplified_msc3575/sync"
