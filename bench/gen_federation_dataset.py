@@ -5,7 +5,7 @@ remote servers share a room) and room activity follow a Zipf law, a few
 popular servers are in most rooms, about half the events are local, and some
 destinations have been down for hours (in backoff, with rooms and PDUs
 waiting) while a few more failed only minutes ago. Everything goes in through
-``storage.stores.dataset`` (bulk ``INSERT ... unnest``), events streamed in
+``bench/dataset.py`` (bulk ``INSERT ... unnest``), events streamed in
 chunks so that millions of them never sit in memory at once. The same seed
 gives the same dataset.
 
@@ -24,12 +24,16 @@ import random
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import attrs
 
-from storage.database import Database
-from storage.stores.dataset import (
+if __package__ in (None, ""):
+    # Run as a file: make the repository root importable (for bench.dataset).
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.dataset import (  # noqa: E402
     CHUNK_ROWS,
     DatasetStore,
     DestinationRoomRow,
@@ -39,6 +43,7 @@ from storage.stores.dataset import (
     RoomRow,
     StreamPositionRow,
 )
+from storage.database import Database  # noqa: E402
 
 T = TypeVar("T")
 
@@ -290,7 +295,7 @@ def shape_from_args(args: argparse.Namespace) -> DatasetShape:
 
 def create_database(dsn: str) -> None:
     """Create the database ``dsn`` names (it must not exist yet)."""
-    from storage.stores.dataset import create_database
+    from bench.dataset import create_database
 
     base, _, name = dsn.rpartition("/")
     create_database(f"{base}/postgres", name)
