@@ -43,15 +43,17 @@ from bench.dataset import (  # noqa: E402
     RoomRow,
     StreamPositionRow,
 )
+from federation_sender.backoff import policy_from_config  # noqa: E402
+from federation_sender.config import BackoffConfig  # noqa: E402
 from storage.database import Database  # noqa: E402
 
 T = TypeVar("T")
 
 MINUTE_MS: Final = 60_000
 HOUR_MS: Final = 60 * MINUTE_MS
-#: The federation sender's backoff: 10 minutes doubling, capped at 7 days.
-FIRST_RETRY_MS: Final = 10 * MINUTE_MS
-MAX_RETRY_MS: Final = 7 * 24 * HOUR_MS
+#: The federation sender's default backoff (10 minutes doubling, capped at 7 days), here
+#: without its jitter, so that the same seed gives the same dataset.
+SENDER_BACKOFF: Final = policy_from_config(BackoffConfig())
 EVENT_WRITERS: Final = ("event_persister-1", "event_persister-2")
 
 
@@ -113,10 +115,12 @@ def _pick_destinations(rng: random.Random, k: int, n: int, cum_weights: Sequence
 
 def _backoff_interval(down_for_ms: int) -> int:
     """The retry interval a destination has reached after failing for ``down_for_ms``."""
-    interval, elapsed = FIRST_RETRY_MS, FIRST_RETRY_MS
-    while elapsed + interval * 2 <= down_for_ms and interval < MAX_RETRY_MS:
-        interval = min(interval * 2, MAX_RETRY_MS)
-        elapsed += interval
+    interval = elapsed = int(SENDER_BACKOFF.initial)
+    while interval < SENDER_BACKOFF.maximum:
+        grown = int(SENDER_BACKOFF.next_interval(interval, lambda low, high: 1.0))
+        if elapsed + grown > down_for_ms:
+            break
+        interval, elapsed = grown, elapsed + grown
     return interval
 
 
