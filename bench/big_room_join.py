@@ -62,7 +62,7 @@ import psycopg2
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from storage.stores.dataset import create_database, drop_database  # noqa: E402
+from bench.dataset import create_database, drop_database  # noqa: E402
 from bench.client_api import cpu_seconds  # noqa: E402
 from bench.search_directory import call  # noqa: E402
 from tests.big_room import add_members_to_process  # noqa: E402

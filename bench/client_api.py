@@ -508,7 +508,7 @@ def running_synapse() -> Iterator[Target]:
     import psycopg2
     import yaml
 
-    from storage.stores.dataset import drop_database
+    from bench.dataset import drop_database
     from tests.interop.synapse import SynapseProcess
 
     python = Path(__file__).resolve().parent.parent / ".venv-synapse" / "bin" / "python"

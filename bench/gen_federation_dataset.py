@@ -5,7 +5,7 @@ remote servers share a room) and room activity follow a Zipf law, a few
 popular servers are in most rooms, about half the events are local, and some
 destinations have been down for hours (in backoff, with rooms and PDUs
 waiting) while a few more failed only minutes ago. Everything goes in through
-``storage.stores.dataset`` (bulk ``INSERT ... unnest``), events streamed in
+``bench/dataset.py`` (bulk ``INSERT ... unnest``), events streamed in
 chunks so that millions of them never sit in memory at once. The same seed
 gives the same dataset.
 
@@ -24,12 +24,16 @@ import random
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import attrs
 
-from storage.database import Database
-from storage.stores.dataset import (
+if __package__ in (None, ""):
+    # Run as a file: make the repository root importable (for bench.dataset).
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.dataset import (  # noqa: E402
     CHUNK_ROWS,
     DatasetStore,
     DestinationRoomRow,
@@ -39,14 +43,17 @@ from storage.stores.dataset import (
     RoomRow,
     StreamPositionRow,
 )
+from federation_sender.backoff import policy_from_config  # noqa: E402
+from federation_sender.config import BackoffConfig  # noqa: E402
+from storage.database import Database  # noqa: E402
 
 T = TypeVar("T")
 
 MINUTE_MS: Final = 60_000
 HOUR_MS: Final = 60 * MINUTE_MS
-#: The federation sender's backoff: 10 minutes doubling, capped at 7 days.
-FIRST_RETRY_MS: Final = 10 * MINUTE_MS
-MAX_RETRY_MS: Final = 7 * 24 * HOUR_MS
+#: The federation sender's default backoff (10 minutes doubling, capped at 7 days), here
+#: without its jitter, so that the same seed gives the same dataset.
+SENDER_BACKOFF: Final = policy_from_config(BackoffConfig())
 EVENT_WRITERS: Final = ("event_persister-1", "event_persister-2")
 
 
@@ -108,10 +115,12 @@ def _pick_destinations(rng: random.Random, k: int, n: int, cum_weights: Sequence
 
 def _backoff_interval(down_for_ms: int) -> int:
     """The retry interval a destination has reached after failing for ``down_for_ms``."""
-    interval, elapsed = FIRST_RETRY_MS, FIRST_RETRY_MS
-    while elapsed + interval * 2 <= down_for_ms and interval < MAX_RETRY_MS:
-        interval = min(interval * 2, MAX_RETRY_MS)
-        elapsed += interval
+    interval = elapsed = int(SENDER_BACKOFF.initial)
+    while interval < SENDER_BACKOFF.maximum:
+        grown = int(SENDER_BACKOFF.next_interval(interval, lambda low, high: 1.0))
+        if elapsed + grown > down_for_ms:
+            break
+        interval, elapsed = grown, elapsed + grown
     return interval
 
 
@@ -290,7 +299,7 @@ def shape_from_args(args: argparse.Namespace) -> DatasetShape:
 
 def create_database(dsn: str) -> None:
     """Create the database ``dsn`` names (it must not exist yet)."""
-    from storage.stores.dataset import create_database
+    from bench.dataset import create_database
 
     base, _, name = dsn.rpartition("/")
     create_database(f"{base}/postgres", name)

@@ -27,7 +27,7 @@ if __package__ in (None, ""):
 
 from bench.gen_federation_dataset import DatasetShape, create_database, generate_dataset, run_with_database  # noqa: E402
 from storage.database import Database  # noqa: E402
-from storage.stores.dataset import DatasetStore, DestinationBacklog  # noqa: E402
+from bench.dataset import DatasetStore, DestinationBacklog  # noqa: E402
 
 
 def main() -> None:

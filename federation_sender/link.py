@@ -18,9 +18,13 @@ from typing import Any, Final, Generic, TypeVar
 
 import attrs
 
+from storage.kernel.backoff import BackoffPolicy
+
 # A link whose loop raised waits this long before going on, doubling per crash in a row.
 SUPERVISION_FIRST_DELAY_MS: Final = 1_000
 SUPERVISION_MAX_DELAY_MS: Final = 300_000
+SUPERVISION_BACKOFF: Final = BackoffPolicy(
+    initial=SUPERVISION_FIRST_DELAY_MS, multiplier=2.0, maximum=SUPERVISION_MAX_DELAY_MS)
 
 R = TypeVar("R")
 
@@ -37,8 +41,11 @@ class ProtocolViolation(Exception):
 
 
 def supervision_delay_ms(crashes: int) -> int:
-    """How long a link rests after its ``crashes``-th crash in a row."""
-    return int(min(SUPERVISION_FIRST_DELAY_MS * 2 ** min(max(0, crashes - 1), 32), SUPERVISION_MAX_DELAY_MS))
+    """How long a link rests after its ``crashes``-th crash in a row (``SUPERVISION_BACKOFF``).
+
+    Without jitter: a crash is a bug of ours, not a peer's load to spread, and the core
+    stays free of randomness."""
+    return int(SUPERVISION_BACKOFF.delay(crashes, lambda low, high: 1.0))
 
 
 class RequestLink(Generic[R]):

@@ -1,11 +1,11 @@
 """The catch-up report on real Spark (local[2]) against real PostgreSQL.
 
-Each test builds a small generated dataset through the storage layer, runs the
+Each test builds a small generated dataset through bench/dataset.py, runs the
 report as the CLI would, and checks its outputs against answers computed
 here, independently, in SQL.
 """
 
-# tests for: spark_jobs/catch_up/*, storage/stores/dataset.py, bench/gen_federation_dataset.py
+# tests for: spark_jobs/catch_up/*, bench/dataset.py, bench/gen_federation_dataset.py
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from spark_jobs.catch_up.job import (
 )
 from spark_jobs.catch_up.report import CHART_FILES
 from storage.database import Database
-from storage.stores.dataset import DatasetStore, DestinationRoomRow, DestinationRow
+from bench.dataset import DatasetStore, DestinationRoomRow, DestinationRow
 from tests.twisted_plugin import run_sync
 
 NOW_MS = 1_800_000_000_000

@@ -1,8 +1,3 @@
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
 from twisted.internet import threads
@@ -21,28 +16,6 @@ def test_installed_reactor_is_asyncio_on_uvloop() -> None:
 async def test_async_tests_can_await_deferreds_and_threads() -> None:
     result = await threads.deferToThread(lambda: 6 * 7)
     assert result == 42
-
-
-def test_tls_is_loaded_on_first_use_not_at_start_up() -> None:
-    """pyOpenSSL and friends (about 13 MiB) stay out of a process until TLS is used; then
-    Twisted's TLS works as if it had always been there. In a fresh interpreter: this one
-    has TLS loaded by the tests that use it."""
-    code = textwrap.dedent("""
-        import sys
-        from homeserver.reactor import install_reactor
-        install_reactor()
-        import homeserver.app, homeserver.cli
-        assert "OpenSSL" not in sys.modules, "pyOpenSSL was imported at start-up"
-        from twisted.internet import tcp
-        from twisted.web.client import BrowserLikePolicyForHTTPS
-        BrowserLikePolicyForHTTPS().creatorForNetloc(b"example.org", 443)
-        assert "OpenSSL" in sys.modules
-        assert "startTLS" in vars(tcp._TLSConnectionMixin)
-        print("ok")
-    """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            cwd=Path(__file__).resolve().parents[2])
-    assert result.stdout.strip() == "ok", result.stderr
 
 
 def test_a_test_that_ignores_its_cancellation_fails_with_a_report_rather_than_hang(

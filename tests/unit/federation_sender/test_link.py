@@ -24,7 +24,8 @@ class Pong:
 
 
 def test_supervision_doubles_per_crash_up_to_the_cap() -> None:
-    assert [supervision_delay_ms(n) for n in (1, 2, 3)] == [1000, 2000, 4000]
+    assert [supervision_delay_ms(n) for n in range(1, 12)] == [
+        1000, 2000, 4000, 8000, 16_000, 32_000, 64_000, 128_000, 256_000, 300_000, 300_000]
     assert supervision_delay_ms(1) == SUPERVISION_FIRST_DELAY_MS
     assert supervision_delay_ms(10_000) == SUPERVISION_MAX_DELAY_MS  # no overflow however many
 

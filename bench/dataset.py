@@ -9,8 +9,18 @@ of 20,000 events is one round trip and one statement to plan. (COPY would be
 faster still, but ``Transaction`` deliberately exposes no raw cursor.)
 
 This module also holds the reference query the benchmark times against Spark:
-the per-destination backlog as one SQL statement. It knows nothing of how the
-data is shaped; the generator decides that.
+the per-destination backlog as one SQL statement, and the creating and dropping
+of the benchmarks' throwaway databases. It knows nothing of how the data is
+shaped; the generator decides that.
+
+Why this SQL is here and not in ``storage/``, where the project keeps all SQL: no
+process of the server runs it. Only the benchmarks do, and the Spark report's
+tests, which build on the benchmark's generator. It writes the server's tables
+wholesale, stream positions and the events sequence included, without the stores
+and ID generators that keep them consistent while a server runs: right for a
+synthetic dataset loaded before any server starts, wrong anywhere else. In
+``bench/`` it is not part of the installed package, and no server code can come
+to depend on it.
 """
 
 # tests: tests/spark/test_catch_up_report.py
