@@ -487,8 +487,8 @@ class HomeServer:
         accounts = AccountServices.build(config, db, reactor,
                                          account_data_stream_ids=generators[StreamName.ACCOUNT_DATA].get_next,
                                          instance_name=self.instance_name, remote_profiles=queries,
-                                         account_data_noted=self.key_notes[SyncStreamKey.ACCOUNT_DATA].note)
-        accounts.auth.revoked_hooks.append(revoked)
+                                         account_data_noted=self.key_notes[SyncStreamKey.ACCOUNT_DATA].note,
+                                         on_tokens_revoked=revoked)
         streams.caches.register(TokenCacheInvalidation(accounts.auth))
 
         # Events: persisted here for the rooms this process owns, by the room's owner otherwise.

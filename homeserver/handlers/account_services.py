@@ -106,6 +106,7 @@ class AccountServices:
         clock: Callable[[], float] = time.time,
         remote_profiles: RemoteProfiles | None = None,
         account_data_noted: Callable[[int, frozenset[str]], None] | None = None,
+        on_tokens_revoked: Callable[[list[bytes]], None] | None = None,
     ) -> AccountServices:
         accounts = AccountStore(db)
         device_store = DeviceStore(db)
@@ -113,7 +114,7 @@ class AccountServices:
         hasher = PasswordHasher(config.bcrypt_rounds, _thread_runner(reactor))
         ratelimiters = Ratelimiters.from_config(config)
         app_services = AppServiceRegistry(config.app_services)
-        auth = Auth(accounts, device_store, clock=clock, app_services=app_services)
+        auth = Auth(accounts, device_store, clock=clock, app_services=app_services, on_revoked=on_tokens_revoked)
         app_service_queries = AppServiceQueries(
             app_services, AppServiceClient(reactor, timeout=config.app_service_sender.request_timeout.total_seconds()),
             clock_ms=lambda: int(clock() * 1000),

@@ -14,7 +14,7 @@ sender, or as the user its ``user_id`` query parameter names when that user is i
 namespaces (and registered), on the device ``device_id`` names (docs/appservices.md).
 
 The cache is per process. With workers, a revocation reaches the other
-processes over the ``caches`` stream (``revoked_hooks`` on the revoking side,
+processes over the ``caches`` stream (``on_revoked`` on the revoking side,
 ``TokenCacheInvalidation`` on the others).
 """
 
@@ -255,6 +255,7 @@ class Auth:
         clock: Callable[[], float],
         cache_size: int = DEFAULT_TOKEN_CACHE_SIZE,
         app_services: AppServiceRegistry | None = None,
+        on_revoked: Callable[[list[bytes]], None] | None = None,
     ) -> None:
         self.app_services = app_services if app_services is not None else AppServiceRegistry()
         # Users a service may act as that are known to be registered (services' senders included).
@@ -267,7 +268,7 @@ class Auth:
         self._generation = 0
         self._last_seen: dict[tuple[str, str], float] = {}
         # Called with the hashes of revoked tokens, after this process forgot them.
-        self.revoked_hooks: list[Callable[[list[bytes]], None]] = []
+        self._on_revoked = on_revoked
 
     async def get_user_by_req(self, request: Request, *, allow_guest: bool | None = None) -> Requester:
         """The requester, or 401 ``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``. A guest is refused
@@ -359,11 +360,11 @@ class Auth:
 
     def invalidate_token_hashes(self, hashes: Iterable[bytes]) -> None:
         """Forget these tokens; call after the transaction that deleted them has committed.
-        The ``revoked_hooks`` tell other processes (the ``caches`` stream, with workers)."""
+        ``on_revoked`` tells other processes (the ``caches`` stream, with workers)."""
         digests = list(hashes)
         self.forget_token_hashes(digests)
-        for hook in self.revoked_hooks:
-            hook(digests)
+        if self._on_revoked is not None:
+            self._on_revoked(digests)
 
     def forget_token_hashes(self, hashes: Iterable[bytes]) -> None:
         """Drop these tokens from this process's cache only (another process revoked them)."""
