@@ -1,10 +1,10 @@
 """SQL for streams: sequences, persisted positions, start-up barrier, backing-table reads and writes.
 
 Every statement the stream machinery runs is here; ``storage.id_generators``,
-``storage.streams`` and ``storage.caches`` call these ``_txn`` functions through
-``Database.run_interaction``. Table, column and sequence names are code
-constants (checked against a strict pattern); values always go through
-placeholders. This module knows no stream semantics beyond "rows with a
+``storage.streams`` and ``storage.cache_invalidation`` call these ``_txn``
+functions through ``Database.run_interaction``. Table, column and sequence
+names are code constants (checked against a strict pattern); values always go
+through placeholders. This module knows no stream semantics beyond "rows with a
 stream_id, written by an instance".
 """
 
