@@ -112,7 +112,7 @@ from homeserver.routing.writers import Writers, build_writers, choose_invite_wri
 from replication.commands import JsonValue, UserSyncCommand
 from replication.handler import CacheInvalidationHandler
 from replication.stream_sources import connect_streams, stream_sources
-from replication.transport import ReplicationService, start_replication
+from replication.service import ReplicationService, start_replication
 from storage.cache_invalidation import CacheInvalidationStream
 from storage.caches import CacheRegistry
 from storage.database import Database
