@@ -1,5 +1,4 @@
 # tests: tests/integration/test_replication_tcp.py tests/integration/test_replication_processes.py
-#        tests/integration/test_replication_redis.py
 """``start_replication``: builds one process's replication, on TCP or on Redis.
 
 This module owns the choice of transport, made once from the configuration:
