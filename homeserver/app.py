@@ -115,8 +115,9 @@ from homeserver.routing.writers import build_writers, choose_invite_writer, regi
 from replication.commands import JsonValue, UserSyncCommand
 from replication.handler import CacheInvalidationHandler
 from replication.stream_sources import connect_streams, stream_sources
-from replication.transport import ReplicationService, start_replication
-from storage.caches import CacheInvalidationStream, CacheRegistry
+from replication.service import ReplicationService, start_replication
+from storage.cache_invalidation import CacheInvalidationStream
+from storage.caches import CacheRegistry
 from storage.database import Database
 from storage.embedded import EmbeddedPostgres, find_binaries
 from storage.id_generators import StreamIdGenerator

@@ -43,7 +43,7 @@ from replication.connection import (
 )
 from replication.handler import ReplicationHandler
 from replication.metrics import ReplicationMetrics
-from replication.transport import backoff_delay
+from replication.reconnect import backoff_delay
 
 __all__ = ["DEFAULT_LINES_PER_MESSAGE", "REDIS_CONNECTION_CONFIG", "RedisTransport"]
 

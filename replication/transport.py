@@ -1,14 +1,15 @@
 # tests: tests/unit/replication/test_transport.py tests/integration/test_replication_tcp.py
-"""The TCP transport of replication, and ``start_replication``, which builds it all.
+"""The TCP transport of replication.
 
 This module owns the Twisted side of a replication connection: a
 ``LineOnlyReceiver`` that feeds lines to the sans-I/O ``ReplicationConnection``
 and writes what it returns, a ``LoopingCall`` on an injected clock for
 keep-alives and timeouts, producer/consumer flow control mapped to
 ``pause_writing``/``resume_writing``, the listening factory of the main process,
-the reconnecting client factory of workers (exponential backoff with jitter),
-and the metrics and log lines of all of it. Protocol decisions live in
-``connection.py``; what commands mean lives in ``handler.py``.
+the reconnecting client factory of workers (``replication.reconnect``'s
+backoff), and the metrics and log lines of all of it. Protocol decisions live in
+``connection.py``; what commands mean lives in ``handler.py``; which transport a
+process uses is ``replication.service``'s choice.
 """
 
 from __future__ import annotations
@@ -17,13 +18,11 @@ import ipaddress
 import itertools
 import logging
 import random
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
-import attrs
-from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IAddress, IConnector, IDelayedCall, IListeningPort, IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IAddress, IConnector, IDelayedCall, IReactorTime
 from twisted.internet.protocol import ClientFactory, ServerFactory, connectionDone
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.protocols.basic import LineOnlyReceiver
@@ -41,23 +40,19 @@ from replication.connection import (
     Role,
     Trigger,
 )
-from replication.config import ReplicationConfig, connection_config
-from replication.handler import ReplicationHandler, StreamSource
+from replication.handler import ReplicationHandler
 from replication.metrics import ReplicationMetrics, TransportCounters
+from replication.reconnect import backoff_delay
 from storage.kernel.background import run_in_background
-from storage.kernel.backoff import BackoffPolicy
 
 __all__ = [
-    "RECONNECT_INITIAL_DELAY_SECONDS",
-    "RECONNECT_MAX_DELAY_SECONDS",
     "ReplicationClientFactory",
     "ReplicationProtocol",
     "ReplicationServerFactory",
-    "ReplicationService",
     "TICK_INTERVAL_SECONDS",
     "TwistedScheduler",
     "UnsafeReplicationListener",
-    "start_replication",
+    "check_listener_addresses",
 ]
 
 logger = logging.getLogger(__name__)
@@ -69,24 +64,7 @@ TICK_INTERVAL_SECONDS: Final = 1.0
 #: the socket is aborted (a peer that stopped reading never drains it).
 CLOSE_GRACE_SECONDS: Final = 5.0
 
-#: Client reconnection: the first retry waits this long, each failure doubles
-#: it up to the maximum, and every delay is randomised by +-20% so that
-#: workers restarted together do not reconnect in lock-step.
-RECONNECT_INITIAL_DELAY_SECONDS: Final = 0.5
-RECONNECT_MAX_DELAY_SECONDS: Final = 30.0
-RECONNECT_FACTOR: Final = 2.0
-RECONNECT_JITTER: Final = 0.2
-RECONNECT_BACKOFF: Final = BackoffPolicy(
-    initial=RECONNECT_INITIAL_DELAY_SECONDS, multiplier=RECONNECT_FACTOR, maximum=RECONNECT_MAX_DELAY_SECONDS,
-    jitter=(1 - RECONNECT_JITTER, 1 + RECONNECT_JITTER),
-)
-
 _connection_ids = itertools.count(1)
-
-
-def backoff_delay(attempt: int, rand: Callable[[], float] = random.random) -> float:
-    """Seconds to wait before reconnection attempt ``attempt`` (1-based); ``rand`` draws from [0, 1)."""
-    return RECONNECT_BACKOFF.delay(attempt, lambda low, high: low + (high - low) * rand())
 
 
 class TwistedScheduler:
@@ -477,7 +455,7 @@ class ReplicationClientFactory(ClientFactory):
 
 
 # --------------------------------------------------------------------------
-# Composition: what app.py calls.
+# Where the TCP listener may listen (checked by ``replication.service``).
 
 
 class UnsafeReplicationListener(ValueError):
@@ -496,117 +474,3 @@ def check_listener_addresses(addresses: Sequence[str], allow_unauthenticated: bo
                 "the TCP replication protocol has no authentication. Use Redis (with a password, or "
                 "rediss:// for TLS) between machines, or set allow_unauthenticated_replication: true"
             )
-
-
-@attrs.define(eq=False)
-class ReplicationService:
-    """Replication for one process, as built by ``start_replication``.
-
-    ``handler`` is where the rest of the process plugs in (row handlers,
-    callbacks, ``on_stream_advanced``). ``ports`` are the TCP listening ports
-    (main process over TCP), ``client`` the TCP client factory (workers over
-    TCP), ``redis`` the Redis transport (when Redis is enabled).
-    """
-
-    handler: ReplicationHandler
-    metrics: ReplicationMetrics
-    ports: list[IListeningPort] = attrs.field(factory=list)
-    server: ReplicationServerFactory | None = None
-    client: ReplicationClientFactory | None = None
-    redis: Any = None  # RedisTransport; Any to keep redis imports out of TCP-only processes
-    _stopped: bool = False
-
-    async def stop(self) -> None:
-        """Tell peers and stop: ``CLEAR_USER_SYNC`` from a worker, ``ERROR
-        server stopping`` to connected workers, then close everything."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self.handler.send_clear_user_sync()
-        self.handler.stop()
-        for port in self.ports:
-            stopping = port.stopListening()
-            if stopping is not None:
-                await stopping
-        self.ports.clear()
-        if self.server is not None:
-            self.server.close_all("server stopping")
-        if self.client is not None:
-            self.client.stop()
-        if self.redis is not None:
-            await self.redis.stop()
-
-
-async def start_replication(
-    reactor: Any,
-    config: ReplicationConfig,
-    registry: CollectorRegistry,
-    *,
-    server_name: str,
-    instance_name: str,
-    sources: Mapping[str, StreamSource],
-    writes: Sequence[str] = (),
-    listen: Sequence[tuple[str, int]] = (),
-    connect_to: tuple[str, int] | None = None,
-    redis_channel: str | None = None,
-) -> ReplicationService:
-    """Build and start replication for this process, named ``instance_name``,
-    of the homeserver ``server_name``.
-
-    - ``config``: replication's settings. With ``config.redis.enabled``, every
-      process publishes and subscribes on the Redis channel named after the
-      server (``redis_channel`` overrides the name, for tests), and ``listen``
-      and ``connect_to`` are ignored; else this process listens on each
-      ``(address, port)`` of ``listen`` (loopback only unless
-      ``config.allow_unauthenticated``), and a worker connects to
-      ``connect_to`` (the main process's listener).
-    - ``sources``: every stream this process knows; ``writes``: those it writes.
-
-    Returns the service; wire ``service.handler`` into the stream layer
-    (``on_stream_advanced``) and the consumers (``add_row_handler``, ...), and
-    ``await service.stop()`` at shutdown.
-    """
-    use_redis = bool(config.redis.enabled)
-    metrics = ReplicationMetrics.create(registry, sources)
-    handler = ReplicationHandler(
-        instance_name,
-        TwistedScheduler(reactor),
-        sources=sources,
-        writes=writes,
-        metrics=metrics,
-        announce_interval=1.0 if use_redis else None,
-    )
-    service = ReplicationService(handler, metrics)
-    if use_redis:
-        from replication.redis_transport import RedisTransport
-
-        service.redis = RedisTransport(
-            url=config.redis.url,
-            channel=redis_channel or server_name,
-            instance_name=instance_name,
-            handler=handler,
-            clock=reactor,
-            metrics=metrics,
-        )
-        handler.start()
-        service.redis.start()
-        return service
-    check_listener_addresses([address for address, _port in listen], config.allow_unauthenticated)
-    handler.start()
-    if listen:
-        service.server = ReplicationServerFactory(
-            server_name, handler, reactor, metrics, connection_config(config)
-        )
-        tcp: IReactorTCP = reactor
-        for address, port in listen:
-            service.ports.append(tcp.listenTCP(port, service.server, interface=address))
-            logger.info("listening for replication on %s:%d", address, port)
-    if connect_to is not None:
-        service.client = ReplicationClientFactory(
-            instance_name, handler, reactor, metrics,
-            connection_config(config, expected_server_name=server_name),
-        )
-        host, port = connect_to
-        reactor.connectTCP(host, port, service.client)
-    return service
-

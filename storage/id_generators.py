@@ -32,8 +32,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 
-from storage.database import Database, SqlValue, Transaction, delay_cancellation, on_reactor, runs_on_reactor
+from storage.database import Database, Transaction, delay_cancellation, on_reactor, runs_on_reactor
 from storage.stores.streams import (
+    IdInStatements,
     TableSource,
     advance_sequence_txn,
     get_max_stream_id_txn,
@@ -463,26 +464,6 @@ async def load_positions(
 class _TxnReservation:
     ticket: int
     ids: list[int] = attrs.Factory(list)
-
-
-@attrs.define
-class IdInStatements:
-    """A stream ID taken by a transaction's statements themselves
-    (``StreamIdGenerator.get_next_in_statements_txn``): ``take`` goes first among them, the
-    others name the ID as ``value`` (an SQL expression, ``currval``), ``read`` runs after the
-    COMMIT in the same round trip, and ``recorded(id)`` reserves the ID it read."""
-
-    take: tuple[str, None]
-    value: SqlValue
-    read: tuple[str, None]
-    _ids: list[int]
-    stream_id: int | None = None
-
-    def recorded(self, stream_id: int) -> int:
-        """Note the ID ``read`` gave (on the pool thread, as ``get_next_txn`` notes its IDs)."""
-        self._ids.append(stream_id)
-        self.stream_id = stream_id
-        return stream_id
 
 
 class _Reservation(Generic[T]):

@@ -24,8 +24,8 @@ from typing import Final
 import attrs
 
 from storage.database import Database, Prepared, Transaction, json_rows, one_statement, prepared
-from storage.room_tokens import RoomPosition
 from storage.stores.streams import insert_device_inbox_txn, insert_device_list_changes_txn
+from storage.stores.timeline import RoomPosition
 
 # Every /sync runs it (key_counts): a device's one-time key counts by algorithm and its unused
 # fallback key types, in one round trip.

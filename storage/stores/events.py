@@ -22,8 +22,8 @@ import psycopg2.errors
 
 from storage.caches import DictCache
 from storage.database import Database, DeferredStatements, Prepared, SqlValue, Transaction, on_reactor
-from storage.id_generators import IdInStatements
 from storage.stores.push import PushAction, push_actions_sql
+from storage.stores.streams import IdInStatements
 
 StateKey = tuple[str, str]
 StateMap = Mapping[StateKey, str]

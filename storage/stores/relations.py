@@ -17,7 +17,7 @@ from typing import Any, Final
 import attrs
 
 from storage.database import Database, Prepared, Transaction, json_rows, one_statement
-from storage.room_tokens import RoomPosition
+from storage.stores.timeline import RoomPosition
 
 # A child is live: in the timeline and not redacted by a live redaction.
 LIVE_CHILD: Final = (

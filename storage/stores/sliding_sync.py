@@ -17,9 +17,9 @@ from typing import Final
 import attrs
 
 from storage.database import Database, Transaction
-from storage.room_tokens import RoomPosition
 from storage.stores.events import StateKey
 from storage.stores.remote_invites import RemoteInviteRow, get_remote_invites_txn
+from storage.stores.timeline import RoomPosition
 
 # MSC4186 ``bump_stamp``: the event types that count as activity in a room (the partial index
 # ``events_room_bump`` of schema 0022 lists the same).

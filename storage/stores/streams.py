@@ -1,10 +1,10 @@
 """SQL for streams: sequences, persisted positions, start-up barrier, backing-table reads and writes.
 
 Every statement the stream machinery runs is here; ``storage.id_generators``,
-``storage.streams`` and ``storage.caches`` call these ``_txn`` functions through
-``Database.run_interaction``. Table, column and sequence names are code
-constants (checked against a strict pattern); values always go through
-placeholders. This module knows no stream semantics beyond "rows with a
+``storage.streams`` and ``storage.cache_invalidation`` call these ``_txn``
+functions through ``Database.run_interaction``. Table, column and sequence
+names are code constants (checked against a strict pattern); values always go
+through placeholders. This module knows no stream semantics beyond "rows with a
 stream_id, written by an instance".
 """
 
@@ -94,10 +94,30 @@ def nextval_txn(txn: Transaction, sequence: str, count: int) -> list[int]:
 def sequence_in_statements(sequence: str) -> tuple[tuple[str, None], SqlValue, tuple[str, None]]:
     """The SQL of one ID of ``sequence`` taken by the statements of one round trip themselves:
     the statement that takes it (``nextval``), the ID as a parameter of those after it
-    (``currval``) and the statement that reads it afterwards (``storage.id_generators.IdInStatements``)."""
+    (``currval``) and the statement that reads it afterwards (``IdInStatements``)."""
     seq = _identifier(sequence)
     return ((_nextval_statements(seq)[0], None), SqlValue(f"currval('{seq}'::regclass)"),
             (Prepared(f"SELECT currval('{seq}'::regclass)"), None))
+
+
+@attrs.define
+class IdInStatements:
+    """A stream ID taken by a transaction's statements themselves
+    (``StreamIdGenerator.get_next_in_statements_txn``): ``take`` goes first among them, the
+    others name the ID as ``value`` (an SQL expression, ``currval``), ``read`` runs after the
+    COMMIT in the same round trip, and ``recorded(id)`` reserves the ID it read."""
+
+    take: tuple[str, None]
+    value: SqlValue
+    read: tuple[str, None]
+    _ids: list[int]
+    stream_id: int | None = None
+
+    def recorded(self, stream_id: int) -> int:
+        """Note the ID ``read`` gave (on the pool thread, as ``get_next_txn`` notes its IDs)."""
+        self._ids.append(stream_id)
+        self.stream_id = stream_id
+        return stream_id
 
 
 @functools.lru_cache(maxsize=64)

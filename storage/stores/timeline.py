@@ -3,21 +3,81 @@
 Reads a room's events in stream order for ``/messages``, ``/context`` and
 ``/sync``, and keeps the small tables of schema 0005. It knows nothing of
 visibility rules or the client event format; handlers decide those.
+
+A bound in the events stream is a ``RoomPosition``: a room stream token with
+writers named as in ``events.instance_name`` (what SQL can compare), which
+renders itself as a SQL condition; every store that reads events up to a token
+takes one. With one writer (one process, or one persister) it is a plain
+``stream_ordering`` bound: the form and the query plans of a single process do
+not change. Turning tokens into positions is ``storage.room_tokens``.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_legacy.py, tests/integration/test_client_sync.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_legacy.py, tests/integration/test_client_sync.py,
+#        tests/integration/test_room_tokens.py
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
 
 from storage.database import Database, Prepared, Transaction, json_rows, one_statement, prepared
-from storage.room_tokens import RoomPosition
 from storage.stores.partial_state import ROWS_FOR_SYNC_JSON, PartialStateRow, rows_from_json
 from storage.stores.remote_invites import FOR_USER_JSON, RemoteInviteRow, remote_invites_from_json
+
+
+@attrs.frozen
+class RoomPosition:
+    """Every writer at ``minimum``, except those in ``ahead`` (instance name -> position)."""
+
+    minimum: int
+    ahead: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def at(cls, position: int) -> RoomPosition:
+        return cls(position)
+
+    @classmethod
+    def of(cls, minimum: int, ahead: Mapping[str, int]) -> RoomPosition:
+        return cls(minimum, tuple(sorted((name, pos) for name, pos in ahead.items() if pos > minimum)))
+
+    @property
+    def maximum(self) -> int:
+        return max((pos for _, pos in self.ahead), default=self.minimum)
+
+    def get(self, instance_name: str) -> int:
+        for name, position in self.ahead:
+            if name == instance_name:
+                return position
+        return self.minimum
+
+    def capped(self, position: int) -> RoomPosition:
+        """No writer past ``position``."""
+        return RoomPosition.of(min(self.minimum, position), {n: min(p, position) for n, p in self.ahead})
+
+    def covers(self, instance_name: str, stream_ordering: int) -> bool:
+        """Whether an event of ``instance_name`` at ``stream_ordering`` is at or before this position."""
+        return stream_ordering <= self.get(instance_name)
+
+    def sql_upto(self, alias: str = "") -> tuple[str, list[Any]]:
+        """``stream_ordering`` at or before this position, as SQL (with its parameters)."""
+        return self._sql(alias, "<=")
+
+    def sql_after(self, alias: str = "") -> tuple[str, list[Any]]:
+        """``stream_ordering`` after this position, as SQL (with its parameters)."""
+        return self._sql(alias, ">")
+
+    def _sql(self, alias: str, op: str) -> tuple[str, list[Any]]:
+        so, instance = f"{alias}stream_ordering", f"{alias}instance_name"
+        if not self.ahead:
+            return f"{so} {op} %s", [self.minimum]
+        # The plain range first (what the index serves), then each row against its writer's position.
+        outer = self.maximum if op == "<=" else self.minimum
+        per_writer = f"{so} {op} COALESCE((%s::jsonb ->> {instance})::bigint, %s)"
+        return f"{so} {op} %s AND {per_writer}", [outer, json.dumps(dict(self.ahead)), self.minimum]
+
 
 # A bound in the events stream: a plain stream ordering, or a position per writer.
 Bound = RoomPosition | int

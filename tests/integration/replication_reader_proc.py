@@ -91,8 +91,8 @@ def main(spec: dict[str, Any]) -> None:
 
     from replication.config import RedisConfig, ReplicationConfig
     from replication.commands import Row
+    from replication.service import start_replication
     from replication.stream_sources import connect_streams, stream_sources
-    from replication.transport import start_replication
     from storage.database import Database
     from storage.metrics import StorageMetrics
     from storage.streams import STREAMS, StreamName

@@ -1,4 +1,4 @@
-# tests: replication/transport.py replication/redis_transport.py replication/handler.py replication/stream_sources.py
+# tests: replication/service.py replication/transport.py replication/redis_transport.py replication/handler.py replication/stream_sources.py
 """Replication between real OS processes, over real TCP and over real Redis,
 on the real PostgreSQL streams.
 
@@ -29,7 +29,7 @@ from twisted.internet.task import deferLater
 
 from replication.config import RedisConfig, ReplicationConfig
 from replication.stream_sources import connect_streams, row_to_wire, stream_sources
-from replication.transport import ReplicationService, start_replication
+from replication.service import ReplicationService, start_replication
 from storage.database import Database, Transaction
 from storage.id_generators import StreamIdGenerator
 from storage.metrics import StorageMetrics

@@ -1,4 +1,4 @@
-# tests: replication/transport.py replication/handler.py
+# tests: replication/transport.py replication/service.py replication/handler.py
 """Replication over real TCP on loopback: a person with netcat, and readers
 that survive disconnects and congestion without losing or repeating a row."""
 
@@ -14,12 +14,8 @@ from twisted.internet.threads import deferToThread
 from replication.config import ReplicationConfig
 from replication.connection import ConnectionConfig
 from replication.handler import MemoryStream
-from replication.transport import (
-    ReplicationClientFactory,
-    ReplicationProtocol,
-    ReplicationServerFactory,
-    start_replication,
-)
+from replication.service import start_replication
+from replication.transport import ReplicationClientFactory, ReplicationProtocol, ReplicationServerFactory
 from tests.harness import free_port
 from tests.integration.test_replication_support import (
     STREAMS,

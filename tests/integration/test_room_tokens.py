@@ -6,7 +6,7 @@ import random
 
 import psycopg2
 
-from storage.room_tokens import RoomPosition
+from storage.stores.timeline import RoomPosition
 
 WRITERS = ("p1", "p2", "p3")
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from storage.caches import CacheInvalidationStream, CacheRegistry, DictCache
+from storage.cache_invalidation import CacheInvalidationStream
+from storage.caches import CacheRegistry, DictCache
 from storage.database import Transaction
 from storage.id_generators import StreamIdError
 from storage.streams import STREAMS, CacheInvalidationRow, StreamName

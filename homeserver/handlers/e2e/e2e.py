@@ -49,8 +49,8 @@ from homeserver.events.validation import is_local_user_id, is_storable_text
 from storage.id_generators import StreamIdGenerator
 from storage.kernel.concurrency import map_concurrently
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param
-from storage.room_tokens import RoomPosition
 from storage.stores.e2e import DeviceKeysRow, E2eStore, RemoteDevice
+from storage.stores.timeline import RoomPosition
 from storage.tokens import InvalidTokenError, RoomStreamToken, StreamToken, SyncStreamKey
 
 logger = logging.getLogger(__name__)

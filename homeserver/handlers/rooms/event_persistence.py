@@ -44,7 +44,6 @@ from homeserver.events.identifiers import server_name_of
 from homeserver.events.server_acl import ACL_KEY, server_allowed
 from homeserver.handlers.rooms.event_loader import EventLoader
 from storage.database import Transaction
-from storage.id_generators import IdInStatements
 from storage.kernel.written_events import WrittenEvent, WrittenEvents
 from storage.metrics import Children
 from storage.stores.events import (
@@ -63,6 +62,7 @@ from storage.stores.events import (
 from storage.stores.push import PushAction, PushContextRow, any_http_pusher_txn, get_push_context_txn
 from storage.stores.partial_state import CompletedState, complete_partial_state_txn, mark_partial_state_txn
 from storage.stores.room_state import BulkEventRow, store_join_state_txn
+from storage.stores.streams import IdInStatements
 
 PushContextReader = Callable[[Transaction, str, str, Collection[str]], PushContextRow]
 

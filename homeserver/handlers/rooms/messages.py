@@ -25,8 +25,8 @@ from homeserver.handlers.rooms.client_events import ClientEvents
 from homeserver.handlers.rooms.rooms import unknown_room
 from storage.kernel.errors import forbidden, invalid_param, not_found
 from storage.stores.events import EventsStore
-from storage.stores.timeline import TimelineStore
-from storage.room_tokens import RoomPosition, RoomTokens
+from storage.stores.timeline import RoomPosition, TimelineStore
+from storage.room_tokens import RoomTokens
 from storage.tokens import InvalidTokenError, RoomStreamToken, StreamToken
 
 MAX_LIMIT = 1000

@@ -20,8 +20,8 @@ import attrs
 from twisted.internet.task import deferLater
 
 from storage.kernel.errors import MatrixError
-from storage.room_tokens import RoomPosition
 from storage.stores.partial_state import PartialStateRow, PartialStateStore
+from storage.stores.timeline import RoomPosition
 
 # How long a read waits for a room's members before it gives up (503): long enough for the
 # resync of a big room, short enough for a client's HTTP timeout.

@@ -37,7 +37,7 @@ from homeserver.handlers.sync.sliding_sync_request import (
 from homeserver.handlers.sync.sync import INVITE_STATE_TYPES, MAX_HEROES, MAX_TIMEOUT_S, SyncHandler
 from homeserver.handlers.ephemeral.typing import TypingHandler
 from storage.notifier import Notifier
-from storage.room_tokens import RoomPosition, RoomTokens
+from storage.room_tokens import RoomTokens
 from storage.stores.partial_state import PartialStateStore
 from storage.stores.account_data import AccountDataStore, UserAccountData
 from storage.stores.events import EventsStore, StateKey
@@ -45,7 +45,7 @@ from storage.stores.push import PushStore
 from storage.stores.sliding_sync import (
     ConnectionGone, ConnectionPosition, RoomListEntry, RoomListQuery, RoomStatus, RoomStatusChange, SlidingSyncStore,
 )
-from storage.stores.timeline import TimelineStore
+from storage.stores.timeline import RoomPosition, TimelineStore
 from storage.kernel.errors import invalid_param
 from storage.tokens import InvalidTokenError, StreamToken, SyncStreamKey
 

@@ -45,9 +45,9 @@ from storage.stores.account_data import AccountDataStore, UserAccountData
 from storage.stores.events import EventsStore, StateKey
 from storage.stores.partial_state import PartialStateRow, PartialStateStore
 from storage.stores.push import PushStore
-from storage.stores.timeline import MembershipRow, TimelineStore
+from storage.stores.timeline import MembershipRow, RoomPosition, TimelineStore
 from storage.streams import StreamName
-from storage.room_tokens import RoomPosition, RoomTokens
+from storage.room_tokens import RoomTokens
 from storage.kernel.errors import invalid_param
 from storage.kernel.written_events import (
     KeyNotes,

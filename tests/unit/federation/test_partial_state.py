@@ -8,8 +8,8 @@ import pytest
 
 from homeserver.federation.partial_state import MAX_SERVERS_IN_ROOM, BadPartialAnswer, parse_servers_in_room
 from homeserver.handlers.rooms.partial_state import sync_view
-from storage.room_tokens import RoomPosition
 from storage.stores.partial_state import PartialStateRow
+from storage.stores.timeline import RoomPosition
 
 
 def test_servers_in_room_puts_the_answering_server_first_once_and_drops_our_own() -> None:

@@ -12,7 +12,8 @@ from homeserver.handlers.rooms.client_events import format_event, strip_event
 from homeserver.handlers.rooms.messages import parse_event_filter, parse_pagination_token, room_token
 from homeserver.handlers.sync.sync import DEFAULT_TIMELINE_LIMIT, MAX_TIMELINE_LIMIT, SyncFilter
 from storage.kernel.errors import MatrixError
-from storage.room_tokens import RoomPosition, RoomTokens
+from storage.room_tokens import RoomTokens
+from storage.stores.timeline import RoomPosition
 from storage.tokens import RoomStreamToken, StreamToken
 
 V11 = get_room_version("11")

@@ -1,4 +1,4 @@
-# tests: replication/transport.py replication/metrics.py
+# tests: replication/transport.py replication/reconnect.py replication/metrics.py
 """The TCP adapter, on Twisted's in-memory transport and a fake clock: no
 sockets, no sleeps. What is checked is what goes on the wire, when, and what
 the metrics say about it."""
@@ -18,15 +18,13 @@ from replication.commands import Row
 from replication.connection import ConnectionConfig
 from replication.handler import MemoryStream, ReplicationHandler
 from replication.metrics import ReplicationMetrics
+from replication.reconnect import RECONNECT_INITIAL_DELAY_SECONDS, RECONNECT_MAX_DELAY_SECONDS, backoff_delay
 from replication.transport import (
-    RECONNECT_INITIAL_DELAY_SECONDS,
-    RECONNECT_MAX_DELAY_SECONDS,
     ReplicationClientFactory,
     ReplicationProtocol,
     ReplicationServerFactory,
     TwistedScheduler,
     UnsafeReplicationListener,
-    backoff_delay,
     check_listener_addresses,
 )
 
@@ -347,15 +345,15 @@ def test_metrics_start_at_zero_for_every_label_value() -> None:
 def test_the_transport_constants_quoted_in_the_doc_are_the_codes() -> None:
     from pathlib import Path
 
-    from replication import handler, redis_transport, transport
+    from replication import handler, reconnect, redis_transport, transport
 
     doc = (Path(__file__).resolve().parents[3] / "docs" / "replication.md").read_text(encoding="utf-8")
     assert f"`CLOSE_GRACE_SECONDS` ({transport.CLOSE_GRACE_SECONDS:g} s)" in doc
     assert f"`MAX_QUEUED_COMMANDS` ({handler.MAX_QUEUED_COMMANDS})" in doc
     assert f"`DEFAULT_LINES_PER_MESSAGE` ({redis_transport.DEFAULT_LINES_PER_MESSAGE})" in doc
-    for name in ("RECONNECT_INITIAL_DELAY_SECONDS", "RECONNECT_MAX_DELAY_SECONDS", "RECONNECT_JITTER",
-                 "TICK_INTERVAL_SECONDS"):
-        assert hasattr(transport, name) and f"`{name}`" in doc
+    for name in ("RECONNECT_INITIAL_DELAY_SECONDS", "RECONNECT_MAX_DELAY_SECONDS", "RECONNECT_JITTER"):
+        assert hasattr(reconnect, name) and f"`{name}`" in doc
+    assert hasattr(transport, "TICK_INTERVAL_SECONDS") and "`TICK_INTERVAL_SECONDS`" in doc
     for name in ("POSITION_ANNOUNCE_INTERVAL_SECONDS", "MAX_RETRY_DELAY_SECONDS"):
         assert hasattr(handler, name) and f"`{name}`" in doc
 
