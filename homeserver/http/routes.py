@@ -84,6 +84,9 @@ class Rate(enum.Enum):
     """``rc_registration``, per client address: account creation and its availability checks."""
     KEY_QUERY = "key_query"
     """``rc_key_query``, per client address: the notary's key queries."""
+    SHARED_SECRET_REGISTRATION = "admin_register"
+    """``rc_registration``, per client address, in a budget of its own: the admin API's
+    shared-secret registration (``/_synapse/admin/v1/register``, its nonce and its account)."""
 
 
 class UserAuth(Protocol):
