@@ -45,7 +45,7 @@ from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender
 from homeserver import __version__
 from homeserver.admin.guard import AdminGuard
-from homeserver.admin.console import register_console
+from homeserver.admin.console import ConsoleServlets
 from homeserver.admin.servlets import AdminApi
 from homeserver.admin.tasks import TaskTracker
 from homeserver.config import MAIN_INSTANCE, ConfigError, HomeserverConfig, ListenerConfig
@@ -77,9 +77,13 @@ from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.ephemeral.typing import ReplicatedTyping
 from homeserver.http.client import register_versions
 from homeserver.http.client_api import register_client_api_servlets
-from homeserver.http.routes import Gate
+from homeserver.http.routes import Gate, Rate, declare
 from homeserver.http.client_api.push import register_push_servlets
-from homeserver.http.client_api.media import register_legacy_download_for_federation, register_media_servlets
+from homeserver.http.client_api.media import (
+    MediaAdminServlets,
+    register_legacy_download_for_federation,
+    register_media_servlets,
+)
 from homeserver.http.client_api.sync import register_room_api_servlets
 from homeserver.http.federation.media import register_federation_media_servlets
 from homeserver.media.metrics import MediaMetrics
@@ -713,12 +717,14 @@ class HomeServer:
     def _register_servlets(self, storage: Storage, streams: Streams, services: Services) -> None:
         """The client and federation servlets this process's role serves (and, on the main
         process, the admin API)."""
-        admin = None
+        admin_gate = None
         if self.layout.is_main:
             admin = AdminApi(config=self.config, db=storage.db, reactor=self.reactor, accounts=services.accounts,
                              rooms=services.rooms, remote_up=services.remote_up, tasks=self.admin_tasks)
-            admin.register(self.admin_router)
-            register_console(self.console_router, admin_only=admin.admin_only, status=self.console_status)
+            admin_gate = Gate(users=services.accounts.auth, admins=admin.guard,
+                              limiters={Rate.SHARED_SECRET_REGISTRATION: admin.register_limiter}, clock=admin.clock)
+            admin.register(self.admin_router, admin_gate)
+            declare(self.console_router, admin_gate, ConsoleServlets(self.console_status))
         if self.role.servlets == "none":
             return
         accounts, rooms = services.accounts, services.rooms
@@ -748,12 +754,13 @@ class HomeServer:
         if media is not None:
             previewer = UrlPreviewer(self.config.media.url_preview, self.reactor, media.metrics,
                                      media.store_preview_image)
-            # The main process shares the admin API's guard (one rc_admin budget per admin); a
+            # The main process shares the admin API's gate (one rc_admin budget per admin); a
             # media_repository worker has its own.
-            guard = admin.admin_only if admin is not None else AdminGuard(
-                accounts.auth, AdminStore(storage.db), Ratelimiter.from_config(self.config.rc_admin))
-            register_media_servlets(self.router, admin_router=self.admin_router, admin_only=guard,
-                                    auth=accounts.auth, repo=media, previewer=previewer)
+            if admin_gate is None:
+                admin_gate = Gate(users=accounts.auth, clock=self.reactor.seconds, admins=AdminGuard(
+                    AdminStore(storage.db), Ratelimiter.from_config(self.config.rc_admin)))
+            register_media_servlets(self.router, auth=accounts.auth, repo=media, previewer=previewer)
+            declare(self.admin_router, admin_gate, MediaAdminServlets(media))
             register_federation_media_servlets(self.federation_router, services.federation, media)
             register_legacy_download_for_federation(self.federation_router, repo=media)
 

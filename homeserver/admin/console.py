@@ -5,7 +5,7 @@ connections, the federation sender's in-memory queues).
 
 The page asks for an admin's access token, keeps it in the tab's sessionStorage, and
 reads everything through admin-only endpoints with it; the page itself holds no data,
-so serving it to anyone reveals nothing.
+so serving it to anyone reveals nothing (``Caller.NONE``; the status is ``Caller.ADMIN``).
 """
 
 # tests: tests/integration/test_admin_console.py
@@ -15,10 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from twisted.web.server import Request
-
-from homeserver.handlers.accounts.auth import Requester
-from homeserver.http.server import Handler, Routes
+from homeserver.http.routes import Call, Caller, Response, route
 
 CONSOLE_PAGE: Final = b"""<!DOCTYPE html>
 <html lang="en">
@@ -133,19 +130,21 @@ if (tokenInput.value) { show(); }
 """
 
 
-def register_console(router: Routes, *, admin_only: Callable[..., Handler],
-                     status: Callable[[], Mapping[str, Any]]) -> None:
+class ConsoleServlets:
     """The page (anyone may load it; it holds no data) and its admin-only status document."""
 
-    async def page(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+    def __init__(self, status: Callable[[], Mapping[str, Any]]) -> None:
+        self._status = status
+
+    @route("GET", r"/_tributary/console/?", "console_page", caller=Caller.NONE)
+    async def page(self, call: Call) -> Response:
+        request = call.request
         request.setHeader(b"Content-Type", b"text/html; charset=utf-8")
         request.setHeader(b"Content-Security-Policy",
                           b"default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
         request.setHeader(b"X-Frame-Options", b"DENY")
         return 200, CONSOLE_PAGE
 
-    async def get_status(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
-        return 200, dict(status())
-
-    router.register(["GET"], r"/_tributary/console/?", page, "console_page")
-    router.register(["GET"], r"/_tributary/console/status", admin_only(get_status), "console_status")
+    @route("GET", r"/_tributary/console/status", "console_status", caller=Caller.ADMIN)
+    async def get_status(self, call: Call) -> Response:
+        return 200, dict(self._status())

@@ -84,6 +84,9 @@ class Rate(enum.Enum):
     """``rc_registration``, per client address: account creation and its availability checks."""
     KEY_QUERY = "key_query"
     """``rc_key_query``, per client address: the notary's key queries."""
+    SHARED_SECRET_REGISTRATION = "admin_register"
+    """``rc_registration``, per client address, in a budget of its own: the admin API's
+    shared-secret registration (``/_synapse/admin/v1/register``, its nonce and its account)."""
 
 
 class UserAuth(Protocol):
@@ -97,7 +100,8 @@ class UserAuth(Protocol):
 
 
 class AdminCheck(Protocol):
-    """How a server admin is recognised and audited (``homeserver/admin/guard.py``)."""
+    """How a server admin is recognised and audited (``homeserver/admin/guard.py``); ``check``
+    may rate-limit the requester too, as it runs before the body is read."""
 
     async def check(self, request: Request, requester: Requester, params: Mapping[str, str], *,
                     allow_self: bool) -> None: ...
@@ -271,15 +275,13 @@ class Gate:
         if endpoint.rate is not None:
             key = requester.user_id if requester is not None else (client_ip(request) or "-")
             ratelimit(self._limiters[endpoint.rate], (endpoint.rate.value, key), self._clock())
-        if endpoint.body is not Body.SIGNED:
-            body = _parse_body(endpoint.body, request)
-        call = Call(request, params, body, requester, origin)
         if caller not in (Caller.ADMIN, Caller.ADMIN_OR_SELF):
-            return await endpoint.handler(call)
+            return await _call(endpoint, Call(request, params, body, requester, origin))
         assert self._admins is not None and requester is not None
         status = 500
         try:
-            status, answer = await endpoint.handler(call)
+            # Inside the audit: an admin's malformed body is an outcome (400) like any other.
+            status, answer = await _call(endpoint, Call(request, params, body, requester, origin))
             return status, answer
         except MatrixError as e:
             status = e.status
@@ -305,6 +307,13 @@ class Gate:
             assert self._admins is not None
             await self._admins.check(request, requester, params, allow_self=caller is Caller.ADMIN_OR_SELF)
         return requester
+
+
+async def _call(endpoint: Endpoint, call: Call) -> Response:
+    """The handler, given the body parsed as declared (a signed body was read to authenticate)."""
+    if endpoint.body is not Body.SIGNED:
+        call = attrs.evolve(call, body=_parse_body(endpoint.body, call.request))
+    return await endpoint.handler(call)
 
 
 def _parse_body(kind: Body, request: Request) -> Any:

@@ -69,7 +69,8 @@ def admin_path(path: str) -> str:
 
 async def test_admin_only_audited_and_hostile_input_answered(tributary: Tributary, admin_token: str) -> None:
     """Only admins get in (401 without a token, 403 for a user); bad sort orders, directions,
-    paging and remote users get Matrix errors, never a 500."""
+    paging and remote users get Matrix errors, never a 500; a malformed body is audited as its
+    400 whether the handler or the gate parsed it."""
     client = tributary.client
     user = await client.register_ok("plainuser")
     no_token = await client.request("GET", admin_path("/v2/users"))
@@ -91,12 +92,17 @@ async def test_admin_only_audited_and_hostile_input_answered(tributary: Tributar
     not_json = await client.request("PUT", admin_path(f"/v1/users/{quote(user['user_id'])}/admin"),
                                     raw=b"{nope", token=admin_token)
     assert not_json.status == 400 and not_json.errcode == "M_NOT_JSON"
+    # The gate parses this route's body (Body.OBJECT): its 400 is audited all the same.
+    gate_not_json = await client.request("PUT", admin_path("/v1/rooms/!someroom:hs.example/block"), raw=b"{nope",
+                                         token=admin_token)
+    assert gate_not_json.status == 400 and gate_not_json.errcode == "M_NOT_JSON"
     demote = await client.request("PUT", admin_path(f"/v1/users/@root:{quote(tributary.server_name)}/admin"),
                                   {"admin": False}, token=admin_token)
     assert demote.status == 400
     log = tributary.process.log_path.read_text()
     assert f"[@root:{tributary.server_name}] GET /_synapse/admin/v2/users" in log
     assert f"[{user['user_id']}] refused (not an admin)" in log
+    assert f"[@root:{tributary.server_name}] PUT /_synapse/admin/v1/rooms/!someroom:hs.example/block -> 400" in log
 
 
 async def test_users_list_query_modify_deactivate(tributary: Tributary, admin_token: str) -> None:

@@ -12,14 +12,15 @@ servlet name starts with ``media_``: the ``media_repository`` worker serves exac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.accounts.auth import Auth, Requester
+from homeserver.handlers.accounts.auth import Auth
 from homeserver.http.client_api._base import query_bool, query_string
-from homeserver.http.server import Handler, Routes
+from homeserver.http.routes import Call, Caller, Response, route
+from homeserver.http.server import Routes
 from homeserver.media.preview import UrlPreviewer
 from homeserver.media.repository import MediaFile, MediaRepository
 from homeserver.media.rules import (
@@ -35,6 +36,7 @@ MEDIA_PREFIX = r"/_matrix/media/(?:v3|r0|v1)"
 CLIENT_MEDIA = r"/_matrix/client/v1/media"
 ADMIN_MEDIA = r"/_synapse/admin/v1/media"
 _SEG = r"[^/]+"
+MEDIA_ID = rf"/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
 
 
 def media_headers(request: Request, media: MediaFile, file_name: str | None = None) -> None:
@@ -80,11 +82,8 @@ def timeout_ms(request: Request) -> int | None:
     return int(text)
 
 
-def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only: Callable[..., Handler],
-                            auth: Auth, repo: MediaRepository, previewer: UrlPreviewer) -> None:
-    """The media endpoints on ``router``; quarantine and delete on ``admin_router``, which
-    serves ``/_synapse/admin/...`` on this process's client and admin listeners, behind
-    ``admin_only`` (the admin API's guard: admins only, ``rc_admin``, the audit log)."""
+def register_media_servlets(router: Routes, *, auth: Auth, repo: MediaRepository, previewer: UrlPreviewer) -> None:
+    """The media endpoints on ``router`` (quarantine and delete are ``MediaAdminServlets``)."""
     async def config(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         await auth.get_user_by_req(request)
         return 200, {"m.upload.size": repo.config.max_upload_size}
@@ -139,15 +138,7 @@ def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only:
             raise missing_param("Missing 'url'")
         return 200, await previewer.preview(url, requester.user_id)
 
-    async def quarantine(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
-        await repo.quarantine(requester.user_id, params["server"], params["media_id"])
-        return 200, {}
-
-    async def delete(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
-        await repo.delete(requester.user_id, params["server"], params["media_id"])
-        return 200, {"deleted_media": [params["media_id"]], "total": 1}
-
-    media = rf"/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
+    media = MEDIA_ID
     named = rf"{media}(?:/(?P<file_name>[^/]*))?"  # nio sends a trailing "/" when it has no name
     router.register(["GET"], f"{CLIENT_MEDIA}/config", config, "media_config")
     router.register(["GET"], f"{MEDIA_PREFIX}/config", config, "media_config_legacy")
@@ -160,9 +151,25 @@ def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only:
     router.register(["GET"], f"{MEDIA_PREFIX}/thumbnail{media}", serve_thumbnail, "media_thumbnail_legacy")
     router.register(["GET"], f"{CLIENT_MEDIA}/preview_url", preview_url, "media_preview_url")
     router.register(["GET"], f"{MEDIA_PREFIX}/preview_url", preview_url, "media_preview_url_legacy")
-    admin_router.register(["POST"], f"{ADMIN_MEDIA}/quarantine{media}", admin_only(quarantine),
-                          "media_admin_quarantine")
-    admin_router.register(["DELETE"], f"{ADMIN_MEDIA}{media}", admin_only(delete), "media_admin_delete")
+
+
+class MediaAdminServlets:
+    """Quarantine and delete, declared on the router that serves ``/_synapse/admin/...`` on this
+    process's client and admin listeners, through a gate whose admin check is the admin API's
+    guard (admins only, ``rc_admin``, the audit log)."""
+
+    def __init__(self, repo: MediaRepository) -> None:
+        self._repo = repo
+
+    @route("POST", f"{ADMIN_MEDIA}/quarantine{MEDIA_ID}", "media_admin_quarantine", caller=Caller.ADMIN)
+    async def quarantine(self, call: Call) -> Response:
+        await self._repo.quarantine(call.user.user_id, call.params["server"], call.params["media_id"])
+        return 200, {}
+
+    @route("DELETE", f"{ADMIN_MEDIA}{MEDIA_ID}", "media_admin_delete", caller=Caller.ADMIN)
+    async def delete(self, call: Call) -> Response:
+        await self._repo.delete(call.user.user_id, call.params["server"], call.params["media_id"])
+        return 200, {"deleted_media": [call.params["media_id"]], "total": 1}
 
 
 def register_legacy_download_for_federation(router: Routes, *, repo: MediaRepository) -> None:
