@@ -23,13 +23,14 @@ from homeserver.events.validation import check_room_id
 from homeserver.http.client_api.account import register_deactivate_servlet
 from homeserver.http.client_api.e2e import register_e2e_servlets
 from homeserver.http.client_api.rooms import ROOM, register_room_servlets
-from homeserver.http.client_api.directory import register_directory_servlets
-from homeserver.http.client_api.relations import register_relations_servlets
-from homeserver.http.client_api.search import register_search_servlets
-from homeserver.http.client_api.sliding_sync import register_sliding_sync_servlet
-from homeserver.http.client_api.room_upgrade import register_room_upgrade_servlet
+from homeserver.http.client_api.directory import DirectoryServlets
+from homeserver.http.client_api.relations import RelationsServlets
+from homeserver.http.client_api.search import SearchServlet
+from homeserver.http.client_api.sliding_sync import SlidingSyncServlet
+from homeserver.http.client_api.room_upgrade import RoomUpgradeServlet
 from homeserver.http.client_api._base import client_path, query_int, query_string
 from storage.kernel.errors import invalid_param, missing_param
+from homeserver.http.routes import Gate, declare
 from homeserver.http.server import Routes
 from homeserver.handlers.writers import Writers
 from storage.tokens import InvalidTokenError, StreamToken
@@ -129,7 +130,7 @@ def register_sync_servlets(router: Routes, *, auth: Auth, sync: SyncHandler, fil
     router.register(["GET"], client_path(r"/sync"), get_sync, "client_sync")
 
 
-def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: AccountServices,
+def register_room_api_servlets(router: Routes, gate: Gate, rooms: RoomServices, accounts: AccountServices,
                                writers: Writers, sync_tracker: SyncTracker | None = None) -> None:
     """Every servlet of rooms.py and this module, wired to ``rooms``' handlers."""
     register_room_servlets(
@@ -139,14 +140,11 @@ def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: Ac
         messages=rooms.messages,
         writers=writers,
     )
-    register_relations_servlets(router, auth=accounts.auth, relations=rooms.relations)
-    register_directory_servlets(router, auth=accounts.auth, directory=rooms.directory, hierarchy=rooms.hierarchy)
-    register_search_servlets(router, auth=accounts.auth, search=rooms.search)
-    register_room_upgrade_servlet(router, auth=accounts.auth, upgrades=rooms.upgrades)
+    declare(router, gate, RelationsServlets(rooms.relations), DirectoryServlets(rooms.directory, rooms.hierarchy),
+            SearchServlet(rooms.search), RoomUpgradeServlet(rooms.upgrades))
     register_sync_servlets(router, auth=accounts.auth, sync=rooms.sync, filters=accounts.filters,
                            sync_tracker=sync_tracker)
-    register_sliding_sync_servlet(router, auth=accounts.auth, sliding_sync=rooms.sliding_sync,
-                                  sync_tracker=sync_tracker)
+    declare(router, gate, SlidingSyncServlet(rooms.sliding_sync, sync_tracker))
     register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers,
                           uia=accounts.uia)
     register_deactivate_servlet(router, auth=accounts.auth, uia=accounts.uia, deactivation=DeactivationHandler(
