@@ -326,8 +326,9 @@ class RedactionServlet:
         return 200, {"event_id": event_id}
 
 
-class ReadingServlets:
-    """Typing notices, receipts and read markers: the typing, receipts and fully-read writers."""
+class EphemeralServlets:
+    """Typing notices, receipts and read markers (ephemeral, not room events): the typing, receipts
+    and fully-read writers."""
 
     def __init__(self, typing: TypingWriter, receipts: ReceiptsWriter, fully_read: FullyReadWriter) -> None:
         self._typing = typing

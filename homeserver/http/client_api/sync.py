@@ -25,7 +25,7 @@ from homeserver.handlers.sync.sync import DEFAULT_TIMELINE_LIMIT, SyncFilter, Sy
 from homeserver.events.validation import check_room_id
 from homeserver.http.client_api.account import register_deactivate_servlet
 from homeserver.http.client_api.e2e import register_e2e_servlets
-from homeserver.http.client_api.rooms import ROOM, HistoryServlets, ReadingServlets, RedactionServlet, RoomServlets
+from homeserver.http.client_api.rooms import ROOM, EphemeralServlets, HistoryServlets, RedactionServlet, RoomServlets
 from homeserver.http.client_api.directory import DirectoryServlets
 from homeserver.http.client_api.relations import RelationsServlets
 from homeserver.http.client_api.search import SearchServlet
@@ -147,7 +147,7 @@ def register_room_api_servlets(router: Routes, gate: Gate, rooms: RoomServices, 
     declare(
         router, gate,
         RoomServlets(rooms.rooms), HistoryServlets(rooms.messages), RedactionServlet(rooms.rooms),
-        ReadingServlets(writers.typing, writers.receipts, writers.fully_read),
+        EphemeralServlets(writers.typing, writers.receipts, writers.fully_read),
         RelationsServlets(rooms.relations),
         DirectoryServlets(rooms.directory, rooms.hierarchy),
         SearchServlet(rooms.search),

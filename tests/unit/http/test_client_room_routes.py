@@ -12,7 +12,7 @@ from typing import Any, cast
 from homeserver.http.client_api.directory import DirectoryServlets
 from homeserver.http.client_api.relations import RelationsServlets
 from homeserver.http.client_api.room_upgrade import RoomUpgradeServlet
-from homeserver.http.client_api.rooms import HistoryServlets, ReadingServlets, RedactionServlet, RoomServlets
+from homeserver.http.client_api.rooms import EphemeralServlets, HistoryServlets, RedactionServlet, RoomServlets
 from homeserver.http.client_api.search import SearchServlet
 from homeserver.http.client_api.sliding_sync import SlidingSyncServlet
 from homeserver.http.client_api.sync import LegacySyncServlets, SyncServlet
@@ -24,7 +24,7 @@ NOTHING = cast(Any, None)
 def room_side() -> list[Endpoint]:
     return endpoints(
         RoomServlets(NOTHING), HistoryServlets(NOTHING), RedactionServlet(NOTHING),
-        ReadingServlets(NOTHING, NOTHING, NOTHING), RelationsServlets(NOTHING),
+        EphemeralServlets(NOTHING, NOTHING, NOTHING), RelationsServlets(NOTHING),
         DirectoryServlets(NOTHING, NOTHING), SearchServlet(NOTHING), RoomUpgradeServlet(NOTHING),
         SyncServlet(NOTHING, NOTHING), SlidingSyncServlet(NOTHING), LegacySyncServlets(NOTHING),
     )
