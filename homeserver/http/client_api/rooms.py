@@ -1,11 +1,13 @@
 """Room servlets: create, aliases, membership, send, state, events, history, redaction, typing, receipts.
 
-Each servlet authenticates, parses path, query and body into typed values
-(``MatrixError`` for anything malformed) and calls ``RoomHandler``,
-``MessagesHandler``, ``TypingHandler`` or ``ReceiptsHandler``.
+Each servlet class declares its routes (``homeserver/http/routes.py``: the gate authenticates
+and, where declared, parses the body); its handlers parse path, query and body into typed
+values (``MatrixError`` for anything malformed) and call ``RoomHandler``, ``MessagesHandler``
+or the typing, receipts and fully-read writers. ``sync.py`` registers them in this order.
 """
 
-# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_fuzz.py, tests/integration/test_client_legacy.py
+# tests: tests/integration/test_client_rooms.py, tests/integration/test_client_fuzz.py, tests/integration/test_client_legacy.py,
+#        tests/unit/http/test_client_room_routes.py
 
 from __future__ import annotations
 
@@ -16,10 +18,6 @@ from twisted.web.server import Request
 
 from homeserver.events import constants as C
 from homeserver.events.identifiers import is_valid_event_id, is_valid_server_name
-from homeserver.handlers.accounts.auth import Auth, Requester
-from homeserver.handlers.rooms.messages import MessagesHandler, parse_event_filter
-from homeserver.handlers.rooms.rooms import MEMBERSHIP_ACTIONS, RoomHandler
-from homeserver.handlers.writers import Writers
 from homeserver.events.validation import (
     MAX_AVATAR_URL_LENGTH,
     MAX_DISPLAYNAME_LENGTH,
@@ -27,7 +25,11 @@ from homeserver.events.validation import (
     check_text,
     check_user_id,
 )
-from homeserver.http.server import parse_optional_json_object
+from homeserver.handlers.accounts.auth import Requester
+from homeserver.handlers.ephemeral.receipts import check_receipt_thread
+from homeserver.handlers.rooms.messages import MessagesHandler, parse_event_filter
+from homeserver.handlers.rooms.rooms import MEMBERSHIP_ACTIONS, RoomHandler
+from homeserver.handlers.writers import FullyReadWriter, ReceiptsWriter, TypingWriter
 from homeserver.http.client_api._base import (
     client_path,
     empty,
@@ -37,9 +39,9 @@ from homeserver.http.client_api._base import (
     query_string,
     required_string,
 )
-from homeserver.handlers.ephemeral.receipts import check_receipt_thread
+from homeserver.http.routes import Body, Call, Caller, Response, route
+from homeserver.http.server import CLIENT_JSON, parse_json_object, parse_optional_json_object
 from storage.kernel.errors import bad_json, invalid_param
-from homeserver.http.server import CLIENT_JSON, Routes, parse_json_object
 from storage.kernel.json_input import JsonInputError, decode_json
 
 MAX_ID_LENGTH: Final = 255
@@ -129,57 +131,64 @@ def _query_json(request: Request, name: str) -> Any:
         raise invalid_param(f"Query parameter '{name}' must be JSON: {e.error}") from None
 
 
-def register_room_servlets(
-    router: Routes,
-    *,
-    auth: Auth,
-    rooms: RoomHandler,
-    messages: MessagesHandler,
-    writers: Writers,
-) -> None:
-    async def create_room(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_optional_json_object(request)
-        room_id, alias = await rooms.create_room(requester, body)
+ALIAS: Final = client_path(r"/directory/room/(?P<alias>[^/]+)")
+STATE: Final = client_path(ROOM + r"/state/(?P<event_type>[^/]+)(?:/(?P<state_key>[^/]*))?")
+
+
+class RoomServlets:
+    """Create, aliases, membership, members, send, state and single events: ``RoomHandler``."""
+
+    def __init__(self, rooms: RoomHandler) -> None:
+        self._rooms = rooms
+
+    @route("POST", client_path(r"/createRoom"), "client_create_room", caller=Caller.USER,
+           body=Body.OPTIONAL_OBJECT)
+    async def create_room(self, call: Call) -> Response:
+        room_id, alias = await self._rooms.create_room(call.user, call.content)
         out: dict[str, Any] = {"room_id": room_id}
         if alias is not None:
             out["room_alias"] = alias
         return 200, out
 
-    async def get_alias(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        return 200, await rooms.get_alias(params["alias"])
+    @route("GET", ALIAS, "client_room_alias", caller=Caller.NONE)
+    async def get_alias(self, call: Call) -> Response:
+        return 200, await self._rooms.get_alias(call.params["alias"])
 
-    async def put_alias(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_json_object(request)
-        room_id = required_string(body, "room_id", max_length=MAX_ID_LENGTH)
-        await rooms.put_alias(requester, params["alias"], await rooms.resolve_room(room_id))
+    @route("PUT", ALIAS, "client_room_alias_put", caller=Caller.USER, body=Body.OBJECT)
+    async def put_alias(self, call: Call) -> Response:
+        room_id = required_string(call.content, "room_id", max_length=MAX_ID_LENGTH)
+        await self._rooms.put_alias(call.user, call.params["alias"], await self._rooms.resolve_room(room_id))
         return empty()
 
-    async def delete_alias(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        await rooms.delete_alias(requester, params["alias"])
+    @route("DELETE", ALIAS, "client_room_alias_delete", caller=Caller.USER)
+    async def delete_alias(self, call: Call) -> Response:
+        await self._rooms.delete_alias(call.user, call.params["alias"])
         return empty()
 
-    async def join_by_id_or_alias(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_optional_json_object(request)
-        servers = _query_servers(request)
-        room_id = await rooms.join(requester, params["room"], servers=servers, content=_join_content(body))
+    @route("POST", client_path(r"/join/(?P<room>[^/]+)"), "client_join", caller=Caller.GUEST,
+           body=Body.OPTIONAL_OBJECT)
+    async def join_by_id_or_alias(self, call: Call) -> Response:
+        servers = _query_servers(call.request)
+        room_id = await self._rooms.join(call.user, call.params["room"], servers=servers,
+                                         content=_join_content(call.content))
         return 200, {"room_id": room_id}
 
-    async def knock(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_optional_json_object(request)
-        reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
-        room_id = await rooms.knock(requester, params["room"], servers=_query_servers(request), reason=reason)
+    @route("POST", client_path(r"/knock/(?P<room>[^/]+)"), "client_knock", caller=Caller.USER,
+           body=Body.OPTIONAL_OBJECT)
+    async def knock(self, call: Call) -> Response:
+        reason = optional_string(call.content, "reason", max_length=MAX_REASON_LENGTH)
+        room_id = await self._rooms.knock(call.user, call.params["room"], servers=_query_servers(call.request),
+                                          reason=reason)
         return 200, {"room_id": room_id}
 
-    async def membership(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        room_id = _room_id(params)
-        action = params["action"]
-        body = parse_optional_json_object(request)
+    # The room ID is checked before the body is read (Body.NONE), as it always was.
+    @route("POST", client_path(ROOM + r"/(?P<action>join|leave|invite|kick|ban|unban|forget)"),
+           "client_room_membership", caller=Caller.GUEST, guests=("action", ("join", "leave")))
+    async def membership(self, call: Call) -> Response:
+        requester, rooms = call.user, self._rooms
+        room_id = _room_id(call.params)
+        action = call.params["action"]
+        body = parse_optional_json_object(call.request)
         if action == "join":
             await rooms.join(requester, room_id, content=_join_content(body))
             return 200, {"room_id": room_id}
@@ -199,72 +208,89 @@ def register_room_servlets(
         )
         return empty()
 
-    async def joined_rooms(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        return 200, {"joined_rooms": await rooms.joined_rooms(requester.user_id)}
+    @route("GET", client_path(r"/joined_rooms"), "client_joined_rooms", caller=Caller.GUEST)
+    async def joined_rooms(self, call: Call) -> Response:
+        return 200, {"joined_rooms": await self._rooms.joined_rooms(call.user.user_id)}
 
-    async def members(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        chunk = await rooms.get_members(
-            requester,
-            _room_id(params),
-            membership=query_string(request, "membership"),
-            not_membership=query_string(request, "not_membership"),
+    @route("GET", client_path(ROOM + r"/members"), "client_room_members", caller=Caller.GUEST)
+    async def members(self, call: Call) -> Response:
+        chunk = await self._rooms.get_members(
+            call.user,
+            _room_id(call.params),
+            membership=query_string(call.request, "membership"),
+            not_membership=query_string(call.request, "not_membership"),
         )
         return 200, {"chunk": chunk}
 
-    async def joined_members(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        return 200, await rooms.get_joined_members(requester, _room_id(params))
+    @route("GET", client_path(ROOM + r"/joined_members"), "client_room_joined_members", caller=Caller.USER)
+    async def joined_members(self, call: Call) -> Response:
+        return 200, await self._rooms.get_joined_members(call.user, _room_id(call.params))
 
-    async def send(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
+    # The path is checked before the body is read (Body.NONE), as it always was. The older POST
+    # form (r0's v1-style send) has no transaction ID: every call is a new event.
+    @route("PUT", client_path(ROOM + r"/send/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"), "client_room_send",
+           caller=Caller.GUEST, guests=("event_type", ("m.room.message",)))
+    @route("POST", client_path(ROOM + r"/send/(?P<event_type>[^/]+)"), "client_room_send_no_txn",
+           caller=Caller.USER)
+    async def send(self, call: Call) -> Response:
+        requester, params = call.user, call.params
         room_id = _room_id(params)
         event_type = _short(params["event_type"], "eventType")
-        # The older POST form (r0's v1-style send) has no transaction ID: every call is a new event.
         txn_id = _short(params["txn_id"], "txnId") if params.get("txn_id") is not None else None
-        body = parse_json_object(request)
-        event_id = await rooms.send_event(requester, room_id, event_type, body, txn_id, ts=_massaged_ts(request, requester))
+        body = parse_json_object(call.request)
+        event_id = await self._rooms.send_event(requester, room_id, event_type, body, txn_id,
+                                                ts=_massaged_ts(call.request, requester))
         return 200, {"event_id": event_id}
 
-    async def put_state(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
+    # The path is checked before the body is read (Body.NONE), as it always was.
+    @route("PUT", STATE, "client_room_state_put", caller=Caller.USER)
+    async def put_state(self, call: Call) -> Response:
+        requester, params = call.user, call.params
         room_id = _room_id(params)
         event_type = _short(params["event_type"], "eventType")
         state_key = check_text(params.get("state_key", ""), "stateKey", max_length=MAX_ID_LENGTH)
-        body = parse_json_object(request)
-        return 200, {"event_id": await rooms.send_state(requester, room_id, event_type, state_key, body,
-                                                        ts=_massaged_ts(request, requester))}
+        body = parse_json_object(call.request)
+        return 200, {"event_id": await self._rooms.send_state(requester, room_id, event_type, state_key, body,
+                                                              ts=_massaged_ts(call.request, requester))}
 
-    async def get_state(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        return 200, await rooms.get_state(requester, _room_id(params))
-
-    async def get_state_event(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
+    @route("GET", STATE, "client_room_state_event", caller=Caller.GUEST)
+    async def get_state_event(self, call: Call) -> Response:
+        params = call.params
         event_type = _short(params["event_type"], "eventType")
         state_key = check_text(params.get("state_key", ""), "stateKey", max_length=MAX_ID_LENGTH)
         # The spec's `format`: "content" (the default) or "event" for the whole client-format event.
-        answer_format = query_string(request, "format") or "content"
+        answer_format = query_string(call.request, "format") or "content"
         if answer_format not in ("content", "event"):
             raise invalid_param("'format' must be 'content' or 'event'")
-        event = await rooms.get_state_event(requester, _room_id(params), event_type, state_key)
+        event = await self._rooms.get_state_event(call.user, _room_id(params), event_type, state_key)
         return 200, event if answer_format == "event" else event["content"]
 
-    async def get_event(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        return 200, await rooms.get_event(requester, _room_id(params), _event_id(params["event_id"]))
+    @route("GET", client_path(ROOM + r"/state"), "client_room_state", caller=Caller.GUEST)
+    async def get_state(self, call: Call) -> Response:
+        return 200, await self._rooms.get_state(call.user, _room_id(call.params))
 
-    async def get_messages(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
+    @route("GET", client_path(ROOM + r"/event/(?P<event_id>[^/]+)"), "client_room_event", caller=Caller.GUEST)
+    async def get_event(self, call: Call) -> Response:
+        return 200, await self._rooms.get_event(call.user, _room_id(call.params), _event_id(call.params["event_id"]))
+
+
+class HistoryServlets:
+    """A room's history: ``/messages`` and ``/context``, from ``MessagesHandler``."""
+
+    def __init__(self, messages: MessagesHandler) -> None:
+        self._messages = messages
+
+    @route("GET", client_path(ROOM + r"/messages"), "client_room_messages", caller=Caller.GUEST)
+    async def get_messages(self, call: Call) -> Response:
+        request = call.request
         direction = query_string(request, "dir") or "b"
         if direction not in ("b", "f"):
             raise invalid_param("'dir' must be 'b' or 'f'")
         event_filter = parse_event_filter(_query_json(request, "filter"))
         limit = query_int(request, "limit", event_filter.limit if event_filter.limit is not None else 10)
-        return 200, await messages.get_messages(
-            requester,
-            _room_id(params),
+        return 200, await self._messages.get_messages(
+            call.user,
+            _room_id(call.params),
             from_token=query_string(request, "from"),
             to_token=query_string(request, "to"),
             direction=direction,
@@ -272,104 +298,83 @@ def register_room_servlets(
             event_filter=event_filter,
         )
 
-    async def get_context(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        event_filter = parse_event_filter(_query_json(request, "filter"))
-        return 200, await messages.get_context(
-            requester,
-            _room_id(params),
-            _event_id(params["event_id"]),
-            limit=query_int(request, "limit", 10),
+    @route("GET", client_path(ROOM + r"/context/(?P<event_id>[^/]+)"), "client_room_context", caller=Caller.GUEST)
+    async def get_context(self, call: Call) -> Response:
+        event_filter = parse_event_filter(_query_json(call.request, "filter"))
+        return 200, await self._messages.get_context(
+            call.user,
+            _room_id(call.params),
+            _event_id(call.params["event_id"]),
+            limit=query_int(call.request, "limit", 10),
             event_filter=event_filter,
         )
 
-    async def redact(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_optional_json_object(request)
-        reason = optional_string(body, "reason", max_length=MAX_REASON_LENGTH)
-        event_id = await rooms.redact(
-            requester, _room_id(params), _event_id(params["event_id"]), _short(params["txn_id"], "txnId"), reason
-        )
+
+class RedactionServlet:
+    """``PUT /rooms/{roomId}/redact/{eventId}/{txnId}``: ``RoomHandler.redact``."""
+
+    def __init__(self, rooms: RoomHandler) -> None:
+        self._rooms = rooms
+
+    @route("PUT", client_path(ROOM + r"/redact/(?P<event_id>[^/]+)/(?P<txn_id>[^/]+)"), "client_room_redact",
+           caller=Caller.USER, body=Body.OPTIONAL_OBJECT)
+    async def redact(self, call: Call) -> Response:
+        reason = optional_string(call.content, "reason", max_length=MAX_REASON_LENGTH)
+        p = call.params
+        event_id = await self._rooms.redact(call.user, _room_id(p), _event_id(p["event_id"]),
+                                            _short(p["txn_id"], "txnId"), reason)
         return 200, {"event_id": event_id}
 
-    async def put_typing(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_json_object(request)
+
+class EphemeralServlets:
+    """Typing notices, receipts and read markers (ephemeral, not room events): the typing, receipts
+    and fully-read writers."""
+
+    def __init__(self, typing: TypingWriter, receipts: ReceiptsWriter, fully_read: FullyReadWriter) -> None:
+        self._typing = typing
+        self._receipts = receipts
+        self._fully_read = fully_read
+
+    @route("PUT", client_path(ROOM + r"/typing/(?P<user_id>[^/]+)"), "client_room_typing", caller=Caller.GUEST,
+           body=Body.OBJECT)
+    async def put_typing(self, call: Call) -> Response:
+        body = call.content
         is_typing = body.get("typing")
         if not isinstance(is_typing, bool):
             raise bad_json("'typing' must be true or false")
         timeout = body.get("timeout")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)):
             raise bad_json("'timeout' must be an integer")
-        user_id = check_user_id(params["user_id"])
-        await writers.typing.set_typing(requester, _room_id(params), user_id, is_typing, timeout)
+        user_id = check_user_id(call.params["user_id"])
+        await self._typing.set_typing(call.user, _room_id(call.params), user_id, is_typing, timeout)
         return empty()
 
-    async def post_receipt(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_optional_json_object(request)
-        thread_id = optional_string(body, "thread_id", max_length=MAX_ID_LENGTH)
-        room_id = _room_id(params)
-        event_id = _event_id(params["event_id"])
-        receipt_type = params["receipt_type"]
+    @route("POST", client_path(ROOM + r"/receipt/(?P<receipt_type>[^/]+)/(?P<event_id>[^/]+)"),
+           "client_room_receipt", caller=Caller.GUEST, body=Body.OPTIONAL_OBJECT)
+    async def post_receipt(self, call: Call) -> Response:
+        thread_id = optional_string(call.content, "thread_id", max_length=MAX_ID_LENGTH)
+        room_id = _room_id(call.params)
+        event_id = _event_id(call.params["event_id"])
+        receipt_type = call.params["receipt_type"]
         check_receipt_thread(receipt_type, thread_id)
         if receipt_type == "m.fully_read":
-            await _fully_read(requester, room_id, event_id)
+            await self._fully_read.set_fully_read(call.user, room_id, event_id)
             return empty()
-        await writers.receipts.receipt(requester, room_id, receipt_type, event_id, thread_id)
+        await self._receipts.receipt(call.user, room_id, receipt_type, event_id, thread_id)
         return empty()
 
-    async def _fully_read(requester: Any, room_id: str, event_id: str) -> None:
-        await writers.fully_read.set_fully_read(requester, room_id, event_id)
-
-    async def read_markers(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        room_id = _room_id(params)
-        body = parse_json_object(request)
+    # The room ID is checked before the body is read (Body.NONE), as it always was.
+    @route("POST", client_path(ROOM + r"/read_markers"), "client_room_read_markers", caller=Caller.GUEST)
+    async def read_markers(self, call: Call) -> Response:
+        requester = call.user
+        room_id = _room_id(call.params)
+        body = parse_json_object(call.request)
         fully_read = optional_string(body, "m.fully_read", max_length=MAX_ID_LENGTH)
         if fully_read is not None:
-            await _fully_read(requester, room_id, _event_id(fully_read))
+            await self._fully_read.set_fully_read(requester, room_id, _event_id(fully_read))
         for receipt_type in ("m.read", "m.read.private"):
             event_id = optional_string(body, receipt_type, max_length=MAX_ID_LENGTH)
             if event_id is not None:
-                await writers.receipts.receipt(requester, room_id, receipt_type, _event_id(event_id), None)
+                await self._receipts.receipt(requester, room_id, receipt_type, _event_id(event_id), None)
         return empty()
 
-    alias_path = client_path(r"/directory/room/(?P<alias>[^/]+)")
-    router.register(["POST"], client_path(r"/createRoom"), create_room, "client_create_room")
-    router.register(["GET"], alias_path, get_alias, "client_room_alias")
-    router.register(["PUT"], alias_path, put_alias, "client_room_alias_put")
-    router.register(["DELETE"], alias_path, delete_alias, "client_room_alias_delete")
-    router.register(["POST"], client_path(r"/join/(?P<room>[^/]+)"), join_by_id_or_alias, "client_join")
-    router.register(["POST"], client_path(r"/knock/(?P<room>[^/]+)"), knock, "client_knock")
-    router.register(
-        ["POST"],
-        client_path(ROOM + r"/(?P<action>join|leave|invite|kick|ban|unban|forget)"),
-        membership,
-        "client_room_membership",
-    )
-    router.register(["GET"], client_path(r"/joined_rooms"), joined_rooms, "client_joined_rooms")
-    router.register(["GET"], client_path(ROOM + r"/members"), members, "client_room_members")
-    router.register(["GET"], client_path(ROOM + r"/joined_members"), joined_members, "client_room_joined_members")
-    router.register(
-        ["PUT"], client_path(ROOM + r"/send/(?P<event_type>[^/]+)/(?P<txn_id>[^/]+)"), send, "client_room_send"
-    )
-    router.register(["POST"], client_path(ROOM + r"/send/(?P<event_type>[^/]+)"), send, "client_room_send_no_txn")
-    state_path = client_path(ROOM + r"/state/(?P<event_type>[^/]+)(?:/(?P<state_key>[^/]*))?")
-    router.register(["PUT"], state_path, put_state, "client_room_state_put")
-    router.register(["GET"], state_path, get_state_event, "client_room_state_event")
-    router.register(["GET"], client_path(ROOM + r"/state"), get_state, "client_room_state")
-    router.register(["GET"], client_path(ROOM + r"/event/(?P<event_id>[^/]+)"), get_event, "client_room_event")
-    router.register(["GET"], client_path(ROOM + r"/messages"), get_messages, "client_room_messages")
-    router.register(["GET"], client_path(ROOM + r"/context/(?P<event_id>[^/]+)"), get_context, "client_room_context")
-    router.register(
-        ["PUT"], client_path(ROOM + r"/redact/(?P<event_id>[^/]+)/(?P<txn_id>[^/]+)"), redact, "client_room_redact"
-    )
-    router.register(["PUT"], client_path(ROOM + r"/typing/(?P<user_id>[^/]+)"), put_typing, "client_room_typing")
-    router.register(
-        ["POST"],
-        client_path(ROOM + r"/receipt/(?P<receipt_type>[^/]+)/(?P<event_id>[^/]+)"),
-        post_receipt,
-        "client_room_receipt",
-    )
-    router.register(["POST"], client_path(ROOM + r"/read_markers"), read_markers, "client_room_read_markers")

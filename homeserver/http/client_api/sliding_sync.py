@@ -7,29 +7,26 @@ online unless ``set_presence`` says otherwise, as with ``/sync``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
-from twisted.web.server import Request
-
-from homeserver.handlers.accounts.auth import Auth
 from homeserver.handlers.ephemeral.presence import SyncTracker, while_syncing
 from homeserver.handlers.sync.sliding_sync import SlidingSyncHandler
 from homeserver.handlers.sync.sliding_sync_request import parse_request
-from homeserver.http.server import parse_optional_json_object
 from homeserver.http.client_api._base import query_string
-from homeserver.http.server import Routes
+from homeserver.http.routes import Body, Call, Caller, Response, route
 
 SLIDING_SYNC_PATH: Final = r"/_matrix/client/unstable/org\.matrix\.simplified_msc3575/sync"
 
 
-def register_sliding_sync_servlet(router: Routes, *, auth: Auth, sliding_sync: SlidingSyncHandler,
-                                  sync_tracker: SyncTracker | None = None) -> None:
-    async def post_sync(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        parsed = parse_request(parse_optional_json_object(request), query_pos=query_string(request, "pos"),
-                               query_timeout=query_string(request, "timeout"))
-        return 200, await while_syncing(sync_tracker, requester.user_id, parsed.set_presence,
-                                        lambda: sliding_sync.wait_for_sync(requester, parsed))
+class SlidingSyncServlet:
+    def __init__(self, sliding_sync: SlidingSyncHandler, sync_tracker: SyncTracker | None = None) -> None:
+        self._sliding_sync = sliding_sync
+        self._sync_tracker = sync_tracker
 
-    router.register(["POST"], SLIDING_SYNC_PATH, post_sync, "client_sliding_sync")
+    @route("POST", SLIDING_SYNC_PATH, "client_sliding_sync", caller=Caller.USER, body=Body.OPTIONAL_OBJECT)
+    async def post_sync(self, call: Call) -> Response:
+        requester = call.user
+        parsed = parse_request(call.content, query_pos=query_string(call.request, "pos"),
+                               query_timeout=query_string(call.request, "timeout"))
+        return 200, await while_syncing(self._sync_tracker, requester.user_id, parsed.set_presence,
+                                        lambda: self._sliding_sync.wait_for_sync(requester, parsed))
