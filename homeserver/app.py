@@ -725,12 +725,12 @@ class HomeServer:
         register_versions(router)
         gate = Gate(users=accounts.auth, clock=self.reactor.seconds)
         register_client_api_servlets(router, gate, self.config, accounts, services.writers)
-        register_room_api_servlets(router, rooms, accounts, services.writers, services.sync_tracker)
+        register_room_api_servlets(router, gate, rooms, accounts, services.writers, services.sync_tracker)
         events = streams.generators[StreamName.EVENTS]
         pushers = PushersHandler(PushStore(storage.db), clock_ms=lambda: int(self.reactor.seconds() * 1000),
                                  current_position=events.get_max_position)
-        register_push_servlets(router, auth=accounts.auth, account_data=accounts.account_data, pushers=pushers,
-                               client_events=rooms.client_events, writers=services.writers)
+        register_push_servlets(router, gate, account_data=accounts.account_data, pushers=pushers,
+                               client_events=rooms.client_events, writer=services.writers.account_data)
         register_federation_servlets(
             _RoleRouter(self.federation_router, self.role),
             services.federation,
