@@ -724,6 +724,7 @@ class HomeServer:
         router = _RoleRouter(self.router, self.role)
         register_versions(router)
         gate = Gate(users=accounts.auth, clock=self.reactor.seconds)
+        federation_gate = Gate(clock=self.reactor.seconds)
         register_client_api_servlets(router, gate, self.config, accounts, services.writers)
         register_room_api_servlets(router, gate, rooms, accounts, services.writers, services.sync_tracker)
         events = streams.generators[StreamName.EVENTS]
@@ -751,10 +752,10 @@ class HomeServer:
             # media_repository worker has its own.
             guard = admin.admin_only if admin is not None else AdminGuard(
                 accounts.auth, AdminStore(storage.db), Ratelimiter.from_config(self.config.rc_admin))
-            register_media_servlets(self.router, admin_router=self.admin_router, admin_only=guard,
-                                    auth=accounts.auth, repo=media, previewer=previewer)
+            register_media_servlets(self.router, gate, admin_router=self.admin_router, admin_only=guard,
+                                    repo=media, previewer=previewer)
             register_federation_media_servlets(self.federation_router, services.federation, media)
-            register_legacy_download_for_federation(self.federation_router, repo=media)
+            register_legacy_download_for_federation(self.federation_router, federation_gate, repo=media)
 
     def console_status(self) -> dict[str, Any]:
         """What the operator console shows beyond the admin API: every process of the layout

@@ -59,7 +59,8 @@ _DEVICE_ID_ALPHABET: Final = string.ascii_uppercase
 # also lets guests call (capabilities, joined_rooms, logout, and reading media: its config,
 # downloads and thumbnails, so a guest sees the images of rooms it reads). A servlet mapped to
 # a (path parameter, values) pair is open to guests only for those values. Any
-# other authenticated servlet answers a guest 403 M_GUEST_ACCESS_FORBIDDEN.
+# other authenticated servlet answers a guest 403 M_GUEST_ACCESS_FORBIDDEN. A servlet declared
+# ``Caller.GUEST`` (homeserver/http/routes.py) says so in its declaration and is not listed here.
 GUEST_SERVLETS: Final[Mapping[str, tuple[str, frozenset[str]] | None]] = {
     "client_sync": None,
     "client_events_stream": None,
@@ -88,10 +89,6 @@ GUEST_SERVLETS: Final[Mapping[str, tuple[str, frozenset[str]] | None]] = {
     "client_joined_rooms": None,
     "client_logout": None,
     "client_logout_all": None,
-    "media_config": None,
-    "media_config_legacy": None,
-    "media_download": None,
-    "media_thumbnail": None,
 }
 
 

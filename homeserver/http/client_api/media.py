@@ -17,8 +17,9 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.accounts.auth import Auth, Requester
+from homeserver.handlers.accounts.auth import Requester
 from homeserver.http.client_api._base import query_bool, query_string
+from homeserver.http.routes import Call, Caller, Gate, Response, declare, route
 from homeserver.http.server import Handler, Routes
 from homeserver.media.preview import UrlPreviewer
 from homeserver.media.repository import MediaFile, MediaRepository
@@ -80,64 +81,114 @@ def timeout_ms(request: Request) -> int | None:
     return int(text)
 
 
-def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only: Callable[..., Handler],
-                            auth: Auth, repo: MediaRepository, previewer: UrlPreviewer) -> None:
-    """The media endpoints on ``router``; quarantine and delete on ``admin_router``, which
-    serves ``/_synapse/admin/...`` on this process's client and admin listeners, behind
-    ``admin_only`` (the admin API's guard: admins only, ``rc_admin``, the audit log)."""
-    async def config(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        return 200, {"m.upload.size": repo.config.max_upload_size}
+MEDIA = rf"/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
+NAMED = rf"{MEDIA}(?:/(?P<file_name>[^/]*))?"  # nio sends a trailing "/" when it has no name
 
-    async def upload(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        data = _upload_body(request, repo)
-        uri = await repo.upload(requester.user_id, data, _upload_type(request),
-                                safe_upload_name(query_string(request, "filename")))
+
+class MediaServlets:
+    """Uploads, downloads and thumbnails: the authenticated ``/_matrix/client/v1/media`` paths
+    (guests may read) and the older unauthenticated ``/_matrix/media`` reads."""
+
+    def __init__(self, repo: MediaRepository) -> None:
+        self._repo = repo
+
+    @route("GET", f"{CLIENT_MEDIA}/config", "media_config", caller=Caller.GUEST)
+    @route("GET", f"{MEDIA_PREFIX}/config", "media_config_legacy", caller=Caller.GUEST)
+    async def config(self, call: Call) -> Response:
+        return 200, {"m.upload.size": self._repo.config.max_upload_size}
+
+    # Uploads read the raw bytes themselves (Body.NONE): they are not JSON.
+    @route("POST", f"{MEDIA_PREFIX}/upload", "media_upload", caller=Caller.USER)
+    async def upload(self, call: Call) -> Response:
+        request = call.request
+        data = _upload_body(request, self._repo)
+        uri = await self._repo.upload(call.user.user_id, data, _upload_type(request),
+                                      safe_upload_name(query_string(request, "filename")))
         return 200, {"content_uri": uri}
 
-    async def create(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        uri, expires = await repo.create(requester.user_id)
+    @route("POST", f"{MEDIA_PREFIX}/create", "media_create", caller=Caller.USER)
+    async def create(self, call: Call) -> Response:
+        uri, expires = await self._repo.create(call.user.user_id)
         return 200, {"content_uri": uri, "unused_expires_at": expires}
 
-    async def upload_pending(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        data = _upload_body(request, repo)
-        await repo.upload_pending(requester.user_id, params["server"], params["media_id"], data,
-                                  _upload_type(request), safe_upload_name(query_string(request, "filename")))
+    @route("PUT", f"{MEDIA_PREFIX}/upload{MEDIA}", "media_upload_pending", caller=Caller.USER)
+    async def upload_pending(self, call: Call) -> Response:
+        request, p = call.request, call.params
+        data = _upload_body(request, self._repo)
+        await self._repo.upload_pending(call.user.user_id, p["server"], p["media_id"], data, _upload_type(request),
+                                        safe_upload_name(query_string(request, "filename")))
         return 200, {}
 
-    async def serve_download(request: Request, params: Mapping[str, str], *,
-                             unauthenticated: bool = True) -> tuple[int, Any]:
-        media = await repo.download(params["server"], params["media_id"], allow_remote=query_bool(request, "allow_remote", True),
-                                    timeout_ms=timeout_ms(request), unauthenticated=unauthenticated)
-        media_headers(request, media, safe_upload_name(params.get("file_name")))
+    @route("GET", f"{CLIENT_MEDIA}/download{NAMED}", "media_download", caller=Caller.GUEST)
+    async def download(self, call: Call) -> Response:
+        return await self._download(call, unauthenticated=False)
+
+    @route("GET", f"{MEDIA_PREFIX}/download{NAMED}", "media_download_legacy", caller=Caller.NONE)
+    async def download_legacy(self, call: Call) -> Response:
+        return await self._download(call, unauthenticated=True)
+
+    @route("GET", f"{CLIENT_MEDIA}/thumbnail{MEDIA}", "media_thumbnail", caller=Caller.GUEST)
+    async def thumbnail(self, call: Call) -> Response:
+        return await self._thumbnail(call, unauthenticated=False)
+
+    @route("GET", f"{MEDIA_PREFIX}/thumbnail{MEDIA}", "media_thumbnail_legacy", caller=Caller.NONE)
+    async def thumbnail_legacy(self, call: Call) -> Response:
+        return await self._thumbnail(call, unauthenticated=True)
+
+    async def _download(self, call: Call, *, unauthenticated: bool) -> Response:
+        request, p = call.request, call.params
+        media = await self._repo.download(p["server"], p["media_id"],
+                                          allow_remote=query_bool(request, "allow_remote", True),
+                                          timeout_ms=timeout_ms(request), unauthenticated=unauthenticated)
+        media_headers(request, media, safe_upload_name(p.get("file_name")))
         return 200, media.data
 
-    async def download(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        return await serve_download(request, params, unauthenticated=False)
-
-    async def serve_thumbnail(request: Request, params: Mapping[str, str], *,
-                              unauthenticated: bool = True) -> tuple[int, Any]:
+    async def _thumbnail(self, call: Call, *, unauthenticated: bool) -> Response:
+        request, p = call.request, call.params
         width, height, method, animated = thumbnail_query(request)
-        media = await repo.thumbnail(params["server"], params["media_id"], width, height, method, animated=animated,
-                                     allow_remote=query_bool(request, "allow_remote", True), timeout_ms=timeout_ms(request),
-                                     unauthenticated=unauthenticated)
+        media = await self._repo.thumbnail(p["server"], p["media_id"], width, height, method, animated=animated,
+                                           allow_remote=query_bool(request, "allow_remote", True),
+                                           timeout_ms=timeout_ms(request), unauthenticated=unauthenticated)
         media_headers(request, media)
         return 200, media.data
 
-    async def thumbnail(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        return await serve_thumbnail(request, params, unauthenticated=False)
 
-    async def preview_url(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        url = query_string(request, "url")
+class UrlPreviewServlets:
+    def __init__(self, previewer: UrlPreviewer) -> None:
+        self._previewer = previewer
+
+    @route("GET", f"{CLIENT_MEDIA}/preview_url", "media_preview_url", caller=Caller.USER)
+    @route("GET", f"{MEDIA_PREFIX}/preview_url", "media_preview_url_legacy", caller=Caller.USER)
+    async def preview_url(self, call: Call) -> Response:
+        url = query_string(call.request, "url")
         if url is None:
             raise missing_param("Missing 'url'")
-        return 200, await previewer.preview(url, requester.user_id)
+        return 200, await self._previewer.preview(url, call.user.user_id)
+
+
+class FederationLegacyDownloadServlets:
+    """The unauthenticated legacy download on the federation listener: what servers that do not
+    know the federation media endpoint fetch our media from (``allow_remote=false`` is implied:
+    a server never proxies a third server's media to another)."""
+
+    def __init__(self, repo: MediaRepository) -> None:
+        self._repo = repo
+
+    @route("GET", rf"{MEDIA_PREFIX}/download{MEDIA}(?:/(?P<file_name>{_SEG}))?", "media_download_federation_legacy",
+           caller=Caller.NONE)
+    async def download(self, call: Call) -> Response:
+        request, p = call.request, call.params
+        media_file = await self._repo.download(p["server"], p["media_id"], allow_remote=False,
+                                               timeout_ms=timeout_ms(request), unauthenticated=True)
+        media_headers(request, media_file, safe_upload_name(p.get("file_name")))
+        return 200, media_file.data
+
+
+def register_media_servlets(router: Routes, gate: Gate, *, admin_router: Routes, admin_only: Callable[..., Handler],
+                            repo: MediaRepository, previewer: UrlPreviewer) -> None:
+    """The media endpoints on ``router``; quarantine and delete on ``admin_router``, which
+    serves ``/_synapse/admin/...`` on this process's client and admin listeners, behind
+    ``admin_only`` (the admin API's guard: admins only, ``rc_admin``, the audit log)."""
 
     async def quarantine(request: Request, params: Mapping[str, str], requester: Requester) -> tuple[int, Any]:
         await repo.quarantine(requester.user_id, params["server"], params["media_id"])
@@ -147,34 +198,12 @@ def register_media_servlets(router: Routes, *, admin_router: Routes, admin_only:
         await repo.delete(requester.user_id, params["server"], params["media_id"])
         return 200, {"deleted_media": [params["media_id"]], "total": 1}
 
-    media = rf"/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
-    named = rf"{media}(?:/(?P<file_name>[^/]*))?"  # nio sends a trailing "/" when it has no name
-    router.register(["GET"], f"{CLIENT_MEDIA}/config", config, "media_config")
-    router.register(["GET"], f"{MEDIA_PREFIX}/config", config, "media_config_legacy")
-    router.register(["POST"], f"{MEDIA_PREFIX}/upload", upload, "media_upload")
-    router.register(["POST"], f"{MEDIA_PREFIX}/create", create, "media_create")
-    router.register(["PUT"], f"{MEDIA_PREFIX}/upload{media}", upload_pending, "media_upload_pending")
-    router.register(["GET"], f"{CLIENT_MEDIA}/download{named}", download, "media_download")
-    router.register(["GET"], f"{MEDIA_PREFIX}/download{named}", serve_download, "media_download_legacy")
-    router.register(["GET"], f"{CLIENT_MEDIA}/thumbnail{media}", thumbnail, "media_thumbnail")
-    router.register(["GET"], f"{MEDIA_PREFIX}/thumbnail{media}", serve_thumbnail, "media_thumbnail_legacy")
-    router.register(["GET"], f"{CLIENT_MEDIA}/preview_url", preview_url, "media_preview_url")
-    router.register(["GET"], f"{MEDIA_PREFIX}/preview_url", preview_url, "media_preview_url_legacy")
-    admin_router.register(["POST"], f"{ADMIN_MEDIA}/quarantine{media}", admin_only(quarantine),
+    declare(router, gate, MediaServlets(repo), UrlPreviewServlets(previewer))
+    admin_router.register(["POST"], f"{ADMIN_MEDIA}/quarantine{MEDIA}", admin_only(quarantine),
                           "media_admin_quarantine")
-    admin_router.register(["DELETE"], f"{ADMIN_MEDIA}{media}", admin_only(delete), "media_admin_delete")
+    admin_router.register(["DELETE"], f"{ADMIN_MEDIA}{MEDIA}", admin_only(delete), "media_admin_delete")
 
 
-def register_legacy_download_for_federation(router: Routes, *, repo: MediaRepository) -> None:
-    """The unauthenticated legacy download on the federation listener: what servers that do not
-    know the federation media endpoint fetch our media from (``allow_remote=false`` is implied:
-    a server never proxies a third server's media to another)."""
-
-    async def download(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        media_file = await repo.download(params["server"], params["media_id"], allow_remote=False,
-                                         timeout_ms=timeout_ms(request), unauthenticated=True)
-        media_headers(request, media_file, safe_upload_name(params.get("file_name")))
-        return 200, media_file.data
-
-    router.register(["GET"], rf"{MEDIA_PREFIX}/download/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
-                             rf"(?:/(?P<file_name>{_SEG}))?", download, "media_download_federation_legacy")
+def register_legacy_download_for_federation(router: Routes, gate: Gate, *, repo: MediaRepository) -> None:
+    """``FederationLegacyDownloadServlets`` on the federation listener's ``router``."""
+    declare(router, gate, FederationLegacyDownloadServlets(repo))
