@@ -58,6 +58,7 @@ from homeserver.federation.sender_transport import client_transport
 from homeserver.http.federation.directory import register_federation_directory_servlets
 from homeserver.http.federation.servlets import (
     FederationServices,
+    XMatrixAuth,
     build_federation_client,
     build_remote_queries,
     register_federation_servlets,
@@ -77,7 +78,7 @@ from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.ephemeral.typing import ReplicatedTyping
 from homeserver.http.client import register_versions
 from homeserver.http.client_api import register_client_api_servlets
-from homeserver.http.routes import Gate
+from homeserver.http.routes import Gate, Rate
 from homeserver.http.client_api.push import register_push_servlets
 from homeserver.http.client_api.media import register_legacy_download_for_federation, register_media_servlets
 from homeserver.http.client_api.sync import register_room_api_servlets
@@ -89,7 +90,7 @@ from homeserver.media.repository import MediaRepository, start_media_retention
 from homeserver.media.storage import LocalDiskStorage
 from storage.stores.media import MediaStore
 from homeserver.http.metrics import HttpMetrics
-from homeserver.http.server import Handler, JsonRouter, make_site
+from homeserver.http.server import FEDERATION_JSON, Handler, JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key, load_tls_options
 from homeserver.metrics import ReactorMetrics, ReactorTickMonitor
 from homeserver.config import known_roles
@@ -724,7 +725,12 @@ class HomeServer:
         router = _RoleRouter(self.router, self.role)
         register_versions(router)
         gate = Gate(users=accounts.auth, clock=self.reactor.seconds)
-        federation_gate = Gate(clock=self.reactor.seconds)
+        fed = services.federation
+        # Servers sign their requests; the notary's key queries share the one rc_key_query budget per address.
+        federation_gate = Gate(servers=XMatrixAuth(fed.server_name, fed.keyring.get_verify_key, fed.on_remote_up,
+                                                   fed.acl),
+                               limiters={Rate.KEY_QUERY: fed.key_query_limiter}, clock=self.reactor.seconds,
+                               json=FEDERATION_JSON)
         register_client_api_servlets(router, gate, self.config, accounts, services.writers)
         register_room_api_servlets(router, gate, rooms, accounts, services.writers, services.sync_tracker)
         events = streams.generators[StreamName.EVENTS]
@@ -734,7 +740,8 @@ class HomeServer:
                                client_events=rooms.client_events, writer=services.writers.account_data)
         register_federation_servlets(
             _RoleRouter(self.federation_router, self.role),
-            services.federation,
+            federation_gate,
+            fed,
             profile_lookup=accounts.profiles.get_profile,
             alias_lookup=rooms.timeline.get_alias,
             devices=FederationDeviceHandler(
@@ -742,7 +749,7 @@ class HomeServer:
                 devices=accounts.devices.get_devices,
             ),
         )
-        register_federation_directory_servlets(_RoleRouter(self.federation_router, self.role), services.federation,
+        register_federation_directory_servlets(_RoleRouter(self.federation_router, self.role), federation_gate,
                                                rooms.directory, rooms.hierarchy)
         media = services.media
         if media is not None:
@@ -754,7 +761,7 @@ class HomeServer:
                 accounts.auth, AdminStore(storage.db), Ratelimiter.from_config(self.config.rc_admin))
             register_media_servlets(self.router, gate, admin_router=self.admin_router, admin_only=guard,
                                     repo=media, previewer=previewer)
-            register_federation_media_servlets(self.federation_router, services.federation, media)
+            register_federation_media_servlets(self.federation_router, federation_gate, media)
             register_legacy_download_for_federation(self.federation_router, federation_gate, repo=media)
 
     def console_status(self) -> dict[str, Any]:

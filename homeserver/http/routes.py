@@ -37,6 +37,7 @@ from homeserver.http.server import (
     read_json_body,
 )
 from storage.kernel.errors import MatrixError, forbidden
+from storage.kernel.json_input import JsonRules
 from storage.kernel.ratelimit import Ratelimiter, ratelimit
 
 
@@ -225,12 +226,15 @@ class Gate:
 
     def __init__(self, *, users: UserAuth | None = None, admins: AdminCheck | None = None,
                  servers: ServerAuth | None = None, limiters: Mapping[Rate, Ratelimiter] | None = None,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], json: JsonRules = CLIENT_JSON) -> None:
+        # ``json``: the rules of a Body.JSON or Body.OBJECT body (the federation listener's are
+        # FEDERATION_JSON, canonical, as for its signed bodies).
         self._users = users
         self._admins = admins
         self._servers = servers
         self._limiters = dict(limiters or {})
         self._clock = clock
+        self._json = json
 
     def can_serve(self, endpoint: Endpoint) -> str | None:
         """Why this gate cannot serve ``endpoint`` (None: it can)."""
@@ -272,7 +276,7 @@ class Gate:
             key = requester.user_id if requester is not None else (client_ip(request) or "-")
             ratelimit(self._limiters[endpoint.rate], (endpoint.rate.value, key), self._clock())
         if endpoint.body is not Body.SIGNED:
-            body = _parse_body(endpoint.body, request)
+            body = _parse_body(endpoint.body, request, self._json)
         call = Call(request, params, body, requester, origin)
         if caller not in (Caller.ADMIN, Caller.ADMIN_OR_SELF):
             return await endpoint.handler(call)
@@ -307,13 +311,13 @@ class Gate:
         return requester
 
 
-def _parse_body(kind: Body, request: Request) -> Any:
+def _parse_body(kind: Body, request: Request, rules: JsonRules) -> Any:
     if kind is Body.NONE:
         return None
     if kind is Body.JSON:
-        return parse_json_body(request, CLIENT_JSON)
+        return parse_json_body(request, rules)
     if kind is Body.OBJECT:
-        return parse_json_object(request, CLIENT_JSON)
+        return parse_json_object(request, rules)
     return parse_optional_json_object(request)
 
 
