@@ -119,36 +119,26 @@ class MediaServlets:
                                         safe_upload_name(query_string(request, "filename")))
         return 200, {}
 
+    # The legacy reads declare no caller: ``unauthenticated`` (freeze_unauthenticated_media) is
+    # whether the route authenticated anyone.
     @route("GET", f"{CLIENT_MEDIA}/download{NAMED}", "media_download", caller=Caller.GUEST)
-    async def download(self, call: Call) -> Response:
-        return await self._download(call, unauthenticated=False)
-
     @route("GET", f"{MEDIA_PREFIX}/download{NAMED}", "media_download_legacy", caller=Caller.NONE)
-    async def download_legacy(self, call: Call) -> Response:
-        return await self._download(call, unauthenticated=True)
-
-    @route("GET", f"{CLIENT_MEDIA}/thumbnail{MEDIA}", "media_thumbnail", caller=Caller.GUEST)
-    async def thumbnail(self, call: Call) -> Response:
-        return await self._thumbnail(call, unauthenticated=False)
-
-    @route("GET", f"{MEDIA_PREFIX}/thumbnail{MEDIA}", "media_thumbnail_legacy", caller=Caller.NONE)
-    async def thumbnail_legacy(self, call: Call) -> Response:
-        return await self._thumbnail(call, unauthenticated=True)
-
-    async def _download(self, call: Call, *, unauthenticated: bool) -> Response:
+    async def download(self, call: Call) -> Response:
         request, p = call.request, call.params
         media = await self._repo.download(p["server"], p["media_id"],
                                           allow_remote=query_bool(request, "allow_remote", True),
-                                          timeout_ms=timeout_ms(request), unauthenticated=unauthenticated)
+                                          timeout_ms=timeout_ms(request), unauthenticated=call.requester is None)
         media_headers(request, media, safe_upload_name(p.get("file_name")))
         return 200, media.data
 
-    async def _thumbnail(self, call: Call, *, unauthenticated: bool) -> Response:
+    @route("GET", f"{CLIENT_MEDIA}/thumbnail{MEDIA}", "media_thumbnail", caller=Caller.GUEST)
+    @route("GET", f"{MEDIA_PREFIX}/thumbnail{MEDIA}", "media_thumbnail_legacy", caller=Caller.NONE)
+    async def thumbnail(self, call: Call) -> Response:
         request, p = call.request, call.params
         width, height, method, animated = thumbnail_query(request)
         media = await self._repo.thumbnail(p["server"], p["media_id"], width, height, method, animated=animated,
                                            allow_remote=query_bool(request, "allow_remote", True),
-                                           timeout_ms=timeout_ms(request), unauthenticated=unauthenticated)
+                                           timeout_ms=timeout_ms(request), unauthenticated=call.requester is None)
         media_headers(request, media)
         return 200, media.data
 

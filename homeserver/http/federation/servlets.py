@@ -250,6 +250,10 @@ class ServerKeyServlets:
         return 200, await self._notary.query_server(params["server"], params.get("key_id"), minimum)
 
 
+ROOM_USER = rf"(?P<room_id>{_SEG})/(?P<user_id>{_SEG})"
+ROOM_EVENT = rf"(?P<room_id>{_SEG})/(?P<event_id>{_SEG})"
+
+
 def _versions(request: Request) -> list[str]:
     return query_values(request.args or {}, "ver", max_length=MAX_VERSION_LENGTH)
 
@@ -260,44 +264,37 @@ class MembershipServlets:
     def __init__(self, membership: MembershipHandler) -> None:
         self._membership = membership
 
-    @route("GET", f"{FED_V1}/make_leave/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", "federation_make_leave",
-           caller=Caller.SERVER)
+    @route("GET", f"{FED_V1}/make_leave/{ROOM_USER}", "federation_make_leave", caller=Caller.SERVER)
     async def make_leave(self, call: Call) -> Response:
         return 200, await self._membership.make_leave(call.server, call.params["room_id"], call.params["user_id"])
 
-    @route("PUT", f"{FED_V2}/send_leave/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", "federation_send_leave",
-           caller=Caller.SERVER, body=Body.SIGNED)
+    @route("PUT", f"{FED_V2}/send_leave/{ROOM_EVENT}", "federation_send_leave", caller=Caller.SERVER, body=Body.SIGNED)
     async def send_leave(self, call: Call) -> Response:
         p = call.params
         return 200, await self._membership.send_leave(call.server, p["room_id"], p["event_id"], body_object(call.body))
 
-    @route("GET", f"{FED_V1}/make_knock/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", "federation_make_knock",
-           caller=Caller.SERVER)
+    @route("GET", f"{FED_V1}/make_knock/{ROOM_USER}", "federation_make_knock", caller=Caller.SERVER)
     async def make_knock(self, call: Call) -> Response:
         p = call.params
         return 200, await self._membership.make_knock(call.server, p["room_id"], p["user_id"], _versions(call.request))
 
-    @route("PUT", f"{FED_V1}/send_knock/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", "federation_send_knock",
-           caller=Caller.SERVER, body=Body.SIGNED)
+    @route("PUT", f"{FED_V1}/send_knock/{ROOM_EVENT}", "federation_send_knock", caller=Caller.SERVER, body=Body.SIGNED)
     async def send_knock(self, call: Call) -> Response:
         p = call.params
         return 200, await self._membership.send_knock(call.server, p["room_id"], p["event_id"], body_object(call.body))
 
-    @route("PUT", f"{FED_V2}/invite/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", "federation_invite",
-           caller=Caller.SERVER, body=Body.SIGNED)
+    @route("PUT", f"{FED_V2}/invite/{ROOM_EVENT}", "federation_invite", caller=Caller.SERVER, body=Body.SIGNED)
     async def invite(self, call: Call) -> Response:
         p = call.params
         return 200, await self._membership.on_invite(call.server, p["room_id"], p["event_id"], invite_body(call.body))
 
     # (Declared after invites here, before /user/ and /query/ before: the paths do not overlap.)
-    @route("GET", f"{FED_V1}/make_join/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", "federation_make_join",
-           caller=Caller.SERVER)
+    @route("GET", f"{FED_V1}/make_join/{ROOM_USER}", "federation_make_join", caller=Caller.SERVER)
     async def make_join(self, call: Call) -> Response:
         p = call.params
         return 200, await self._membership.make_join(call.server, p["room_id"], p["user_id"], _versions(call.request))
 
-    @route("PUT", f"{FED_V2}/send_join/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", "federation_send_join",
-           caller=Caller.SERVER, body=Body.SIGNED)
+    @route("PUT", f"{FED_V2}/send_join/{ROOM_EVENT}", "federation_send_join", caller=Caller.SERVER, body=Body.SIGNED)
     async def send_join(self, call: Call) -> Response:
         p = call.params
         omit = query_bool(call.request.args, "omit_members")
