@@ -58,6 +58,7 @@ from homeserver.federation.sender_transport import client_transport
 from homeserver.http.federation.directory import register_federation_directory_servlets
 from homeserver.http.federation.servlets import (
     FederationServices,
+    XMatrixAuth,
     build_federation_client,
     build_remote_queries,
     register_federation_servlets,
@@ -93,7 +94,7 @@ from homeserver.media.repository import MediaRepository, start_media_retention
 from homeserver.media.storage import LocalDiskStorage
 from storage.stores.media import MediaStore
 from homeserver.http.metrics import HttpMetrics
-from homeserver.http.server import Handler, JsonRouter, make_site
+from homeserver.http.server import FEDERATION_JSON, Handler, JsonRouter, make_site
 from homeserver.keys import ensure_self_signed_certificate, load_or_create_signing_key, load_tls_options
 from homeserver.metrics import ReactorMetrics, ReactorTickMonitor
 from homeserver.config import known_roles
@@ -731,16 +732,23 @@ class HomeServer:
         router = _RoleRouter(self.router, self.role)
         register_versions(router)
         gate = Gate(users=accounts.auth, clock=self.reactor.seconds)
+        fed = services.federation
+        # Servers sign their requests; the notary's key queries share the one rc_key_query budget per address.
+        federation_gate = Gate(servers=XMatrixAuth(fed.server_name, fed.keyring.get_verify_key, fed.on_remote_up,
+                                                   fed.acl),
+                               limiters={Rate.KEY_QUERY: fed.key_query_limiter}, clock=self.reactor.seconds,
+                               json=FEDERATION_JSON)
         register_client_api_servlets(router, gate, self.config, accounts, services.writers)
         register_room_api_servlets(router, gate, rooms, accounts, services.writers, services.sync_tracker)
         events = streams.generators[StreamName.EVENTS]
         pushers = PushersHandler(PushStore(storage.db), clock_ms=lambda: int(self.reactor.seconds() * 1000),
                                  current_position=events.get_max_position)
-        register_push_servlets(router, auth=accounts.auth, account_data=accounts.account_data, pushers=pushers,
-                               client_events=rooms.client_events, writers=services.writers)
+        register_push_servlets(router, gate, account_data=accounts.account_data, pushers=pushers,
+                               client_events=rooms.client_events, writer=services.writers.account_data)
         register_federation_servlets(
             _RoleRouter(self.federation_router, self.role),
-            services.federation,
+            federation_gate,
+            fed,
             profile_lookup=accounts.profiles.get_profile,
             alias_lookup=rooms.timeline.get_alias,
             devices=FederationDeviceHandler(
@@ -748,7 +756,7 @@ class HomeServer:
                 devices=accounts.devices.get_devices,
             ),
         )
-        register_federation_directory_servlets(_RoleRouter(self.federation_router, self.role), services.federation,
+        register_federation_directory_servlets(_RoleRouter(self.federation_router, self.role), federation_gate,
                                                rooms.directory, rooms.hierarchy)
         media = services.media
         if media is not None:
@@ -759,10 +767,10 @@ class HomeServer:
             if admin_gate is None:
                 admin_gate = Gate(users=accounts.auth, clock=self.reactor.seconds, admins=AdminGuard(
                     AdminStore(storage.db), Ratelimiter.from_config(self.config.rc_admin)))
-            register_media_servlets(self.router, auth=accounts.auth, repo=media, previewer=previewer)
+            register_media_servlets(self.router, gate, repo=media, previewer=previewer)
             declare(self.admin_router, admin_gate, MediaAdminServlets(media))
-            register_federation_media_servlets(self.federation_router, services.federation, media)
-            register_legacy_download_for_federation(self.federation_router, repo=media)
+            register_federation_media_servlets(self.federation_router, federation_gate, media)
+            register_legacy_download_for_federation(self.federation_router, federation_gate, repo=media)
 
     def console_status(self) -> dict[str, Any]:
         """What the operator console shows beyond the admin API: every process of the layout

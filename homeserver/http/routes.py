@@ -37,6 +37,7 @@ from homeserver.http.server import (
     read_json_body,
 )
 from storage.kernel.errors import MatrixError, forbidden
+from storage.kernel.json_input import JsonRules
 from storage.kernel.ratelimit import Ratelimiter, ratelimit
 
 
@@ -229,12 +230,15 @@ class Gate:
 
     def __init__(self, *, users: UserAuth | None = None, admins: AdminCheck | None = None,
                  servers: ServerAuth | None = None, limiters: Mapping[Rate, Ratelimiter] | None = None,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], json: JsonRules = CLIENT_JSON) -> None:
+        # ``json``: the rules of a Body.JSON or Body.OBJECT body (the federation listener's are
+        # FEDERATION_JSON, canonical, as for its signed bodies).
         self._users = users
         self._admins = admins
         self._servers = servers
         self._limiters = dict(limiters or {})
         self._clock = clock
+        self._json = json
 
     def can_serve(self, endpoint: Endpoint) -> str | None:
         """Why this gate cannot serve ``endpoint`` (None: it can)."""
@@ -275,19 +279,26 @@ class Gate:
         if endpoint.rate is not None:
             key = requester.user_id if requester is not None else (client_ip(request) or "-")
             ratelimit(self._limiters[endpoint.rate], (endpoint.rate.value, key), self._clock())
+        call = Call(request, params, body, requester, origin)
         if caller not in (Caller.ADMIN, Caller.ADMIN_OR_SELF):
-            return await _call(endpoint, Call(request, params, body, requester, origin))
+            return await self._call(endpoint, call)
         assert self._admins is not None and requester is not None
         status = 500
         try:
             # Inside the audit: an admin's malformed body is an outcome (400) like any other.
-            status, answer = await _call(endpoint, Call(request, params, body, requester, origin))
+            status, answer = await self._call(endpoint, call)
             return status, answer
         except MatrixError as e:
             status = e.status
             raise
         finally:
             self._admins.audit(request, requester, status)
+
+    async def _call(self, endpoint: Endpoint, call: Call) -> Response:
+        """The handler, given the body parsed as declared (a signed body was read to authenticate)."""
+        if endpoint.body is not Body.SIGNED:
+            call = attrs.evolve(call, body=_parse_body(endpoint.body, call.request, self._json))
+        return await endpoint.handler(call)
 
     async def _user(self, endpoint: Endpoint, request: Request, params: Mapping[str, str]) -> Requester | None:
         users = self._users
@@ -309,20 +320,13 @@ class Gate:
         return requester
 
 
-async def _call(endpoint: Endpoint, call: Call) -> Response:
-    """The handler, given the body parsed as declared (a signed body was read to authenticate)."""
-    if endpoint.body is not Body.SIGNED:
-        call = attrs.evolve(call, body=_parse_body(endpoint.body, call.request))
-    return await endpoint.handler(call)
-
-
-def _parse_body(kind: Body, request: Request) -> Any:
+def _parse_body(kind: Body, request: Request, rules: JsonRules) -> Any:
     if kind is Body.NONE:
         return None
     if kind is Body.JSON:
-        return parse_json_body(request, CLIENT_JSON)
+        return parse_json_body(request, rules)
     if kind is Body.OBJECT:
-        return parse_json_object(request, CLIENT_JSON)
+        return parse_json_object(request, rules)
     return parse_optional_json_object(request)
 
 

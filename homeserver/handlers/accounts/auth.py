@@ -59,29 +59,19 @@ _DEVICE_ID_ALPHABET: Final = string.ascii_uppercase
 # also lets guests call (capabilities, joined_rooms, logout, and reading media: its config,
 # downloads and thumbnails, so a guest sees the images of rooms it reads). A servlet mapped to
 # a (path parameter, values) pair is open to guests only for those values. Any
-# other authenticated servlet answers a guest 403 M_GUEST_ACCESS_FORBIDDEN.
+# other authenticated servlet answers a guest 403 M_GUEST_ACCESS_FORBIDDEN. A servlet declared
+# ``Caller.GUEST`` (homeserver/http/routes.py) says so in its declaration and is not listed here.
 GUEST_SERVLETS: Final[Mapping[str, tuple[str, frozenset[str]] | None]] = {
     "client_profile": None,
     "client_profile_field": None,
     "client_profile_field_update": None,
-    "client_presence": None,
-    "client_presence_put": None,
     "client_whoami": None,
-    "client_send_to_device": None,
     "client_devices": None,
     "client_device": None,
     "client_device_update": None,
-    "client_keys_upload": None,
-    "client_keys_query": None,
-    "client_keys_claim": None,
-    "client_keys_changes": None,
     "client_capabilities": None,
     "client_logout": None,
     "client_logout_all": None,
-    "media_config": None,
-    "media_config_legacy": None,
-    "media_download": None,
-    "media_thumbnail": None,
 }
 
 

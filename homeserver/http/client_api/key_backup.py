@@ -4,48 +4,67 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from twisted.web.server import Request
-
-from homeserver.handlers.accounts.auth import Auth
 from homeserver.handlers.e2e.key_backup import KeyBackupHandler
 from homeserver.http.client_api._base import client_path, query_string
-from homeserver.http.server import Routes, parse_json_body, parse_json_object
+from homeserver.http.routes import Body, Call, Caller, Response, route
+from homeserver.http.server import parse_json_body
+
+VERSIONS = client_path(r"/room_keys/version")
+VERSION = client_path(r"/room_keys/version/(?P<version>[^/]+)")
+KEYS = client_path(r"/room_keys/keys")
+ROOM_KEYS = client_path(r"/room_keys/keys/(?P<room_id>[^/]+)")
+SESSION_KEYS = client_path(r"/room_keys/keys/(?P<room_id>[^/]+)/(?P<session_id>[^/]+)")
 
 
-def register_key_backup_servlets(router: Routes, *, auth: Auth, backup: KeyBackupHandler) -> None:
-    async def version(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        if request.method == b"POST":
-            return 200, await backup.create_version(requester, parse_json_object(request))
-        return 200, await backup.get_version(requester, None)
+class KeyBackupServlets:
+    """Each path keeps one servlet name for all its methods."""
 
-    async def one_version(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        if request.method == b"PUT":
-            return 200, await backup.update_version(requester, params["version"], parse_json_object(request))
-        if request.method == b"DELETE":
-            return 200, await backup.delete_version(requester, params["version"])
-        return 200, await backup.get_version(requester, params["version"])
+    def __init__(self, backup: KeyBackupHandler) -> None:
+        self._backup = backup
 
-    async def keys(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        wanted = query_string(request, "version")
-        room_id, session_id = params.get("room_id"), params.get("session_id")
-        if request.method == b"PUT":
-            return 200, await backup.put_keys(requester, wanted, room_id, session_id, parse_json_body(request))
-        if request.method == b"DELETE":
-            return 200, await backup.delete_keys(requester, wanted, room_id, session_id)
-        return 200, await backup.get_keys(requester, wanted, room_id, session_id)
+    @route("GET", VERSIONS, "client_room_keys_version", caller=Caller.USER)
+    async def get_current_version(self, call: Call) -> Response:
+        return 200, await self._backup.get_version(call.user, None)
 
-    router.register(["GET", "POST"], client_path(r"/room_keys/version"), version, "client_room_keys_version")
-    router.register(["GET", "PUT", "DELETE"], client_path(r"/room_keys/version/(?P<version>[^/]+)"), one_version,
-                    "client_room_keys_one_version")
-    router.register(["GET", "PUT", "DELETE"], client_path(r"/room_keys/keys"), keys, "client_room_keys")
-    router.register(["GET", "PUT", "DELETE"], client_path(r"/room_keys/keys/(?P<room_id>[^/]+)"), keys,
-                    "client_room_keys_room")
-    router.register(["GET", "PUT", "DELETE"],
-                    client_path(r"/room_keys/keys/(?P<room_id>[^/]+)/(?P<session_id>[^/]+)"), keys,
-                    "client_room_keys_session")
+    @route("POST", VERSIONS, "client_room_keys_version", caller=Caller.USER, body=Body.OBJECT)
+    async def create_version(self, call: Call) -> Response:
+        return 200, await self._backup.create_version(call.user, call.content)
+
+    @route("GET", VERSION, "client_room_keys_one_version", caller=Caller.USER)
+    async def get_version(self, call: Call) -> Response:
+        return 200, await self._backup.get_version(call.user, call.params["version"])
+
+    @route("PUT", VERSION, "client_room_keys_one_version", caller=Caller.USER, body=Body.OBJECT)
+    async def update_version(self, call: Call) -> Response:
+        return 200, await self._backup.update_version(call.user, call.params["version"], call.content)
+
+    @route("DELETE", VERSION, "client_room_keys_one_version", caller=Caller.USER)
+    async def delete_version(self, call: Call) -> Response:
+        return 200, await self._backup.delete_version(call.user, call.params["version"])
+
+    # The key paths do not overlap, so declaring them method by method matches as path by path did.
+    @route("GET", KEYS, "client_room_keys", caller=Caller.USER)
+    @route("GET", ROOM_KEYS, "client_room_keys_room", caller=Caller.USER)
+    @route("GET", SESSION_KEYS, "client_room_keys_session", caller=Caller.USER)
+    async def get_keys(self, call: Call) -> Response:
+        p = call.params
+        return 200, await self._backup.get_keys(call.user, query_string(call.request, "version"), p.get("room_id"),
+                                                p.get("session_id"))
+
+    @route("PUT", KEYS, "client_room_keys", caller=Caller.USER)
+    @route("PUT", ROOM_KEYS, "client_room_keys_room", caller=Caller.USER)
+    @route("PUT", SESSION_KEYS, "client_room_keys_session", caller=Caller.USER)
+    async def put_keys(self, call: Call) -> Response:
+        p = call.params
+        # The version query parameter is checked before the body (both 400s), so the body is read here.
+        wanted = query_string(call.request, "version")
+        return 200, await self._backup.put_keys(call.user, wanted, p.get("room_id"), p.get("session_id"),
+                                                parse_json_body(call.request))
+
+    @route("DELETE", KEYS, "client_room_keys", caller=Caller.USER)
+    @route("DELETE", ROOM_KEYS, "client_room_keys_room", caller=Caller.USER)
+    @route("DELETE", SESSION_KEYS, "client_room_keys_session", caller=Caller.USER)
+    async def delete_keys(self, call: Call) -> Response:
+        p = call.params
+        return 200, await self._backup.delete_keys(call.user, query_string(call.request, "version"),
+                                                   p.get("room_id"), p.get("session_id"))

@@ -17,9 +17,8 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from homeserver.handlers.accounts.auth import Auth
 from homeserver.http.client_api._base import query_bool, query_string
-from homeserver.http.routes import Call, Caller, Response, route
+from homeserver.http.routes import Call, Caller, Gate, Response, declare, route
 from homeserver.http.server import Routes
 from homeserver.media.preview import UrlPreviewer
 from homeserver.media.repository import MediaFile, MediaRepository
@@ -36,7 +35,6 @@ MEDIA_PREFIX = r"/_matrix/media/(?:v3|r0|v1)"
 CLIENT_MEDIA = r"/_matrix/client/v1/media"
 ADMIN_MEDIA = r"/_synapse/admin/v1/media"
 _SEG = r"[^/]+"
-MEDIA_ID = rf"/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
 
 
 def media_headers(request: Request, media: MediaFile, file_name: str | None = None) -> None:
@@ -82,75 +80,102 @@ def timeout_ms(request: Request) -> int | None:
     return int(text)
 
 
-def register_media_servlets(router: Routes, *, auth: Auth, repo: MediaRepository, previewer: UrlPreviewer) -> None:
-    """The media endpoints on ``router`` (quarantine and delete are ``MediaAdminServlets``)."""
-    async def config(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        return 200, {"m.upload.size": repo.config.max_upload_size}
+MEDIA = rf"/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
+NAMED = rf"{MEDIA}(?:/(?P<file_name>[^/]*))?"  # nio sends a trailing "/" when it has no name
 
-    async def upload(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        data = _upload_body(request, repo)
-        uri = await repo.upload(requester.user_id, data, _upload_type(request),
-                                safe_upload_name(query_string(request, "filename")))
+
+class MediaServlets:
+    """Uploads, downloads and thumbnails: the authenticated ``/_matrix/client/v1/media`` paths
+    (guests may read) and the older unauthenticated ``/_matrix/media`` reads."""
+
+    def __init__(self, repo: MediaRepository) -> None:
+        self._repo = repo
+
+    @route("GET", f"{CLIENT_MEDIA}/config", "media_config", caller=Caller.GUEST)
+    @route("GET", f"{MEDIA_PREFIX}/config", "media_config_legacy", caller=Caller.GUEST)
+    async def config(self, call: Call) -> Response:
+        return 200, {"m.upload.size": self._repo.config.max_upload_size}
+
+    # Uploads read the raw bytes themselves (Body.NONE): they are not JSON.
+    @route("POST", f"{MEDIA_PREFIX}/upload", "media_upload", caller=Caller.USER)
+    async def upload(self, call: Call) -> Response:
+        request = call.request
+        data = _upload_body(request, self._repo)
+        uri = await self._repo.upload(call.user.user_id, data, _upload_type(request),
+                                      safe_upload_name(query_string(request, "filename")))
         return 200, {"content_uri": uri}
 
-    async def create(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        uri, expires = await repo.create(requester.user_id)
+    @route("POST", f"{MEDIA_PREFIX}/create", "media_create", caller=Caller.USER)
+    async def create(self, call: Call) -> Response:
+        uri, expires = await self._repo.create(call.user.user_id)
         return 200, {"content_uri": uri, "unused_expires_at": expires}
 
-    async def upload_pending(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        data = _upload_body(request, repo)
-        await repo.upload_pending(requester.user_id, params["server"], params["media_id"], data,
-                                  _upload_type(request), safe_upload_name(query_string(request, "filename")))
+    @route("PUT", f"{MEDIA_PREFIX}/upload{MEDIA}", "media_upload_pending", caller=Caller.USER)
+    async def upload_pending(self, call: Call) -> Response:
+        request, p = call.request, call.params
+        data = _upload_body(request, self._repo)
+        await self._repo.upload_pending(call.user.user_id, p["server"], p["media_id"], data, _upload_type(request),
+                                        safe_upload_name(query_string(request, "filename")))
         return 200, {}
 
-    async def serve_download(request: Request, params: Mapping[str, str], *,
-                             unauthenticated: bool = True) -> tuple[int, Any]:
-        media = await repo.download(params["server"], params["media_id"], allow_remote=query_bool(request, "allow_remote", True),
-                                    timeout_ms=timeout_ms(request), unauthenticated=unauthenticated)
-        media_headers(request, media, safe_upload_name(params.get("file_name")))
+    # The legacy reads declare no caller: ``unauthenticated`` (freeze_unauthenticated_media) is
+    # whether the route authenticated anyone.
+    @route("GET", f"{CLIENT_MEDIA}/download{NAMED}", "media_download", caller=Caller.GUEST)
+    @route("GET", f"{MEDIA_PREFIX}/download{NAMED}", "media_download_legacy", caller=Caller.NONE)
+    async def download(self, call: Call) -> Response:
+        request, p = call.request, call.params
+        media = await self._repo.download(p["server"], p["media_id"],
+                                          allow_remote=query_bool(request, "allow_remote", True),
+                                          timeout_ms=timeout_ms(request), unauthenticated=call.requester is None)
+        media_headers(request, media, safe_upload_name(p.get("file_name")))
         return 200, media.data
 
-    async def download(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        return await serve_download(request, params, unauthenticated=False)
-
-    async def serve_thumbnail(request: Request, params: Mapping[str, str], *,
-                              unauthenticated: bool = True) -> tuple[int, Any]:
+    @route("GET", f"{CLIENT_MEDIA}/thumbnail{MEDIA}", "media_thumbnail", caller=Caller.GUEST)
+    @route("GET", f"{MEDIA_PREFIX}/thumbnail{MEDIA}", "media_thumbnail_legacy", caller=Caller.NONE)
+    async def thumbnail(self, call: Call) -> Response:
+        request, p = call.request, call.params
         width, height, method, animated = thumbnail_query(request)
-        media = await repo.thumbnail(params["server"], params["media_id"], width, height, method, animated=animated,
-                                     allow_remote=query_bool(request, "allow_remote", True), timeout_ms=timeout_ms(request),
-                                     unauthenticated=unauthenticated)
+        media = await self._repo.thumbnail(p["server"], p["media_id"], width, height, method, animated=animated,
+                                           allow_remote=query_bool(request, "allow_remote", True),
+                                           timeout_ms=timeout_ms(request), unauthenticated=call.requester is None)
         media_headers(request, media)
         return 200, media.data
 
-    async def thumbnail(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        return await serve_thumbnail(request, params, unauthenticated=False)
 
-    async def preview_url(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        url = query_string(request, "url")
+class UrlPreviewServlets:
+    def __init__(self, previewer: UrlPreviewer) -> None:
+        self._previewer = previewer
+
+    @route("GET", f"{CLIENT_MEDIA}/preview_url", "media_preview_url", caller=Caller.USER)
+    @route("GET", f"{MEDIA_PREFIX}/preview_url", "media_preview_url_legacy", caller=Caller.USER)
+    async def preview_url(self, call: Call) -> Response:
+        url = query_string(call.request, "url")
         if url is None:
             raise missing_param("Missing 'url'")
-        return 200, await previewer.preview(url, requester.user_id)
+        return 200, await self._previewer.preview(url, call.user.user_id)
 
-    media = MEDIA_ID
-    named = rf"{media}(?:/(?P<file_name>[^/]*))?"  # nio sends a trailing "/" when it has no name
-    router.register(["GET"], f"{CLIENT_MEDIA}/config", config, "media_config")
-    router.register(["GET"], f"{MEDIA_PREFIX}/config", config, "media_config_legacy")
-    router.register(["POST"], f"{MEDIA_PREFIX}/upload", upload, "media_upload")
-    router.register(["POST"], f"{MEDIA_PREFIX}/create", create, "media_create")
-    router.register(["PUT"], f"{MEDIA_PREFIX}/upload{media}", upload_pending, "media_upload_pending")
-    router.register(["GET"], f"{CLIENT_MEDIA}/download{named}", download, "media_download")
-    router.register(["GET"], f"{MEDIA_PREFIX}/download{named}", serve_download, "media_download_legacy")
-    router.register(["GET"], f"{CLIENT_MEDIA}/thumbnail{media}", thumbnail, "media_thumbnail")
-    router.register(["GET"], f"{MEDIA_PREFIX}/thumbnail{media}", serve_thumbnail, "media_thumbnail_legacy")
-    router.register(["GET"], f"{CLIENT_MEDIA}/preview_url", preview_url, "media_preview_url")
-    router.register(["GET"], f"{MEDIA_PREFIX}/preview_url", preview_url, "media_preview_url_legacy")
+
+class FederationLegacyDownloadServlets:
+    """The unauthenticated legacy download on the federation listener: what servers that do not
+    know the federation media endpoint fetch our media from (``allow_remote=false`` is implied:
+    a server never proxies a third server's media to another)."""
+
+    def __init__(self, repo: MediaRepository) -> None:
+        self._repo = repo
+
+    @route("GET", rf"{MEDIA_PREFIX}/download{MEDIA}(?:/(?P<file_name>{_SEG}))?", "media_download_federation_legacy",
+           caller=Caller.NONE)
+    async def download(self, call: Call) -> Response:
+        request, p = call.request, call.params
+        media_file = await self._repo.download(p["server"], p["media_id"], allow_remote=False,
+                                               timeout_ms=timeout_ms(request), unauthenticated=True)
+        media_headers(request, media_file, safe_upload_name(p.get("file_name")))
+        return 200, media_file.data
+
+
+def register_media_servlets(router: Routes, gate: Gate, *, repo: MediaRepository, previewer: UrlPreviewer) -> None:
+    """The media endpoints on ``router`` (quarantine and delete are ``MediaAdminServlets``)."""
+    declare(router, gate, MediaServlets(repo), UrlPreviewServlets(previewer))
 
 
 class MediaAdminServlets:
@@ -161,27 +186,17 @@ class MediaAdminServlets:
     def __init__(self, repo: MediaRepository) -> None:
         self._repo = repo
 
-    @route("POST", f"{ADMIN_MEDIA}/quarantine{MEDIA_ID}", "media_admin_quarantine", caller=Caller.ADMIN)
+    @route("POST", f"{ADMIN_MEDIA}/quarantine{MEDIA}", "media_admin_quarantine", caller=Caller.ADMIN)
     async def quarantine(self, call: Call) -> Response:
         await self._repo.quarantine(call.user.user_id, call.params["server"], call.params["media_id"])
         return 200, {}
 
-    @route("DELETE", f"{ADMIN_MEDIA}{MEDIA_ID}", "media_admin_delete", caller=Caller.ADMIN)
+    @route("DELETE", f"{ADMIN_MEDIA}{MEDIA}", "media_admin_delete", caller=Caller.ADMIN)
     async def delete(self, call: Call) -> Response:
         await self._repo.delete(call.user.user_id, call.params["server"], call.params["media_id"])
         return 200, {"deleted_media": [call.params["media_id"]], "total": 1}
 
 
-def register_legacy_download_for_federation(router: Routes, *, repo: MediaRepository) -> None:
-    """The unauthenticated legacy download on the federation listener: what servers that do not
-    know the federation media endpoint fetch our media from (``allow_remote=false`` is implied:
-    a server never proxies a third server's media to another)."""
-
-    async def download(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        media_file = await repo.download(params["server"], params["media_id"], allow_remote=False,
-                                         timeout_ms=timeout_ms(request), unauthenticated=True)
-        media_headers(request, media_file, safe_upload_name(params.get("file_name")))
-        return 200, media_file.data
-
-    router.register(["GET"], rf"{MEDIA_PREFIX}/download/(?P<server>{_SEG})/(?P<media_id>{_SEG})"
-                             rf"(?:/(?P<file_name>{_SEG}))?", download, "media_download_federation_legacy")
+def register_legacy_download_for_federation(router: Routes, gate: Gate, *, repo: MediaRepository) -> None:
+    """``FederationLegacyDownloadServlets`` on the federation listener's ``router``."""
+    declare(router, gate, FederationLegacyDownloadServlets(repo))

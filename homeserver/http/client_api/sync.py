@@ -155,7 +155,7 @@ def register_room_api_servlets(router: Routes, gate: Gate, rooms: RoomServices, 
         SyncServlet(rooms.sync, accounts.filters, sync_tracker),
         SlidingSyncServlet(rooms.sliding_sync, sync_tracker),
     )
-    register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers,
+    register_e2e_servlets(router, gate, e2e=rooms.e2e, presence=rooms.presence, writers=writers,
                           uia=accounts.uia)
     register_deactivate_servlet(router, auth=accounts.auth, uia=accounts.uia, deactivation=DeactivationHandler(
         login=accounts.login, rooms=rooms.rooms, profiles=accounts.profiles, timeline=rooms.timeline,

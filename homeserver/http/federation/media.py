@@ -10,13 +10,11 @@ served (a server never proxies a third server's media); quarantined media is 404
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from twisted.web.server import Request
 
-from homeserver.http.federation.servlets import FED_V1, FederationServices, register_authed
 from homeserver.http.client_api.media import thumbnail_query, timeout_ms
+from homeserver.http.federation.servlets import FED_V1
+from homeserver.http.routes import Call, Caller, Gate, Response, declare, route
 from homeserver.http.server import Routes
 from homeserver.media.repository import MediaFile, MediaRepository
 from homeserver.media.rules import build_multipart, content_disposition, new_boundary
@@ -30,19 +28,26 @@ def _multipart(request: Request, media: MediaFile) -> bytes:
     return build_multipart(boundary, b"{}", headers, media.data)
 
 
-def register_federation_media_servlets(router: Routes, fed: FederationServices, repo: MediaRepository) -> None:
-    async def download(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        media = await repo.download(repo.server_name, p["media_id"], allow_remote=False,
+class FederationMediaServlets:
+    def __init__(self, repo: MediaRepository) -> None:
+        self._repo = repo
+
+    @route("GET", rf"{FED_V1}/media/download/(?P<media_id>[^/]+)", "media_federation_download", caller=Caller.SERVER)
+    async def download(self, call: Call) -> Response:
+        repo, request = self._repo, call.request
+        media = await repo.download(repo.server_name, call.params["media_id"], allow_remote=False,
                                     timeout_ms=timeout_ms(request))
         return 200, _multipart(request, media)
 
-    async def thumbnail(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
+    @route("GET", rf"{FED_V1}/media/thumbnail/(?P<media_id>[^/]+)", "media_federation_thumbnail",
+           caller=Caller.SERVER)
+    async def thumbnail(self, call: Call) -> Response:
+        repo, request = self._repo, call.request
         width, height, method, animated = thumbnail_query(request)
-        media = await repo.thumbnail(repo.server_name, p["media_id"], width, height, method, animated=animated,
-                                     allow_remote=False, timeout_ms=timeout_ms(request))
+        media = await repo.thumbnail(repo.server_name, call.params["media_id"], width, height, method,
+                                     animated=animated, allow_remote=False, timeout_ms=timeout_ms(request))
         return 200, _multipart(request, media)
 
-    register_authed(router, fed, "GET", rf"{FED_V1}/media/download/(?P<media_id>[^/]+)", download,
-                    "media_federation_download")
-    register_authed(router, fed, "GET", rf"{FED_V1}/media/thumbnail/(?P<media_id>[^/]+)", thumbnail,
-                    "media_federation_thumbnail")
+
+def register_federation_media_servlets(router: Routes, gate: Gate, repo: MediaRepository) -> None:
+    declare(router, gate, FederationMediaServlets(repo))

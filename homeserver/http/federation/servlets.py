@@ -1,9 +1,11 @@
 """Routes under /_matrix/federation/v1|v2 and /_matrix/key/v2, and the services behind them.
 
 ``FederationServices.build`` wires the keyring, client and handlers from the
-config; ``register_federation_servlets`` adds the routes to a router. Each
-authenticated route reads the body, checks ``X-Matrix`` (401 M_UNAUTHORIZED on
-any failure) and calls a handler with the origin.
+config; ``register_federation_servlets`` declares the routes on a router
+(homeserver/http/routes.py). The federation listener's gate (homeserver/app.py)
+authenticates each ``Caller.SERVER`` route with ``XMatrixAuth``: it reads the signed body, checks
+``X-Matrix`` (401 M_UNAUTHORIZED on any failure) and a room's server ACL, and the
+handler gets the origin as ``call.server``.
 """
 
 # tests: tests/integration/test_federation.py
@@ -21,7 +23,7 @@ from twisted.web.server import Request
 from homeserver import __version__
 from homeserver.config import HomeserverConfig
 from homeserver.events.server_acl import ServerAcls
-from homeserver.remote.request_auth import authenticate_request
+from homeserver.remote.request_auth import KeyLookup, authenticate_request
 from homeserver.federation.backfill import BackfillHandler
 from homeserver.events import FrozenEvent
 from homeserver.remote.client import FederationClient, OutboundTimeouts
@@ -34,8 +36,7 @@ from homeserver.remote.metrics import FederationMetrics
 from homeserver.federation.partial_state import PartialStateResyncer
 from homeserver.federation.queries import RemoteQueries
 from homeserver.federation.transaction import TransactionHandler
-from homeserver.handlers.accounts.auth import client_ip
-from storage.kernel.ratelimit import Ratelimiter, ratelimit
+from storage.kernel.ratelimit import Ratelimiter
 from homeserver.handlers.rooms.event_loader import EventLoader
 from homeserver.handlers.rooms.event_persistence import EventPersister
 from homeserver.handlers.rooms.partial_state import PartialRooms
@@ -55,7 +56,8 @@ from homeserver.federation.requests import (
     query_values,
 )
 from storage.kernel.errors import invalid_param, missing_param, not_found
-from homeserver.http.server import FEDERATION_JSON, Routes, parse_json_object, read_json_body
+from homeserver.http.routes import Body, Call, Caller, Gate, Rate, Response, declare, route
+from homeserver.http.server import Routes
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
 from storage.stores.partial_state import PartialStateStore
@@ -183,13 +185,6 @@ class FederationServices:
     def key_response(self) -> dict[str, Any]:
         return server_key_response(self.server_name, self.signing_key, self.clock_ms())
 
-    def check_key_query_rate(self, request: Request) -> None:
-        """429 ``M_LIMIT_EXCEEDED`` when the requesting address asks for keys too often."""
-        ratelimit(self.key_query_limiter, client_ip(request) or "-", self.clock_ms() / 1000)
-
-
-Authed = Callable[[str, Request, Mapping[str, str], Any], Awaitable[tuple[int, Any]]]
-
 
 ProfileLookup = Callable[[str], Awaitable[Any]]
 """``user_id -> row`` with ``displayname`` and ``avatar_url``; raises ``MatrixError`` 404 when unknown."""
@@ -199,169 +194,234 @@ AliasLookup = Callable[[str], Awaitable[tuple[str, str] | None]]
 """``#alias:server -> (room_id, creator)`` from the local alias directory, or None."""
 
 
-def register_authed(router: Routes, fed: FederationServices, method: str, pattern: str, handler: Authed,
-                    servlet: str, *, has_body: bool = False) -> None:
-    """Route ``method`` ``pattern`` to ``handler(origin, request, params, body)`` once the request's
-    ``X-Matrix`` signature is checked (401 otherwise) and, for a path naming a room, its server ACL."""
+class XMatrixAuth:
+    """The gate's check of another server (``ServerAuth``): the request's ``X-Matrix`` signature
+    over method, URI and the signed body (401 otherwise); the origin is then up
+    (``on_remote_up``), and a path naming a room obeys that room's server ACL (403)."""
 
-    async def wrapped(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        content, raw = read_json_body(request, FEDERATION_JSON) if has_body else (None, None)
+    def __init__(self, server_name: str, get_verify_key: KeyLookup, on_remote_up: Callable[[str], None],
+                 acl: ServerAcls) -> None:
+        self._server_name = server_name
+        self._get_verify_key = get_verify_key
+        self._on_remote_up = on_remote_up
+        self._acl = acl
+
+    async def authenticate(self, request: Request, params: Mapping[str, str], content: Any,
+                           raw: bytes | None) -> str:
+        # The router serves HEAD with a GET route, whose signature covers "GET".
+        method = request.method.decode("ascii", "replace")
         origin = await authenticate_request(
             request.requestHeaders.getRawHeaders(b"Authorization"),
-            method, request.uri.decode("ascii", "replace"), fed.server_name, content,
-            fed.keyring.get_verify_key, raw_content=raw,
+            "GET" if method == "HEAD" else method, request.uri.decode("ascii", "replace"), self._server_name,
+            content, self._get_verify_key, raw_content=raw,
         )
-        fed.on_remote_up(origin)
+        self._on_remote_up(origin)
         if "room_id" in params:  # every endpoint that names a room obeys its server ACL
-            await fed.acl.check(origin, params["room_id"])
-        return await handler(origin, request, params, content)
-
-    router.register([method], pattern, wrapped, servlet)
+            await self._acl.check(origin, params["room_id"])
+        return origin
 
 
-def register_federation_servlets(router: Routes, fed: FederationServices, *,
-                                 profile_lookup: ProfileLookup | None = None,
-                                 alias_lookup: AliasLookup | None = None,
-                                 devices: FederationDeviceHandler | None = None) -> None:
-    async def version(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+class ServerKeyServlets:
+    """``/version`` and the key server: our keys and, as a notary, other servers' (open to anyone)."""
+
+    def __init__(self, key_response: Callable[[], dict[str, Any]], notary: Notary) -> None:
+        self._key_response = key_response
+        self._notary = notary
+
+    @route("GET", f"{FED_V1}/version", "federation_version", caller=Caller.NONE)
+    async def version(self, call: Call) -> Response:
         return 200, {"server": {"name": "Tributary", "version": __version__}}
 
-    async def key_server(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        return 200, fed.key_response()
+    @route("GET", f"{KEY_V2}/server(?:/{_SEG})?", "key_server", caller=Caller.NONE)
+    async def key_server(self, call: Call) -> Response:
+        return 200, self._key_response()
 
-    async def key_query(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        fed.check_key_query_rate(request)
-        return 200, await fed.notary.query_body(parse_json_object(request, FEDERATION_JSON))
+    @route("POST", f"{KEY_V2}/query", "key_query", caller=Caller.NONE, rate=Rate.KEY_QUERY, body=Body.OBJECT)
+    async def key_query(self, call: Call) -> Response:
+        return 200, await self._notary.query_body(call.content)
 
-    async def key_query_server(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        fed.check_key_query_rate(request)
-        minimum = query_values(request.args or {}, "minimum_valid_until_ts")
+    @route("GET", f"{KEY_V2}/query/(?P<server>{_SEG})(?:/(?P<key_id>{_SEG}))?", "key_query_server",
+           caller=Caller.NONE, rate=Rate.KEY_QUERY)
+    async def key_query_server(self, call: Call) -> Response:
+        params = call.params
+        minimum = query_values(call.request.args or {}, "minimum_valid_until_ts")
         if "key_id" in params and not is_valid_key_id(params["key_id"]):
             raise invalid_param(f"{params['key_id'][:100]!r} is not a key ID (algorithm:identifier)")
-        return 200, await fed.notary.query_server(params["server"], params.get("key_id"), minimum)
+        return 200, await self._notary.query_server(params["server"], params.get("key_id"), minimum)
 
-    router.register(["GET"], f"{FED_V1}/version", version, "federation_version")
-    router.register(["GET"], f"{KEY_V2}/server(?:/{_SEG})?", key_server, "key_server")
-    router.register(["POST"], f"{KEY_V2}/query", key_query, "key_query")
-    router.register(["GET"], f"{KEY_V2}/query/(?P<server>{_SEG})(?:/(?P<key_id>{_SEG}))?", key_query_server,
-                    "key_query_server")
 
-    def authed(method: str, pattern: str, handler: Authed, servlet: str, *, has_body: bool = False) -> None:
-        register_authed(router, fed, method, pattern, handler, servlet, has_body=has_body)
+ROOM_USER = rf"(?P<room_id>{_SEG})/(?P<user_id>{_SEG})"
+ROOM_EVENT = rf"(?P<room_id>{_SEG})/(?P<event_id>{_SEG})"
 
-    def versions(request: Request) -> list[str]:
-        return query_values(request.args or {}, "ver", max_length=MAX_VERSION_LENGTH)
 
-    async def send(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        # The transaction handler checks 'pdus' and 'edus' (and counts what it refuses).
-        return 200, await fed.transactions.on_send(origin, p["txn_id"], body_object(body, "a transaction"))
+def _versions(request: Request) -> list[str]:
+    return query_values(request.args or {}, "ver", max_length=MAX_VERSION_LENGTH)
 
-    async def make_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.membership.make_join(origin, p["room_id"], p["user_id"], versions(request))
 
-    async def send_join(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        omit = query_bool(request.args, "omit_members")
-        return 200, await fed.membership.send_join(origin, p["room_id"], p["event_id"], body_object(body),
-                                                   omit_members=bool(omit))
+class MembershipServlets:
+    """make_/send_ leave, knock and join, and invites, for a room's other servers."""
 
-    async def get_event(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        await fed.acl.check_event(origin, p["event_id"])
-        return 200, await fed.history.get_event(origin, p["event_id"])
+    def __init__(self, membership: MembershipHandler) -> None:
+        self._membership = membership
 
-    def event_id_arg(request: Request) -> str:
-        return query_required(request.args or {}, "event_id", is_valid_event_id, "event ID")
+    @route("GET", f"{FED_V1}/make_leave/{ROOM_USER}", "federation_make_leave", caller=Caller.SERVER)
+    async def make_leave(self, call: Call) -> Response:
+        return 200, await self._membership.make_leave(call.server, call.params["room_id"], call.params["user_id"])
 
-    async def state_ids(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.history.state_ids(origin, p["room_id"], event_id_arg(request))
+    @route("PUT", f"{FED_V2}/send_leave/{ROOM_EVENT}", "federation_send_leave", caller=Caller.SERVER, body=Body.SIGNED)
+    async def send_leave(self, call: Call) -> Response:
+        p = call.params
+        return 200, await self._membership.send_leave(call.server, p["room_id"], p["event_id"], body_object(call.body))
 
-    async def state(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.history.state(origin, p["room_id"], event_id_arg(request))
+    @route("GET", f"{FED_V1}/make_knock/{ROOM_USER}", "federation_make_knock", caller=Caller.SERVER)
+    async def make_knock(self, call: Call) -> Response:
+        p = call.params
+        return 200, await self._membership.make_knock(call.server, p["room_id"], p["user_id"], _versions(call.request))
 
-    async def backfill(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        query = request.args or {}
-        limit = query_int(query, "limit", default=10, minimum=1, maximum=MAX_BACKFILL)
-        starts = query_list(query, "v", is_valid_event_id, "event ID")
-        if not starts:
-            raise missing_param("missing the 'v' query parameter (event IDs to backfill from)")
-        return 200, await fed.history.backfill(origin, p["room_id"], starts, limit)
+    @route("PUT", f"{FED_V1}/send_knock/{ROOM_EVENT}", "federation_send_knock", caller=Caller.SERVER, body=Body.SIGNED)
+    async def send_knock(self, call: Call) -> Response:
+        p = call.params
+        return 200, await self._membership.send_knock(call.server, p["room_id"], p["event_id"], body_object(call.body))
 
-    async def missing(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        request_body = missing_events_body(body, is_valid_event_id)
-        return 200, await fed.history.get_missing_events(origin, p["room_id"], request_body)
+    @route("PUT", f"{FED_V2}/invite/{ROOM_EVENT}", "federation_invite", caller=Caller.SERVER, body=Body.SIGNED)
+    async def invite(self, call: Call) -> Response:
+        p = call.params
+        return 200, await self._membership.on_invite(call.server, p["room_id"], p["event_id"], invite_body(call.body))
 
-    async def make_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.membership.make_leave(origin, p["room_id"], p["user_id"])
+    # (Declared after invites here, before /user/ and /query/ before: the paths do not overlap.)
+    @route("GET", f"{FED_V1}/make_join/{ROOM_USER}", "federation_make_join", caller=Caller.SERVER)
+    async def make_join(self, call: Call) -> Response:
+        p = call.params
+        return 200, await self._membership.make_join(call.server, p["room_id"], p["user_id"], _versions(call.request))
 
-    async def send_leave(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.membership.send_leave(origin, p["room_id"], p["event_id"], body_object(body))
+    @route("PUT", f"{FED_V2}/send_join/{ROOM_EVENT}", "federation_send_join", caller=Caller.SERVER, body=Body.SIGNED)
+    async def send_join(self, call: Call) -> Response:
+        p = call.params
+        omit = query_bool(call.request.args, "omit_members")
+        return 200, await self._membership.send_join(call.server, p["room_id"], p["event_id"], body_object(call.body),
+                                                     omit_members=bool(omit))
 
-    async def invite(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.membership.on_invite(origin, p["room_id"], p["event_id"], invite_body(body))
 
-    async def make_knock(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.membership.make_knock(origin, p["room_id"], p["user_id"], versions(request))
+class DeviceServlets:
+    """A local user's devices and their keys, for servers sharing a room with them."""
 
-    async def send_knock(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        return 200, await fed.membership.send_knock(origin, p["room_id"], p["event_id"], body_object(body))
+    def __init__(self, devices: FederationDeviceHandler | None) -> None:
+        self._devices = devices
 
-    async def profile(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        query = request.args or {}
+    def _served(self, what: str) -> FederationDeviceHandler:
+        if self._devices is None:
+            raise not_found(f"{what} are not served by this process")
+        return self._devices
+
+    @route("GET", f"{FED_V1}/user/devices/(?P<user_id>{_SEG})", "federation_user_devices", caller=Caller.SERVER)
+    async def user_devices(self, call: Call) -> Response:
+        return 200, await self._served("devices").user_devices(call.params["user_id"])
+
+    @route("POST", f"{FED_V1}/user/keys/query", "federation_user_keys_query", caller=Caller.SERVER, body=Body.SIGNED)
+    async def user_keys_query(self, call: Call) -> Response:
+        return 200, await self._served("keys").query_keys(body_object(call.body))
+
+    @route("POST", f"{FED_V1}/user/keys/claim", "federation_user_keys_claim", caller=Caller.SERVER, body=Body.SIGNED)
+    async def user_keys_claim(self, call: Call) -> Response:
+        return 200, await self._served("keys").claim_keys(body_object(call.body))
+
+
+class QueryServlets:
+    """``/query/profile`` and ``/query/directory``: a local user's profile, a local alias's room."""
+
+    def __init__(self, server_name: str, servers_in_room: Callable[[str], Awaitable[set[str]]],
+                 profile_lookup: ProfileLookup | None, alias_lookup: AliasLookup | None) -> None:
+        self._server_name = server_name
+        self._servers_in_room = servers_in_room
+        self._profile_lookup = profile_lookup
+        self._alias_lookup = alias_lookup
+
+    @route("GET", f"{FED_V1}/query/profile", "federation_query_profile", caller=Caller.SERVER)
+    async def profile(self, call: Call) -> Response:
+        query = call.request.args or {}
         user_id = query_required(query, "user_id", is_valid_user_id, "user ID")
         field = query_one(query, "field")
-        if profile_lookup is None:
+        if self._profile_lookup is None:
             raise not_found("profiles are not served by this process")
-        row = await profile_lookup(user_id)
+        row = await self._profile_lookup(user_id)
         result = {k: v for k, v in (("displayname", row.displayname), ("avatar_url", row.avatar_url)) if v is not None}
         if field is not None:
             result = {k: v for k, v in result.items() if k == field}
         return 200, result
 
-    authed("GET", f"{FED_V1}/make_leave/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", make_leave, "federation_make_leave")
-    authed("PUT", f"{FED_V2}/send_leave/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", send_leave,
-           "federation_send_leave", has_body=True)
-    authed("GET", f"{FED_V1}/make_knock/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", make_knock, "federation_make_knock")
-    authed("PUT", f"{FED_V1}/send_knock/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", send_knock,
-           "federation_send_knock", has_body=True)
-    authed("PUT", f"{FED_V2}/invite/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", invite, "federation_invite",
-           has_body=True)
-    async def directory(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        alias = query_required(request.args or {}, "room_alias", is_valid_room_alias, "room alias")
-        entry = await alias_lookup(alias) if alias_lookup is not None else None
+    @route("GET", f"{FED_V1}/query/directory", "federation_query_directory", caller=Caller.SERVER)
+    async def directory(self, call: Call) -> Response:
+        alias = query_required(call.request.args or {}, "room_alias", is_valid_room_alias, "room alias")
+        entry = await self._alias_lookup(alias) if self._alias_lookup is not None else None
         if entry is None:
             raise not_found(f"Room alias {alias} not found")
-        servers = sorted(await fed.membership.servers_in_room(entry[0]) | {fed.server_name})
-        return 200, {"room_id": entry[0], "servers": [fed.server_name, *(s for s in servers if s != fed.server_name)]}
+        ours = self._server_name
+        servers = sorted(await self._servers_in_room(entry[0]) | {ours})
+        return 200, {"room_id": entry[0], "servers": [ours, *(s for s in servers if s != ours)]}
 
-    async def user_devices(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        if devices is None:
-            raise not_found("devices are not served by this process")
-        return 200, await devices.user_devices(p["user_id"])
 
-    async def user_keys_query(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        if devices is None:
-            raise not_found("keys are not served by this process")
-        return 200, await devices.query_keys(body_object(body))
+class TransactionServlets:
+    def __init__(self, transactions: TransactionHandler) -> None:
+        self._transactions = transactions
 
-    async def user_keys_claim(origin: str, request: Request, p: Mapping[str, str], body: Any) -> tuple[int, Any]:
-        if devices is None:
-            raise not_found("keys are not served by this process")
-        return 200, await devices.claim_keys(body_object(body))
+    @route("PUT", f"{FED_V1}/send/(?P<txn_id>{_SEG})", "federation_send", caller=Caller.SERVER, body=Body.SIGNED)
+    async def send(self, call: Call) -> Response:
+        # The transaction handler checks 'pdus' and 'edus' (and counts what it refuses).
+        return 200, await self._transactions.on_send(call.server, call.params["txn_id"],
+                                                     body_object(call.body, "a transaction"))
 
-    authed("GET", f"{FED_V1}/user/devices/(?P<user_id>{_SEG})", user_devices, "federation_user_devices")
-    authed("POST", f"{FED_V1}/user/keys/query", user_keys_query, "federation_user_keys_query", has_body=True)
-    authed("POST", f"{FED_V1}/user/keys/claim", user_keys_claim, "federation_user_keys_claim", has_body=True)
-    authed("GET", f"{FED_V1}/query/profile", profile, "federation_query_profile")
-    authed("GET", f"{FED_V1}/query/directory", directory, "federation_query_directory")
-    authed("PUT", f"{FED_V1}/send/(?P<txn_id>{_SEG})", send, "federation_send", has_body=True)
-    authed("GET", f"{FED_V1}/make_join/(?P<room_id>{_SEG})/(?P<user_id>{_SEG})", make_join, "federation_make_join")
-    authed("PUT", f"{FED_V2}/send_join/(?P<room_id>{_SEG})/(?P<event_id>{_SEG})", send_join,
-           "federation_send_join", has_body=True)
-    authed("GET", f"{FED_V1}/event/(?P<event_id>{_SEG})", get_event, "federation_event")
-    authed("GET", f"{FED_V1}/state_ids/(?P<room_id>{_SEG})", state_ids, "federation_state_ids")
-    authed("GET", f"{FED_V1}/state/(?P<room_id>{_SEG})", state, "federation_state")
-    authed("GET", f"{FED_V1}/backfill/(?P<room_id>{_SEG})", backfill, "federation_backfill")
-    authed("POST", f"{FED_V1}/get_missing_events/(?P<room_id>{_SEG})", missing, "federation_get_missing_events",
-           has_body=True)
+
+def _event_id_arg(request: Request) -> str:
+    return query_required(request.args or {}, "event_id", is_valid_event_id, "event ID")
+
+
+class HistoryServlets:
+    """Events, state and history of rooms we are in, for their other servers."""
+
+    def __init__(self, history: HistoryHandler, acl: ServerAcls) -> None:
+        self._history = history
+        self._acl = acl
+
+    @route("GET", f"{FED_V1}/event/(?P<event_id>{_SEG})", "federation_event", caller=Caller.SERVER)
+    async def get_event(self, call: Call) -> Response:
+        await self._acl.check_event(call.server, call.params["event_id"])
+        return 200, await self._history.get_event(call.server, call.params["event_id"])
+
+    @route("GET", f"{FED_V1}/state_ids/(?P<room_id>{_SEG})", "federation_state_ids", caller=Caller.SERVER)
+    async def state_ids(self, call: Call) -> Response:
+        return 200, await self._history.state_ids(call.server, call.params["room_id"], _event_id_arg(call.request))
+
+    @route("GET", f"{FED_V1}/state/(?P<room_id>{_SEG})", "federation_state", caller=Caller.SERVER)
+    async def state(self, call: Call) -> Response:
+        return 200, await self._history.state(call.server, call.params["room_id"], _event_id_arg(call.request))
+
+    @route("GET", f"{FED_V1}/backfill/(?P<room_id>{_SEG})", "federation_backfill", caller=Caller.SERVER)
+    async def backfill(self, call: Call) -> Response:
+        query = call.request.args or {}
+        limit = query_int(query, "limit", default=10, minimum=1, maximum=MAX_BACKFILL)
+        starts = query_list(query, "v", is_valid_event_id, "event ID")
+        if not starts:
+            raise missing_param("missing the 'v' query parameter (event IDs to backfill from)")
+        return 200, await self._history.backfill(call.server, call.params["room_id"], starts, limit)
+
+    @route("POST", f"{FED_V1}/get_missing_events/(?P<room_id>{_SEG})", "federation_get_missing_events",
+           caller=Caller.SERVER, body=Body.SIGNED)
+    async def missing(self, call: Call) -> Response:
+        request_body = missing_events_body(call.body, is_valid_event_id)
+        return 200, await self._history.get_missing_events(call.server, call.params["room_id"], request_body)
+
+
+def register_federation_servlets(router: Routes, gate: Gate, fed: FederationServices, *,
+                                 profile_lookup: ProfileLookup | None = None,
+                                 alias_lookup: AliasLookup | None = None,
+                                 devices: FederationDeviceHandler | None = None) -> None:
+    declare(router, gate,
+            ServerKeyServlets(fed.key_response, fed.notary),
+            MembershipServlets(fed.membership),
+            DeviceServlets(devices),
+            QueryServlets(fed.server_name, fed.membership.servers_in_room, profile_lookup, alias_lookup),
+            TransactionServlets(fed.transactions),
+            HistoryServlets(fed.history, fed.acl))
 
 
 def _thread_runner(reactor: Any) -> Callable[..., Coroutine[Any, Any, Any]]:
