@@ -59,7 +59,8 @@ _DEVICE_ID_ALPHABET: Final = string.ascii_uppercase
 # also lets guests call (capabilities, joined_rooms, logout, and reading media: its config,
 # downloads and thumbnails, so a guest sees the images of rooms it reads). A servlet mapped to
 # a (path parameter, values) pair is open to guests only for those values. Any
-# other authenticated servlet answers a guest 403 M_GUEST_ACCESS_FORBIDDEN.
+# other authenticated servlet answers a guest 403 M_GUEST_ACCESS_FORBIDDEN. Servlets declared
+# with ``Caller.GUEST`` (homeserver/http/routes.py) are not listed: their declaration says so.
 GUEST_SERVLETS: Final[Mapping[str, tuple[str, frozenset[str]] | None]] = {
     "client_sync": None,
     "client_events_stream": None,
@@ -91,7 +92,6 @@ GUEST_SERVLETS: Final[Mapping[str, tuple[str, frozenset[str]] | None]] = {
     "client_keys_query": None,
     "client_keys_claim": None,
     "client_keys_changes": None,
-    "client_capabilities": None,
     "client_joined_rooms": None,
     "client_logout": None,
     "client_logout_all": None,

@@ -16,7 +16,7 @@ from homeserver.http.client_api.appservice import register_appservice_servlets
 from homeserver.http.client_api.account_data import AccountDataServlets
 from homeserver.http.client_api.devices import register_device_servlets
 from homeserver.http.client_api.profile import register_profile_servlets
-from homeserver.http.client_api.server_info import register_server_info_servlets
+from homeserver.http.client_api.server_info import ServerInfoServlets
 from homeserver.http.client_api.threepid import register_threepid_servlets
 from homeserver.http.routes import Gate, declare
 from homeserver.http.server import Routes
@@ -27,7 +27,11 @@ __all__ = ["register_client_api_servlets"]
 
 def register_client_api_servlets(router: Routes, gate: Gate, config: HomeserverConfig, services: AccountServices,
                                  writers: Writers) -> None:
-    declare(router, gate, AccountDataServlets(services.account_data, services.filters, writers.account_data))
+    declare(
+        router,
+        gate,
+        AccountDataServlets(services.account_data, services.filters, writers.account_data),
+    )
     register_account_servlets(
         router,
         config=config,
@@ -39,6 +43,10 @@ def register_client_api_servlets(router: Routes, gate: Gate, config: HomeserverC
     )
     register_device_servlets(router, auth=services.auth, devices=services.devices, uia=services.uia)
     register_profile_servlets(router, auth=services.auth, profiles=services.profiles)
-    register_server_info_servlets(router, config=config, auth=services.auth)
+    declare(
+        router,
+        gate,
+        ServerInfoServlets(config),
+    )
     register_threepid_servlets(router, auth=services.auth, uia=services.uia)
     register_appservice_servlets(router, auth=services.auth, queries=services.app_service_queries)
