@@ -15,7 +15,7 @@ from homeserver.http.client_api.account import register_account_servlets
 from homeserver.http.client_api.appservice import register_appservice_servlets
 from homeserver.http.client_api.account_data import AccountDataServlets
 from homeserver.http.client_api.devices import register_device_servlets
-from homeserver.http.client_api.profile import register_profile_servlets
+from homeserver.http.client_api.profile import ProfileServlets
 from homeserver.http.client_api.server_info import ServerInfoServlets
 from homeserver.http.client_api.threepid import register_threepid_servlets
 from homeserver.http.routes import Gate, declare
@@ -42,10 +42,10 @@ def register_client_api_servlets(router: Routes, gate: Gate, config: HomeserverC
         registration_token_valid=services.registration_token_valid,
     )
     register_device_servlets(router, auth=services.auth, devices=services.devices, uia=services.uia)
-    register_profile_servlets(router, auth=services.auth, profiles=services.profiles)
     declare(
         router,
         gate,
+        ProfileServlets(services.profiles),
         ServerInfoServlets(config),
     )
     register_threepid_servlets(router, auth=services.auth, uia=services.uia)
