@@ -14,7 +14,7 @@ from homeserver.handlers.account_services import AccountServices
 from homeserver.http.client_api.account import register_account_servlets
 from homeserver.http.client_api.appservice import register_appservice_servlets
 from homeserver.http.client_api.account_data import AccountDataServlets
-from homeserver.http.client_api.devices import register_device_servlets
+from homeserver.http.client_api.devices import DeviceServlets
 from homeserver.http.client_api.profile import ProfileServlets
 from homeserver.http.client_api.server_info import ServerInfoServlets
 from homeserver.http.client_api.threepid import register_threepid_servlets
@@ -41,10 +41,10 @@ def register_client_api_servlets(router: Routes, gate: Gate, config: HomeserverC
         uia=services.uia,
         registration_token_valid=services.registration_token_valid,
     )
-    register_device_servlets(router, auth=services.auth, devices=services.devices, uia=services.uia)
     declare(
         router,
         gate,
+        DeviceServlets(services.devices, services.uia),
         ProfileServlets(services.profiles),
         ServerInfoServlets(config),
     )
