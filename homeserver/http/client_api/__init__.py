@@ -17,7 +17,7 @@ from homeserver.http.client_api.account_data import AccountDataServlets
 from homeserver.http.client_api.devices import DeviceServlets
 from homeserver.http.client_api.profile import ProfileServlets
 from homeserver.http.client_api.server_info import ServerInfoServlets
-from homeserver.http.client_api.threepid import register_threepid_servlets
+from homeserver.http.client_api.threepid import ThreepidServlets
 from homeserver.http.routes import Gate, declare
 from homeserver.http.server import Routes
 from homeserver.handlers.writers import Writers
@@ -47,6 +47,6 @@ def register_client_api_servlets(router: Routes, gate: Gate, config: HomeserverC
         DeviceServlets(services.devices, services.uia),
         ProfileServlets(services.profiles),
         ServerInfoServlets(config),
+        ThreepidServlets(services.uia),
     )
-    register_threepid_servlets(router, auth=services.auth, uia=services.uia)
     register_appservice_servlets(router, auth=services.auth, queries=services.app_service_queries)
