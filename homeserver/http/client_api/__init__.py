@@ -12,8 +12,8 @@ from __future__ import annotations
 from homeserver.config import HomeserverConfig
 from homeserver.handlers.account_services import AccountServices
 from homeserver.http.client_api.account import register_account_servlets
-from homeserver.http.client_api.appservice import register_appservice_servlets
 from homeserver.http.client_api.account_data import AccountDataServlets
+from homeserver.http.client_api.appservice import AppServiceServlets
 from homeserver.http.client_api.devices import DeviceServlets
 from homeserver.http.client_api.profile import ProfileServlets
 from homeserver.http.client_api.server_info import ServerInfoServlets
@@ -48,5 +48,5 @@ def register_client_api_servlets(router: Routes, gate: Gate, config: HomeserverC
         ProfileServlets(services.profiles),
         ServerInfoServlets(config),
         ThreepidServlets(services.uia),
+        AppServiceServlets(services.app_service_queries),
     )
-    register_appservice_servlets(router, auth=services.auth, queries=services.app_service_queries)
