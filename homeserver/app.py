@@ -725,7 +725,7 @@ class HomeServer:
         register_versions(router)
         gate = Gate(users=accounts.auth, clock=self.reactor.seconds)
         register_client_api_servlets(router, gate, self.config, accounts, services.writers)
-        register_room_api_servlets(router, rooms, accounts, services.writers, services.sync_tracker)
+        register_room_api_servlets(router, gate, rooms, accounts, services.writers, services.sync_tracker)
         events = streams.generators[StreamName.EVENTS]
         pushers = PushersHandler(PushStore(storage.db), clock_ms=lambda: int(self.reactor.seconds() * 1000),
                                  current_position=events.get_max_position)

@@ -1,7 +1,7 @@
 """Client-server API servlets for accounts, auth, devices, profiles, account data and discovery.
 
-``register_client_api_servlets`` wires every servlet of this package onto the
-router with the handlers of ``AccountServices``. Each path is served under both
+``register_client_api_servlets`` declares every servlet of this package on the
+router, through the gate, each with the few handlers of ``AccountServices`` it uses. Each path is served under both
 ``/_matrix/client/r0`` and ``/_matrix/client/v3``. docs/client-api.md lists them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from homeserver.config import HomeserverConfig
 from homeserver.handlers.account_services import AccountServices
-from homeserver.http.client_api.account import register_account_servlets
+from homeserver.http.client_api.account import LoginServlets, RegistrationServlets
 from homeserver.http.client_api.account_data import AccountDataServlets
 from homeserver.http.client_api.appservice import AppServiceServlets
 from homeserver.http.client_api.devices import DeviceServlets
@@ -31,19 +31,9 @@ def register_client_api_servlets(router: Routes, gate: Gate, config: HomeserverC
         router,
         gate,
         AccountDataServlets(services.account_data, services.filters, writers.account_data),
-    )
-    register_account_servlets(
-        router,
-        config=config,
-        auth=services.auth,
-        registration=services.registration,
-        login=services.login,
-        uia=services.uia,
-        registration_token_valid=services.registration_token_valid,
-    )
-    declare(
-        router,
-        gate,
+        RegistrationServlets(config, services.auth, services.registration, services.uia,
+                             services.registration_token_valid),
+        LoginServlets(config, services.auth, services.login, services.uia),
         DeviceServlets(services.devices, services.uia),
         ProfileServlets(services.profiles),
         ServerInfoServlets(config),

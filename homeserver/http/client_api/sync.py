@@ -31,6 +31,7 @@ from homeserver.http.client_api.room_upgrade import register_room_upgrade_servle
 from homeserver.http.client_api._base import client_path, query_int, query_string
 from storage.kernel.errors import invalid_param, missing_param
 from homeserver.http.server import Routes
+from homeserver.http.routes import Gate
 from homeserver.handlers.writers import Writers
 from storage.tokens import InvalidTokenError, StreamToken
 
@@ -129,7 +130,7 @@ def register_sync_servlets(router: Routes, *, auth: Auth, sync: SyncHandler, fil
     router.register(["GET"], client_path(r"/sync"), get_sync, "client_sync")
 
 
-def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: AccountServices,
+def register_room_api_servlets(router: Routes, gate: Gate, rooms: RoomServices, accounts: AccountServices,
                                writers: Writers, sync_tracker: SyncTracker | None = None) -> None:
     """Every servlet of rooms.py and this module, wired to ``rooms``' handlers."""
     register_room_servlets(
@@ -149,7 +150,7 @@ def register_room_api_servlets(router: Routes, rooms: RoomServices, accounts: Ac
                                   sync_tracker=sync_tracker)
     register_e2e_servlets(router, auth=accounts.auth, e2e=rooms.e2e, presence=rooms.presence, writers=writers,
                           uia=accounts.uia)
-    register_deactivate_servlet(router, auth=accounts.auth, uia=accounts.uia, deactivation=DeactivationHandler(
+    register_deactivate_servlet(router, gate, uia=accounts.uia, deactivation=DeactivationHandler(
         login=accounts.login, rooms=rooms.rooms, profiles=accounts.profiles, timeline=rooms.timeline,
     ))
     register_legacy_sync_servlets(router, auth=accounts.auth, legacy=LegacySyncHandler(
