@@ -75,9 +75,9 @@ from homeserver.handlers.rooms.remote_invites import RemoteInvites
 from homeserver.handlers.rooms.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.ephemeral.typing import ReplicatedTyping
-from homeserver.http.client import register_versions
+from homeserver.http.client_api.versions import VersionsServlet
 from homeserver.http.client_api import register_client_api_servlets
-from homeserver.http.routes import Gate
+from homeserver.http.routes import Gate, declare
 from homeserver.http.client_api.push import register_push_servlets
 from homeserver.http.client_api.media import register_legacy_download_for_federation, register_media_servlets
 from homeserver.http.client_api.sync import register_room_api_servlets
@@ -722,8 +722,8 @@ class HomeServer:
             return
         accounts, rooms = services.accounts, services.rooms
         router = _RoleRouter(self.router, self.role)
-        register_versions(router)
         gate = Gate(users=accounts.auth, clock=self.reactor.seconds)
+        declare(router, gate, VersionsServlet())
         register_client_api_servlets(router, gate, self.config, accounts, services.writers)
         register_room_api_servlets(router, gate, rooms, accounts, services.writers, services.sync_tracker)
         events = streams.generators[StreamName.EVENTS]
