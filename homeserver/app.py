@@ -76,7 +76,7 @@ from homeserver.handlers.rooms.remote_invites import RemoteInvites
 from homeserver.handlers.rooms.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.ephemeral.typing import ReplicatedTyping
-from homeserver.http.client import register_versions
+from homeserver.http.client_api.versions import VersionsServlet
 from homeserver.http.client_api import register_client_api_servlets
 from homeserver.http.routes import Gate, Rate, declare
 from homeserver.http.client_api.push import register_push_servlets
@@ -730,8 +730,8 @@ class HomeServer:
             return
         accounts, rooms = services.accounts, services.rooms
         router = _RoleRouter(self.router, self.role)
-        register_versions(router)
         gate = Gate(users=accounts.auth, clock=self.reactor.seconds)
+        declare(router, gate, VersionsServlet())
         fed = services.federation
         # Servers sign their requests; the notary's key queries share the one rc_key_query budget per address.
         federation_gate = Gate(servers=XMatrixAuth(fed.server_name, fed.keyring.get_verify_key, fed.on_remote_up,

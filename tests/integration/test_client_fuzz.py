@@ -37,6 +37,7 @@ ROOM_MODULES: Final = (
 )
 
 ENDPOINTS: Final = [
+    ("GET", "/_matrix/client/versions"),
     ("POST", "register"),
     ("GET", "register/available"),
     ("GET", "/_matrix/client/v1/register/m.login.registration_token/validity"),

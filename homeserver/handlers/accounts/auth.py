@@ -53,36 +53,6 @@ LAST_SEEN_INTERVAL_SECONDS: Final = 300.0
 _DEVICE_ID_ALPHABET: Final = string.ascii_uppercase
 
 
-# The servlets a guest account may use: the spec's list for the guest access module
-# (state and history reads, sending m.room.message, joining and leaving, typing,
-# receipts, profile, presence, to-device, devices and keys), plus those Synapse
-# also lets guests call (capabilities, joined_rooms, logout, and reading media: its config,
-# downloads and thumbnails, so a guest sees the images of rooms it reads). A servlet mapped to
-# a (path parameter, values) pair is open to guests only for those values. Any
-# other authenticated servlet answers a guest 403 M_GUEST_ACCESS_FORBIDDEN. A servlet declared
-# ``Caller.GUEST`` (homeserver/http/routes.py) says so in its declaration and is not listed here.
-GUEST_SERVLETS: Final[Mapping[str, tuple[str, frozenset[str]] | None]] = {
-    "client_profile": None,
-    "client_profile_field": None,
-    "client_profile_field_update": None,
-    "client_whoami": None,
-    "client_devices": None,
-    "client_device": None,
-    "client_device_update": None,
-    "client_capabilities": None,
-    "client_logout": None,
-    "client_logout_all": None,
-}
-
-
-def guest_may_use(servlet: str, path_params: Mapping[str, str]) -> bool:
-    """Whether a guest may call ``servlet`` with these path parameters (``GUEST_SERVLETS``)."""
-    if servlet not in GUEST_SERVLETS:
-        return False
-    narrowed = GUEST_SERVLETS[servlet]
-    return narrowed is None or path_params.get(narrowed[0]) in narrowed[1]
-
-
 def guest_access_forbidden() -> MatrixError:
     return MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest access not allowed")
 
@@ -243,10 +213,10 @@ class Auth:
         # Called with the hashes of revoked tokens, after this process forgot them.
         self._on_revoked = on_revoked
 
-    async def get_user_by_req(self, request: Request, *, allow_guest: bool | None = None) -> Requester:
+    async def get_user_by_req(self, request: Request, *, allow_guest: bool = False) -> Requester:
         """The requester, or 401 ``M_MISSING_TOKEN`` / ``M_UNKNOWN_TOKEN``. A guest is refused
-        (403 ``M_GUEST_ACCESS_FORBIDDEN``) unless ``allow_guest`` (the route's declaration,
-        homeserver/http/routes.py); None: by the servlet name, for routes not yet declared."""
+        (403 ``M_GUEST_ACCESS_FORBIDDEN``) unless ``allow_guest``: the route's declaration
+        (``Caller.GUEST``, homeserver/http/routes.py) decides."""
         token = access_token_from_request(request)
         if token is None:
             raise missing_token()
@@ -255,8 +225,6 @@ class Auth:
             return await self._app_service_requester(service, request)
         owner = await self._lookup(token)
         # The router names the servlet on the request; one allow-list decides for guests.
-        if allow_guest is None:
-            allow_guest = guest_may_use(getattr(request, "servlet", ""), getattr(request, "path_params", {}))
         if owner.is_guest and not allow_guest:
             raise guest_access_forbidden()
         await self._note_seen(owner, client_ip(request))

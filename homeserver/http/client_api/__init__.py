@@ -1,7 +1,7 @@
 """Client-server API servlets for accounts, auth, devices, profiles, account data and discovery.
 
-``register_client_api_servlets`` wires every servlet of this package onto the
-router with the handlers of ``AccountServices``. Each path is served under both
+``register_client_api_servlets`` declares every servlet of this package on the
+router, through the gate, each with the few handlers of ``AccountServices`` it uses. Each path is served under both
 ``/_matrix/client/r0`` and ``/_matrix/client/v3``. docs/client-api.md lists them.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from homeserver.config import HomeserverConfig
 from homeserver.handlers.account_services import AccountServices
-from homeserver.http.client_api.account import register_account_servlets
-from homeserver.http.client_api.appservice import register_appservice_servlets
+from homeserver.http.client_api.account import LoginServlets, RegistrationServlets
 from homeserver.http.client_api.account_data import AccountDataServlets
-from homeserver.http.client_api.devices import register_device_servlets
-from homeserver.http.client_api.profile import register_profile_servlets
-from homeserver.http.client_api.server_info import register_server_info_servlets
-from homeserver.http.client_api.threepid import register_threepid_servlets
+from homeserver.http.client_api.appservice import AppServiceServlets
+from homeserver.http.client_api.devices import DeviceServlets
+from homeserver.http.client_api.profile import ProfileServlets
+from homeserver.http.client_api.server_info import ServerInfoServlets
+from homeserver.http.client_api.threepid import ThreepidServlets
 from homeserver.http.routes import Gate, declare
 from homeserver.http.server import Routes
 from homeserver.handlers.writers import Writers
@@ -27,18 +27,16 @@ __all__ = ["register_client_api_servlets"]
 
 def register_client_api_servlets(router: Routes, gate: Gate, config: HomeserverConfig, services: AccountServices,
                                  writers: Writers) -> None:
-    declare(router, gate, AccountDataServlets(services.account_data, services.filters, writers.account_data))
-    register_account_servlets(
+    declare(
         router,
-        config=config,
-        auth=services.auth,
-        registration=services.registration,
-        login=services.login,
-        uia=services.uia,
-        registration_token_valid=services.registration_token_valid,
+        gate,
+        AccountDataServlets(services.account_data, services.filters, writers.account_data),
+        RegistrationServlets(config, services.auth, services.registration, services.uia,
+                             services.registration_token_valid),
+        LoginServlets(config, services.auth, services.login, services.uia),
+        DeviceServlets(services.devices, services.uia),
+        ProfileServlets(services.profiles),
+        ServerInfoServlets(config),
+        ThreepidServlets(services.uia),
+        AppServiceServlets(services.app_service_queries),
     )
-    register_device_servlets(router, auth=services.auth, devices=services.devices, uia=services.uia)
-    register_profile_servlets(router, auth=services.auth, profiles=services.profiles)
-    register_server_info_servlets(router, config=config, auth=services.auth)
-    register_threepid_servlets(router, auth=services.auth, uia=services.uia)
-    register_appservice_servlets(router, auth=services.auth, queries=services.app_service_queries)

@@ -11,7 +11,7 @@ before any user-interactive auth), then the ``m.login.dummy`` UIA stage.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import attrs
@@ -32,7 +32,6 @@ from homeserver.events.validation import (
     MAX_PASSWORD_LENGTH,
     check_text,
 )
-from homeserver.http.server import parse_optional_json_object
 from homeserver.http.client_api._base import (
     client_path,
     empty,
@@ -41,8 +40,9 @@ from homeserver.http.client_api._base import (
     query_string,
     required_string,
 )
+from homeserver.http.routes import Body, Call, Caller, Gate, Response, declare, route
+from homeserver.http.server import JsonDict, Routes, parse_json_object, parse_optional_json_object
 from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, missing_param
-from homeserver.http.server import Routes, parse_json_object
 
 REGISTER_FLOWS: Final = ((LOGIN_DUMMY,),)
 LOGIN_TYPE_APPLICATION_SERVICE: Final = "m.login.application_service"
@@ -82,29 +82,32 @@ class RegisterParams:
         ) or self.inhibit_login
 
 
-def register_account_servlets(
-    router: Routes,
-    *,
-    config: HomeserverConfig,
-    auth: Auth,
-    registration: RegistrationHandler,
-    login: LoginHandler,
-    uia: UserInteractiveAuth,
-    registration_token_valid: Callable[[str], Awaitable[bool]],
-) -> None:
-    server_name = config.server_name
-    register_flows = TOKEN_REGISTER_FLOWS if config.registration_requires_token else REGISTER_FLOWS
+class RegistrationServlets:
+    """``/register`` and its checks. Registration reads its own optional credentials (a
+    service's ``as_token`` in the request, a guest's access token in the body), so it is
+    declared for anyone; the rate limit comes after its own checks, and counts nothing here."""
 
-    async def post_register(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+    def __init__(self, config: HomeserverConfig, auth: Auth, registration: RegistrationHandler,
+                 uia: UserInteractiveAuth, registration_token_valid: Callable[[str], Awaitable[bool]]) -> None:
+        self._config = config
+        self._auth = auth
+        self._registration = registration
+        self._uia = uia
+        self._registration_token_valid = registration_token_valid
+        self._flows = TOKEN_REGISTER_FLOWS if config.registration_requires_token else REGISTER_FLOWS
+
+    @route("POST", client_path(r"/register"), "client_register", caller=Caller.NONE)
+    async def post_register(self, call: Call) -> Response:
+        request, auth, registration, uia = call.request, self._auth, self._registration, self._uia
         kind = query_string(request, "kind") or "user"
         if kind == "guest":
-            return await register_guest(request)
+            return await self._register_guest(request)
         if kind != "user":
             raise invalid_param("kind must be 'user' or 'guest'")
         service = auth.app_service_by_req(request)
         if service is not None:
-            return await register_app_service_user(request, service)
-        if not config.enable_registration:
+            return await self._register_app_service_user(request, service)
+        if not self._config.enable_registration:
             raise forbidden("Registration is disabled")
         body = parse_json_object(request)
         if body.get("type") == LOGIN_TYPE_APPLICATION_SERVICE:
@@ -146,10 +149,10 @@ def register_account_servlets(
             if wanted.username is not None and registration.user_id_for(wanted.username) != guest_user_id:
                 raise invalid_param("An upgraded guest keeps its user ID: username must be its localpart")
         elif wanted.username is not None:
-            check_not_exclusive(registration.user_id_for(wanted.username))
+            self._check_not_exclusive(registration.user_id_for(wanted.username))
             await registration.check_username_available(wanted.username)
         session = await uia.check(
-            auth_dict, operation="register", flows=register_flows, user_id=None,
+            auth_dict, operation="register", flows=self._flows, user_id=None,
             params=given if given.any() else None,
         )
         if session.has_result:
@@ -186,23 +189,23 @@ def register_account_servlets(
             if session.has_result:  # a concurrent request of this session registered first
                 return 200, session.result
             raise
-        response = registered(result)
+        response = self._registered(result)
         session.set_result(response)
         session.params = None  # forget the password
         return 200, response
 
-    def registered(result: RegistrationResult) -> dict[str, Any]:
-        response: dict[str, Any] = {"user_id": result.user_id, "home_server": server_name}
+    def _registered(self, result: RegistrationResult) -> dict[str, Any]:
+        response: dict[str, Any] = {"user_id": result.user_id, "home_server": self._config.server_name}
         if result.login is not None:
             response["access_token"] = result.login.access_token
             response["device_id"] = result.login.device_id
         return response
 
-    def check_not_exclusive(user_id: str) -> None:
-        if auth.app_services.exclusive_user_owner(user_id) is not None:
+    def _check_not_exclusive(self, user_id: str) -> None:
+        if self._auth.app_services.exclusive_user_owner(user_id) is not None:
             raise MatrixError(400, "M_EXCLUSIVE", "This user ID is reserved by an application service")
 
-    async def register_app_service_user(request: Request, service: AppService) -> tuple[int, Any]:
+    async def _register_app_service_user(self, request: Request, service: AppService) -> Response:
         """``type: m.login.application_service`` with the service's ``as_token``: no password,
         no user-interactive auth, open even when registration is closed; the user must be in
         the service's namespaces (400 ``M_EXCLUSIVE`` otherwise)."""
@@ -210,13 +213,13 @@ def register_account_servlets(
         if body.get("type") != LOGIN_TYPE_APPLICATION_SERVICE:
             raise bad_json(f"An application service registers users with type {LOGIN_TYPE_APPLICATION_SERVICE}")
         username = required_string(body, "username", max_length=MAX_USERNAME_LENGTH, allow_empty=False)
-        user_id = registration.user_id_for(username)
+        user_id = self._registration.user_id_for(username)
         if not service.may_act_as(user_id):
             raise MatrixError(400, "M_EXCLUSIVE", "This user ID is not in the application service's namespaces")
-        other = auth.app_services.exclusive_user_owner(user_id)
+        other = self._auth.app_services.exclusive_user_owner(user_id)
         if other is not None and other.id != service.id:
             raise MatrixError(400, "M_EXCLUSIVE", "This user ID is reserved by another application service")
-        result = await registration.register(
+        result = await self._registration.register(
             username=username,
             password=None,
             device_id=optional_string(body, "device_id", max_length=MAX_DEVICE_ID_LENGTH, allow_empty=False),
@@ -227,17 +230,17 @@ def register_account_servlets(
             ip=client_ip(request),
             counted=False,
         )
-        return 200, registered(result)
+        return 200, self._registered(result)
 
-    async def register_guest(request: Request) -> tuple[int, Any]:
+    async def _register_guest(self, request: Request) -> Response:
         # The spec: every body field but initial_device_display_name is ignored and
         # the server picks the device ID; no user-interactive auth, no password.
-        if not config.allow_guest_access:
+        if not self._config.allow_guest_access:
             raise MatrixError(403, "M_GUEST_ACCESS_FORBIDDEN", "Guest access is disabled")
         body = parse_optional_json_object(request)
         ip = client_ip(request)
-        registration.check_ratelimit(ip)
-        result = await registration.register(
+        self._registration.check_ratelimit(ip)
+        result = await self._registration.register(
             username=None,
             password=None,
             device_id=None,
@@ -251,37 +254,65 @@ def register_account_servlets(
         assert result.login is not None
         return 200, {
             "user_id": result.user_id,
-            "home_server": server_name,
+            "home_server": self._config.server_name,
             "access_token": result.login.access_token,
             "device_id": result.login.device_id,
         }
 
-    async def get_register_available(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        if not config.enable_registration:
+    def _open_query(self, call: Call, name: str, missing: str) -> str:
+        """Query parameter ``name`` of a check that only open registration answers (403 when closed)."""
+        if not self._config.enable_registration:
             raise forbidden("Registration is disabled")
-        username = query_string(request, "username")
-        if username is None:
-            raise missing_param("Missing query parameter 'username'")
+        value = query_string(call.request, name)
+        if value is None:
+            raise missing_param(missing)
+        return value
+
+    @route("GET", client_path(r"/register/available"), "client_register_available", caller=Caller.NONE)
+    async def get_register_available(self, call: Call) -> Response:
+        username = self._open_query(call, "username", "Missing query parameter 'username'")
         check_text(username, "username", max_length=MAX_USERNAME_LENGTH)
-        check_not_exclusive(registration.user_id_for(username))
-        await registration.check_username_available(username)
+        self._check_not_exclusive(self._registration.user_id_for(username))
+        await self._registration.check_username_available(username)
         return 200, {"available": True}
 
-    async def get_login(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+    @route("GET", r"/_matrix/client/v1/register/m\.login\.registration_token/validity",
+           "client_registration_token_validity", caller=Caller.NONE)
+    async def get_token_validity(self, call: Call) -> Response:
+        token = self._open_query(call, "token", "Missing 'token'")
+        if not 0 < len(token) <= 64:
+            raise invalid_param("'token' must be 1 to 64 characters")
+        self._registration.check_ratelimit(client_ip(call.request))
+        return 200, {"valid": await self._registration_token_valid(token)}
+
+
+class LoginServlets:
+    """``/login``, ``/logout``, ``/account/whoami`` and ``/account/password``. Logging in as an
+    application service reads the service's ``as_token`` itself: the body's ``type`` says so."""
+
+    def __init__(self, config: HomeserverConfig, auth: Auth, login: LoginHandler, uia: UserInteractiveAuth) -> None:
+        self._config = config
+        self._auth = auth
+        self._login = login
+        self._uia = uia
+
+    @route("GET", client_path(r"/login"), "client_login_flows", caller=Caller.NONE)
+    async def get_login(self, call: Call) -> Response:
         flows = [{"type": LOGIN_TYPE_PASSWORD}]
-        if auth.app_services:
+        if self._auth.app_services:
             flows.append({"type": LOGIN_TYPE_APPLICATION_SERVICE})
         return 200, {"flows": flows}
 
-    async def post_login(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        body = parse_json_object(request)
+    @route("POST", client_path(r"/login"), "client_login", caller=Caller.NONE, body=Body.OBJECT)
+    async def post_login(self, call: Call) -> Response:
+        body = call.content
         login_type = body.get("type")
         if login_type is None:
             raise missing_param("Missing 'type'")
         if not isinstance(login_type, str):
             raise bad_json("'type' must be a string")
         if login_type == LOGIN_TYPE_APPLICATION_SERVICE:
-            return await post_login_app_service(request, body)
+            return await self._login_app_service(call.request, body)
         if login_type != LOGIN_TYPE_PASSWORD:
             raise MatrixError(400, "M_UNKNOWN", "Unsupported login type")
         user = user_from_identifier(body.get("identifier"), body.get("user"))
@@ -301,110 +332,96 @@ def register_account_servlets(
             body, "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
         )
         optional_bool(body, "refresh_token", False)
-        result = await login.login_with_password(
+        result = await self._login.login_with_password(
             user=user,
             password=password,
             device_id=device_id,
             initial_device_display_name=display_name,
-            ip=client_ip(request),
+            ip=client_ip(call.request),
         )
         response: dict[str, Any] = {
             "user_id": result.user_id,
             "access_token": result.access_token,
             "device_id": result.device_id,
-            "home_server": server_name,
+            "home_server": self._config.server_name,
         }
-        well_known = client_well_known(config)
+        well_known = client_well_known(self._config)
         if well_known is not None:
             response["well_known"] = well_known
         return 200, response
 
-    async def post_login_app_service(request: Request, body: Mapping[str, Any]) -> tuple[int, Any]:
-        service = auth.app_service_by_req(request)
+    async def _login_app_service(self, request: Request, body: JsonDict) -> Response:
+        service = self._auth.app_service_by_req(request)
         if service is None:
             raise MatrixError(401, "M_MISSING_TOKEN", "m.login.application_service needs the service's as_token")
         user = user_from_identifier(body.get("identifier"), body.get("user"))
         if user is None:
             raise missing_param("Missing 'identifier'")
-        result = await login.login_as_app_service(
+        result = await self._login.login_as_app_service(
             service, user=user,
-            device_id=optional_string(dict(body), "device_id", max_length=MAX_DEVICE_ID_LENGTH, allow_empty=False),
+            device_id=optional_string(body, "device_id", max_length=MAX_DEVICE_ID_LENGTH, allow_empty=False),
             initial_device_display_name=optional_string(
-                dict(body), "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
+                body, "initial_device_display_name", max_length=MAX_DEVICE_DISPLAY_NAME_LENGTH
             ),
             ip=client_ip(request),
         )
         return 200, {"user_id": result.user_id, "access_token": result.access_token, "device_id": result.device_id,
-                     "home_server": server_name}
+                     "home_server": self._config.server_name}
 
-    async def post_logout(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await login.logout(await auth.get_user_by_req(request))
+    @route("POST", client_path(r"/logout"), "client_logout", caller=Caller.GUEST)
+    async def post_logout(self, call: Call) -> Response:
+        await self._login.logout(call.user)
         return empty()
 
-    async def post_logout_all(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await login.logout_all(await auth.get_user_by_req(request))
+    @route("POST", client_path(r"/logout/all"), "client_logout_all", caller=Caller.GUEST)
+    async def post_logout_all(self, call: Call) -> Response:
+        await self._login.logout_all(call.user)
         return empty()
 
-    async def get_whoami(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
+    @route("GET", client_path(r"/account/whoami"), "client_whoami", caller=Caller.GUEST)
+    async def get_whoami(self, call: Call) -> Response:
+        requester = call.user
         answer: dict[str, Any] = {"user_id": requester.user_id, "is_guest": requester.is_guest}
         if requester.device_id:  # an application service may act with no device
             answer["device_id"] = requester.device_id
         return 200, answer
 
-    async def post_password(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_json_object(request)
+    @route("POST", client_path(r"/account/password"), "client_change_password", caller=Caller.USER, body=Body.OBJECT)
+    async def post_password(self, call: Call) -> Response:
+        body = call.content
         new_password = required_string(body, "new_password", max_length=MAX_PASSWORD_LENGTH, allow_empty=False)
         logout_devices = optional_bool(body, "logout_devices", True)
-        session = await uia.check(
-            body.get("auth"), operation="change_password", flows=PASSWORD_FLOWS, user_id=requester.user_id
+        session = await self._uia.check(
+            body.get("auth"), operation="change_password", flows=PASSWORD_FLOWS, user_id=call.user.user_id
         )
         if not session.has_result:
-            await login.change_password(requester, new_password, logout_devices=logout_devices)
+            await self._login.change_password(call.user, new_password, logout_devices=logout_devices)
             session.set_result({})
         return empty()
 
-    router.register(["POST"], client_path(r"/register"), post_register, "client_register")
-    router.register(["GET"], client_path(r"/register/available"), get_register_available, "client_register_available")
-    async def get_token_validity(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        if not config.enable_registration:
-            raise forbidden("Registration is disabled")
-        token = query_string(request, "token")
-        if token is None:
-            raise missing_param("Missing 'token'")
-        if not 0 < len(token) <= 64:
-            raise invalid_param("'token' must be 1 to 64 characters")
-        registration.check_ratelimit(client_ip(request))
-        return 200, {"valid": await registration_token_valid(token)}
 
-    router.register(["GET"], r"/_matrix/client/v1/register/m\.login\.registration_token/validity",
-                    get_token_validity, "client_registration_token_validity")
-    router.register(["GET"], client_path(r"/login"), get_login, "client_login_flows")
-    router.register(["POST"], client_path(r"/login"), post_login, "client_login")
-    router.register(["POST"], client_path(r"/logout"), post_logout, "client_logout")
-    router.register(["POST"], client_path(r"/logout/all"), post_logout_all, "client_logout_all")
-    router.register(["GET"], client_path(r"/account/whoami"), get_whoami, "client_whoami")
-    router.register(["POST"], client_path(r"/account/password"), post_password, "client_change_password")
+class DeactivateServlet:
+    def __init__(self, uia: UserInteractiveAuth, deactivation: DeactivationHandler) -> None:
+        self._uia = uia
+        self._deactivation = deactivation
 
-
-def register_deactivate_servlet(
-    router: Routes, *, auth: Auth, uia: UserInteractiveAuth, deactivation: DeactivationHandler
-) -> None:
-    """``POST /account/deactivate`` (registered with the room servlets: leaving rooms needs their handler)."""
-
-    async def post_deactivate(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_json_object(request)
+    @route("POST", client_path(r"/account/deactivate"), "client_deactivate", caller=Caller.USER, body=Body.OBJECT)
+    async def post_deactivate(self, call: Call) -> Response:
+        body = call.content
         erase = optional_bool(body, "erase", False)
         optional_string(body, "id_server", max_length=MAX_USERNAME_LENGTH)
-        session = await uia.check(
-            body.get("auth"), operation="deactivate", flows=PASSWORD_FLOWS, user_id=requester.user_id
+        session = await self._uia.check(
+            body.get("auth"), operation="deactivate", flows=PASSWORD_FLOWS, user_id=call.user.user_id
         )
         if not session.has_result:
-            await deactivation.deactivate(requester, erase=erase)
+            await self._deactivation.deactivate(call.user, erase=erase)
             # No identity server is configured, so no third-party ID could be unbound from one.
             session.set_result({"id_server_unbind_result": "no-support"})
         return 200, session.result
 
-    router.register(["POST"], client_path(r"/account/deactivate"), post_deactivate, "client_deactivate")
+
+def register_deactivate_servlet(
+    router: Routes, gate: Gate, *, uia: UserInteractiveAuth, deactivation: DeactivationHandler
+) -> None:
+    """``POST /account/deactivate`` (registered with the room servlets: leaving rooms needs their handler)."""
+    declare(router, gate, DeactivateServlet(uia, deactivation))

@@ -1,20 +1,17 @@
 """Client servlets for application services: ``POST /_matrix/client/v1/appservice/{id}/ping``
-and the ``/thirdparty/*`` lookups the services answer (``homeserver/appservice/queries.py``)."""
+(a service's ``as_token`` only) and the ``/thirdparty/*`` lookups the services answer
+(``homeserver/appservice/queries.py``; any user's access token)."""
 
 # tests: tests/integration/test_appservice.py
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from twisted.web.server import Request
 
 from homeserver.appservice.queries import AppServiceQueries
-from homeserver.handlers.accounts.auth import Auth
-from homeserver.http.server import parse_optional_json_object
 from homeserver.http.client_api._base import client_path, optional_string
-from homeserver.http.server import Routes
+from homeserver.http.routes import Call, Caller, Response, route
+from homeserver.http.server import parse_optional_json_object
 from storage.kernel.errors import MatrixError, forbidden
 
 MAX_PING_TXN_ID_LENGTH = 255
@@ -37,41 +34,42 @@ def _lookup_query(request: Request) -> dict[str, str]:
     return query
 
 
-def register_appservice_servlets(router: Routes, *, auth: Auth, queries: AppServiceQueries) -> None:
-    async def post_ping(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        service = auth.app_service_by_req(request)
-        if service is None:
-            await auth.get_user_by_req(request)  # 401 without a valid token
-            raise forbidden("Only an application service may ping itself")
-        if service.id != params["service_id"]:
+class AppServiceServlets:
+    def __init__(self, queries: AppServiceQueries) -> None:
+        self._queries = queries
+
+    @route("POST", r"/_matrix/client/v1/appservice/(?P<service_id>[^/]+)/ping", "client_appservice_ping",
+           caller=Caller.APPSERVICE)
+    async def post_ping(self, call: Call) -> Response:
+        service = call.user.app_service
+        assert service is not None  # Caller.APPSERVICE
+        if service.id != call.params["service_id"]:
             raise forbidden("This as_token belongs to another application service")
-        body = parse_optional_json_object(request)
+        # Read after the service is checked (not declared as the body), so another service's ping is a 403 first.
+        body = parse_optional_json_object(call.request)
         txn_id = optional_string(body, "transaction_id", max_length=MAX_PING_TXN_ID_LENGTH)
-        return 200, {"duration_ms": await queries.ping(service, txn_id)}
+        return 200, {"duration_ms": await self._queries.ping(service, txn_id)}
 
-    async def get_protocols(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        return 200, await queries.protocols()
+    @route("GET", client_path(r"/thirdparty/protocols"), "client_thirdparty_protocols", caller=Caller.USER)
+    async def get_protocols(self, call: Call) -> Response:
+        return 200, await self._queries.protocols()
 
-    async def get_protocol(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        return 200, await queries.protocol(params["protocol"])
+    @route("GET", client_path(r"/thirdparty/protocol/(?P<protocol>[^/]+)"), "client_thirdparty_protocol",
+           caller=Caller.USER)
+    async def get_protocol(self, call: Call) -> Response:
+        return 200, await self._queries.protocol(call.params["protocol"])
 
-    def lookup(kind: str, by_protocol: bool) -> Any:
-        async def handler(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-            await auth.get_user_by_req(request)
-            protocol = params["protocol"] if by_protocol else None
-            return 200, await queries.lookup(kind, protocol, _lookup_query(request))
+    @route("GET", client_path(r"/thirdparty/location/(?P<protocol>[^/]+)"), "client_thirdparty_location_protocol",
+           caller=Caller.USER)
+    @route("GET", client_path(r"/thirdparty/location"), "client_thirdparty_location", caller=Caller.USER)
+    async def lookup_location(self, call: Call) -> Response:
+        return await self._lookup("location", call)
 
-        return handler
+    @route("GET", client_path(r"/thirdparty/user/(?P<protocol>[^/]+)"), "client_thirdparty_user_protocol",
+           caller=Caller.USER)
+    @route("GET", client_path(r"/thirdparty/user"), "client_thirdparty_user", caller=Caller.USER)
+    async def lookup_user(self, call: Call) -> Response:
+        return await self._lookup("user", call)
 
-    router.register(["POST"], r"/_matrix/client/v1/appservice/(?P<service_id>[^/]+)/ping", post_ping,
-                    "client_appservice_ping")
-    router.register(["GET"], client_path(r"/thirdparty/protocols"), get_protocols, "client_thirdparty_protocols")
-    router.register(["GET"], client_path(r"/thirdparty/protocol/(?P<protocol>[^/]+)"), get_protocol,
-                    "client_thirdparty_protocol")
-    for kind in ("location", "user"):
-        router.register(["GET"], client_path(rf"/thirdparty/{kind}/(?P<protocol>[^/]+)"), lookup(kind, True),
-                        f"client_thirdparty_{kind}_protocol")
-        router.register(["GET"], client_path(rf"/thirdparty/{kind}"), lookup(kind, False),
-                        f"client_thirdparty_{kind}")
+    async def _lookup(self, kind: str, call: Call) -> Response:
+        return 200, await self._queries.lookup(kind, call.params.get("protocol"), _lookup_query(call.request))

@@ -1,6 +1,6 @@
 """Profile servlets: GET /profile/{userId}, GET/PUT /profile/{userId}/displayname and /avatar_url.
 
-Reading a profile needs no access token; changing one needs the owner's.
+Reading a profile needs no access token; changing one needs the owner's (a guest's will do).
 Fields with no value are left out of the response (an empty object for a
 single unset field), as the spec's "only if set" wording has it.
 """
@@ -9,18 +9,17 @@ single unset field), as the spec's "only if set" wording has it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from twisted.web.server import Request
-
-from homeserver.handlers.accounts.auth import Auth
-from homeserver.handlers.accounts.profile import ProfileHandler
 from homeserver.events.validation import check_user_id
+from homeserver.handlers.accounts.profile import ProfileHandler
 from homeserver.http.client_api._base import client_path, empty
+from homeserver.http.routes import Call, Caller, Response, route
+from homeserver.http.server import parse_json_object
 from storage.kernel.errors import bad_json, missing_param
-from homeserver.http.server import Routes, parse_json_object
 from storage.stores.profiles import ProfileRow
+
+FIELD = client_path(r"/profile/(?P<user_id>[^/]+)/(?P<field>displayname|avatar_url)")
 
 
 def _fields(profile: ProfileRow) -> dict[str, Any]:
@@ -32,33 +31,33 @@ def _fields(profile: ProfileRow) -> dict[str, Any]:
     return out
 
 
-def register_profile_servlets(router: Routes, *, auth: Auth, profiles: ProfileHandler) -> None:
-    async def get_profile(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        profile = await profiles.lookup_profile(check_user_id(params["user_id"]))
-        return 200, _fields(profile)
+class ProfileServlets:
+    def __init__(self, profiles: ProfileHandler) -> None:
+        self._profiles = profiles
 
-    async def get_field(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        field = params["field"]
-        profile = await profiles.lookup_profile(check_user_id(params["user_id"]))
+    @route("GET", client_path(r"/profile/(?P<user_id>[^/]+)"), "client_profile", caller=Caller.NONE)
+    async def get_profile(self, call: Call) -> Response:
+        return 200, _fields(await self._profiles.lookup_profile(check_user_id(call.params["user_id"])))
+
+    @route("GET", FIELD, "client_profile_field", caller=Caller.NONE)
+    async def get_field(self, call: Call) -> Response:
+        field = call.params["field"]
+        profile = await self._profiles.lookup_profile(check_user_id(call.params["user_id"]))
         return 200, {key: value for key, value in _fields(profile).items() if key == field}
 
-    async def put_field(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        user_id = check_user_id(params["user_id"])
-        field = params["field"]
-        body = parse_json_object(request)
+    @route("PUT", FIELD, "client_profile_field_update", caller=Caller.GUEST)
+    async def put_field(self, call: Call) -> Response:
+        user_id = check_user_id(call.params["user_id"])
+        field = call.params["field"]
+        # Read after the user ID is checked (not declared as the body), so a bad ID is answered first.
+        body = parse_json_object(call.request)
         if field not in body:
             raise missing_param(f"Missing '{field}'")
         value = body[field]
         if value is not None and not isinstance(value, str):
             raise bad_json(f"'{field}' must be a string")
         if field == "displayname":
-            await profiles.set_displayname(requester, user_id, value)
+            await self._profiles.set_displayname(call.user, user_id, value)
         else:
-            await profiles.set_avatar_url(requester, user_id, value)
+            await self._profiles.set_avatar_url(call.user, user_id, value)
         return empty()
-
-    field_path = client_path(r"/profile/(?P<user_id>[^/]+)/(?P<field>displayname|avatar_url)")
-    router.register(["GET"], client_path(r"/profile/(?P<user_id>[^/]+)"), get_profile, "client_profile")
-    router.register(["GET"], field_path, get_field, "client_profile_field")
-    router.register(["PUT"], field_path, put_field, "client_profile_field_update")

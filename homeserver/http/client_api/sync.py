@@ -35,6 +35,7 @@ from homeserver.http.client_api._base import client_path, query_int, query_strin
 from storage.kernel.errors import invalid_param, missing_param
 from homeserver.http.routes import Call, Caller, Gate, Response, declare, route
 from homeserver.http.server import Routes
+from homeserver.http.routes import Gate
 from homeserver.handlers.writers import Writers
 from storage.tokens import InvalidTokenError, StreamToken
 
@@ -157,7 +158,7 @@ def register_room_api_servlets(router: Routes, gate: Gate, rooms: RoomServices, 
     )
     register_e2e_servlets(router, gate, e2e=rooms.e2e, presence=rooms.presence, writers=writers,
                           uia=accounts.uia)
-    register_deactivate_servlet(router, auth=accounts.auth, uia=accounts.uia, deactivation=DeactivationHandler(
+    register_deactivate_servlet(router, gate, uia=accounts.uia, deactivation=DeactivationHandler(
         login=accounts.login, rooms=rooms.rooms, profiles=accounts.profiles, timeline=rooms.timeline,
     ))
     declare(router, gate, LegacySyncServlets(LegacySyncHandler(

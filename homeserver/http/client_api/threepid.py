@@ -21,15 +21,12 @@ other (hostile input gets its 4xx, never a change):
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
-from twisted.web.server import Request
-
-from homeserver.handlers.accounts.auth import Auth
 from homeserver.handlers.accounts.ui_auth import LOGIN_PASSWORD, UserInteractiveAuth
 from homeserver.http.client_api._base import client_path, optional_string, required_string
-from homeserver.http.server import JsonDict, Routes, parse_json_object
+from homeserver.http.routes import Body, Call, Caller, Response, route
+from homeserver.http.server import JsonDict
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param
 
 MEDIUMS: Final = ("email", "msisdn")
@@ -39,6 +36,7 @@ ADD_FLOWS: Final = ((LOGIN_PASSWORD,),)
 # The spec's grammar for ``client_secret`` and ``sid``.
 _SECRET_RE: Final = re.compile(r"[0-9a-zA-Z.=_-]{1,255}")
 _NO_UNBIND: Final = {"id_server_unbind_result": "no-support"}
+REQUEST_TOKEN: Final = r"/(?P<medium>email|msisdn)/requestToken"
 
 
 def _secret(body: JsonDict, key: str) -> str:
@@ -78,48 +76,46 @@ def _medium_and_address(body: JsonDict) -> None:
     optional_string(body, "id_server", max_length=MAX_ID_SERVER_LENGTH)
 
 
-def register_threepid_servlets(router: Routes, *, auth: Auth, uia: UserInteractiveAuth) -> None:
-    async def request_token(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        medium = params["medium"]
-        _check_request_token(medium, parse_json_object(request))
+class ThreepidServlets:
+    def __init__(self, uia: UserInteractiveAuth) -> None:
+        self._uia = uia
+
+    @route("POST", client_path(r"/account/3pid" + REQUEST_TOKEN), "client_3pid_request_token", caller=Caller.NONE,
+           body=Body.OBJECT)
+    @route("POST", client_path(r"/register" + REQUEST_TOKEN), "client_register_request_token", caller=Caller.NONE,
+           body=Body.OBJECT)
+    @route("POST", client_path(r"/account/password" + REQUEST_TOKEN), "client_password_request_token",
+           caller=Caller.NONE, body=Body.OBJECT)
+    async def request_token(self, call: Call) -> Response:
+        medium = call.params["medium"]
+        _check_request_token(medium, call.content)
         raise MatrixError(
             400, "M_THREEPID_MEDIUM_NOT_SUPPORTED", f"This server cannot send {medium} validation tokens"
         )
 
-    async def get_threepids(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
+    @route("GET", client_path(r"/account/3pid"), "client_3pids", caller=Caller.USER)
+    async def get_threepids(self, call: Call) -> Response:
         return 200, {"threepids": []}
 
-    async def post_add(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        requester = await auth.get_user_by_req(request)
-        body = parse_json_object(request)
+    @route("POST", client_path(r"/account/3pid/add"), "client_3pid_add", caller=Caller.USER, body=Body.OBJECT)
+    async def post_add(self, call: Call) -> Response:
+        body = call.content
         _secret(body, "client_secret")
         _secret(body, "sid")
-        await uia.check(body.get("auth"), operation="add_threepid", flows=ADD_FLOWS, user_id=requester.user_id)
+        await self._uia.check(body.get("auth"), operation="add_threepid", flows=ADD_FLOWS, user_id=call.user.user_id)
         raise MatrixError(400, "M_THREEPID_AUTH_FAILED", "No validated third-party identifier session found")
 
-    async def post_bind(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        body = parse_json_object(request)
+    @route("POST", client_path(r"/account/3pid/bind"), "client_3pid_bind", caller=Caller.USER, body=Body.OBJECT)
+    async def post_bind(self, call: Call) -> Response:
+        body = call.content
         _secret(body, "client_secret")
         _secret(body, "sid")
         required_string(body, "id_server", max_length=MAX_ID_SERVER_LENGTH, allow_empty=False)
         required_string(body, "id_access_token", max_length=MAX_THREEPID_FIELD_LENGTH, allow_empty=False)
         raise MatrixError(400, "M_SERVER_NOT_TRUSTED", "This server does not use identity servers")
 
-    async def post_delete_or_unbind(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-        await auth.get_user_by_req(request)
-        _medium_and_address(parse_json_object(request))
+    @route("POST", client_path(r"/account/3pid/delete"), "client_3pid_delete", caller=Caller.USER, body=Body.OBJECT)
+    @route("POST", client_path(r"/account/3pid/unbind"), "client_3pid_unbind", caller=Caller.USER, body=Body.OBJECT)
+    async def post_delete_or_unbind(self, call: Call) -> Response:
+        _medium_and_address(call.content)
         return 200, dict(_NO_UNBIND)
-
-    medium = r"/(?P<medium>email|msisdn)/requestToken"
-    router.register(["POST"], client_path(r"/account/3pid" + medium), request_token, "client_3pid_request_token")
-    router.register(["POST"], client_path(r"/register" + medium), request_token, "client_register_request_token")
-    router.register(
-        ["POST"], client_path(r"/account/password" + medium), request_token, "client_password_request_token"
-    )
-    router.register(["GET"], client_path(r"/account/3pid"), get_threepids, "client_3pids")
-    router.register(["POST"], client_path(r"/account/3pid/add"), post_add, "client_3pid_add")
-    router.register(["POST"], client_path(r"/account/3pid/bind"), post_bind, "client_3pid_bind")
-    router.register(["POST"], client_path(r"/account/3pid/delete"), post_delete_or_unbind, "client_3pid_delete")
-    router.register(["POST"], client_path(r"/account/3pid/unbind"), post_delete_or_unbind, "client_3pid_unbind")

@@ -15,7 +15,6 @@ from homeserver.handlers.accounts.auth import (
     access_token_from_request,
     generate_access_token,
     generate_device_id,
-    guest_may_use,
     hash_access_token,
 )
 from storage.kernel.errors import MatrixError
@@ -167,10 +166,3 @@ async def test_long_and_odd_passwords_keep_all_their_characters() -> None:
     for odd in ["\x00nul", "lone \ud800 surrogate", "ünïcödé 😀"]:
         assert await hasher.verify(odd, await hasher.hash(odd))
     assert not await hasher.verify("\x00nul", await hasher.hash("\x00nuL"))
-
-
-def test_guest_servlets_are_an_allow_list() -> None:
-    # Declared routes narrow guests themselves (Caller.GUEST): tests/unit/http/test_client_room_routes.py.
-    assert guest_may_use("client_whoami", {})
-    assert not guest_may_use("client_create_room", {})
-    assert not guest_may_use("", {})

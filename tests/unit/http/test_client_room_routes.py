@@ -2,7 +2,7 @@
 
 The router matches in registration order and worker roles route by servlet name, so the
 order and names are pinned here as they were when each servlet registered itself; the guest
-narrowing that ``GUEST_SERVLETS`` held for these servlets now lives in their declarations.
+narrowing is part of each declaration (``guests=``).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ SERVICE_TOKEN = "as_token"
 
 
 class FakeUsers:
-    async def get_user_by_req(self, request: Request, *, allow_guest: bool | None = None) -> Requester:
+    async def get_user_by_req(self, request: Request, *, allow_guest: bool = False) -> Requester:
         token = access_token_from_request(request)
         if token is None:
             raise MatrixError(401, "M_MISSING_TOKEN", "Missing access token")
