@@ -24,14 +24,19 @@ from homeserver.events.auth import (
 )
 from homeserver.events.builder import (
     EventTemplate,
+    add_hashes_and_signature,
+    add_signature,
     build_pdu,
+    build_template,
     EdgeHashes,
     compute_depth,
     create_local_event,
     edge_hashes_of,
+    membership_from_template,
     select_auth_event_ids,
     select_prev_events,
     sign_pdu,
+    template_as_event,
 )
 from homeserver.events.canonical import JsonDict, JsonMapping, JsonValue, encode_canonical
 from homeserver.events.errors import (
@@ -69,7 +74,6 @@ from homeserver.events.room_versions import (
 from homeserver.events.signing import (
     KeyRing,
     ServerKey,
-    add_hashes_and_signature,
     check_content_hash,
     redact_event,
     required_signers,
@@ -107,12 +111,14 @@ __all__ = [
     "StateMap",
     "UnsupportedRoomVersion",
     "add_hashes_and_signature",
+    "add_signature",
     "assign_event_id",
     "auth_chain",
     "auth_state_from_auth_events",
     "auth_types_for",
     "auth_types_for_event",
     "build_pdu",
+    "build_template",
     "can_apply_redaction",
     "can_see_event",
     "check_auth_events_list",
@@ -132,6 +138,7 @@ __all__ = [
     "get_user_power_level",
     "initial_room_events",
     "make_event",
+    "membership_from_template",
     "receive_pdu",
     "parse_create_room_request",
     "parse_pdu",
@@ -144,6 +151,7 @@ __all__ = [
     "select_auth_event_ids",
     "select_prev_events",
     "sign_pdu",
+    "template_as_event",
     "verify_event",
     "verify_received",
     "verify_event_signatures",
