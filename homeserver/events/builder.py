@@ -313,27 +313,6 @@ def sign_pdu(
     return FrozenEvent(room_version=room_version, event_id=event_id, pdu=frozen)
 
 
-def create_local_event(
-    room_version: RoomVersion,
-    template: EventTemplate,
-    *,
-    sender: str,
-    room_id: str | None,
-    current_state: Mapping[StateKey, str],
-    forward_extremities: Mapping[str, int],
-    origin_server_ts: int,
-    server_name: str,
-    signing_key: SigningKey,
-    edge_hashes: EdgeHashes | None = None,
-) -> FrozenEvent:
-    """``build_template`` then ``sign_pdu``."""
-    pdu = build_template(
-        room_version, template, sender=sender, room_id=room_id, current_state=current_state,
-        forward_extremities=forward_extremities, origin_server_ts=origin_server_ts, edge_hashes=edge_hashes,
-    )
-    return sign_pdu(room_version, pdu, server_name, signing_key)
-
-
 _TEMPLATE_ONLY = frozenset({"hashes", "signatures", "event_id"})
 """What a resident's template may carry that the joining server makes its own (v1/v2: the event ID)."""
 
