@@ -1,9 +1,10 @@
-"""Signing events we create and verifying hashes and signatures of events we receive.
+"""Verifying the hashes and signatures of events we receive, and signing plain JSON.
 
-Signing follows "Adding hashes and signatures to outgoing events": content hash first,
-then an ed25519 signature (via signedjson) over the *redacted* event, copied back onto
-the full event. Verification takes the keys as an argument; fetching them (and applying
-the 7-day cap on ``valid_until_ts``) is the caller's job, so this module does no I/O.
+Signing the events we make ("Adding hashes and signatures to outgoing events": content
+hash first, then an ed25519 signature over the *redacted* event) is the builder's second
+step (``builder.sign_pdu``, ``builder.add_signature``), so that one module knows an event's
+shape. Verification takes the keys as an argument; fetching them (and applying the 7-day
+cap on ``valid_until_ts``) is the caller's job, so this module does no I/O.
 """
 
 # tests: tests/unit/events/test_signing.py, tests/property/test_events_roundtrip.py
@@ -23,7 +24,7 @@ from homeserver.events import constants as C
 from homeserver.events.canonical import JsonDict, encode_canonical, thaw
 from homeserver.events.errors import SignatureError
 from homeserver.events.event import FrozenEvent, ReceivedPdu, make_event
-from homeserver.events.hashing import compute_content_hash, decode_hash, encode_hash, redacted_bytes
+from homeserver.events.hashing import compute_content_hash, decode_hash, redacted_bytes
 from homeserver.events.identifiers import is_valid_user_id, server_name_of
 from homeserver.events.redaction import prune_event_dict
 from homeserver.events.room_versions import RoomVersion
@@ -50,27 +51,6 @@ def sign_json_object(obj: Mapping[str, object], server_name: str, signing_key: S
     copy: JsonDict = thaw(obj)
     signed: JsonDict = sign_json(copy, server_name, signing_key)
     return signed
-
-
-def add_hashes_and_signature(
-    room_version: RoomVersion,
-    pdu: Mapping[str, object],
-    server_name: str,
-    signing_key: SigningKey,
-) -> JsonDict:
-    """Return a copy of ``pdu`` with ``hashes.sha256`` set and ``server_name``'s signature added:
-    the spec's steps one after the other, which ``builder.sign_pdu`` takes in fewer encodings.
-
-    Existing signatures from other servers are kept (they cover the same redacted
-    form only if the content hash did not change).
-    """
-    event: JsonDict = thaw(pdu)
-    event["hashes"] = {"sha256": encode_hash(compute_content_hash(event))}
-    redacted = prune_event_dict(room_version, event)
-    redacted.pop("unsigned", None)
-    signed = sign_json(redacted, server_name, signing_key)
-    event["signatures"] = signed["signatures"]
-    return event
 
 
 def required_signers(event: FrozenEvent) -> frozenset[str]:

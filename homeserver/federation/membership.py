@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final
 from urllib.parse import quote
 
 import attrs
-from signedjson.sign import sign_json
 from signedjson.types import SigningKey
 
 from homeserver.events import (
@@ -36,19 +35,16 @@ from homeserver.events import (
     EventTemplate,
     FrozenEvent,
     RoomVersion,
-    assign_event_id,
+    add_signature,
     auth_types_for,
-    build_pdu,
-    compute_depth,
-    edge_hashes_of,
+    build_template,
     get_room_version,
     make_event,
-    select_auth_event_ids,
-    select_prev_events,
+    membership_from_template,
     sign_pdu,
+    template_as_event,
 )
 from homeserver.events import constants as C
-from homeserver.events.canonical import thaw
 from homeserver.events.errors import AuthError, EventsError, InvalidEvent, MissingEventsError, SignatureError
 from homeserver.events.identifiers import is_valid_user_id, server_name_of
 from homeserver.events.restricted import (
@@ -57,7 +53,6 @@ from homeserver.events.restricted import (
     choose_authoriser,
     needs_authorisation,
 )
-from homeserver.events.redaction import prune_event_dict
 from homeserver.remote.client import FederationClient, FederationClientError, HttpResponseError
 from homeserver.federation.join_state import (
     CheckedState,
@@ -80,7 +75,7 @@ from homeserver.config import InviteRateLimits
 from storage.kernel.ratelimit import Ratelimiter, ratelimit
 from homeserver.handlers.rooms.rooms import RemoteMembershipError
 from storage.kernel.errors import MatrixError, bad_json, forbidden, not_found
-from storage.stores.events import EventsStore, StateKey
+from storage.stores.events import EventsStore, SendContext, StateKey
 from storage.stores.room_state import RoomStateStore
 
 logger = logging.getLogger(__name__)
@@ -225,23 +220,11 @@ class MembershipHandler:
         template = EventTemplate(type=C.MEMBER, content=content, state_key=user_id)
         keys = set(auth_types_for(room_version, C.MEMBER, user_id, user_id, content))
         keys.add((C.CREATE, ""))
-        context = await self._store.get_send_context(room_id, keys)
-        prevs = select_prev_events(context.forward_extremities)
-        auth_ids = select_auth_event_ids(room_version, template, user_id, context.auth_state)
-        pdu = build_pdu(
-            room_version, template, sender=user_id, room_id=room_id, prev_event_ids=prevs,
-            auth_event_ids=auth_ids,
-            depth=compute_depth(context.forward_extremities[e] for e in prevs),
-            origin_server_ts=self._clock_ms(),
-            edge_hashes=await self._edge_hashes(room_version, [*prevs, *auth_ids]),
-        )
-        pdu["origin"] = self._server_name
+        pdu, context = await self._build(room_version, template, user_id, room_id, keys, origin=self._server_name)
         # The spec answers 403 here, not a template that send_* would then refuse: run the auth
-        # rules on the template against the current state (unsigned, so placeholders for those;
-        # in v1/v2 an event ID too: the joining server assigns its own).
-        placeholder_id = {"event_id": assign_event_id(pdu, origin)} if room_version.event_ids_are_origin_assigned else {}
+        # rules on the template against the current state.
         try:
-            candidate = make_event(room_version, {**pdu, **placeholder_id, "hashes": {"sha256": ""}, "signatures": {}})
+            candidate = template_as_event(room_version, pdu, joining_server=origin)
             await check_against_state(self._loader, room_version, candidate, context.auth_state)
         except AuthError as e:
             raise forbidden(f"{user_id} may not {membership} room {room_id}: {e}") from None
@@ -351,38 +334,43 @@ class MembershipHandler:
             return body
         await self._restricted_authoriser(room_version, room_id, sender)
         try:
-            redacted = prune_event_dict(room_version, body)
-            redacted.pop("unsigned", None)
-            redacted.pop("signatures", None)
-            ours = sign_json(redacted, self._server_name, self._signing_key)["signatures"][self._server_name]
-        except (TypeError, ValueError) as e:
+            return add_signature(room_version, body, self._server_name, self._signing_key)
+        except (InvalidEvent, TypeError, ValueError) as e:
             raise bad_json(f"join event cannot be signed: {e}") from None
-        signatures = body.get("signatures")
-        merged = thaw(signatures) if isinstance(signatures, dict) else {}
-        merged[self._server_name] = {**(merged.get(self._server_name) or {}), **ours}
-        return {**body, "signatures": merged}
 
     async def _state_events(self, room_id: str, keys: list[StateKey]) -> dict[StateKey, FrozenEvent]:
         ids = await self._store.get_current_state_for_keys(room_id, keys)
         loaded = await self._loader.load_events(set(ids.values()))
         return {key: loaded[event_id] for key, event_id in ids.items() if event_id in loaded}
 
-    async def _edge_hashes(self, room_version: RoomVersion, event_ids: list[str]) -> dict[str, dict[str, str]]:
-        """The reference hashes room versions 1 and 2 cite beside prev and auth event IDs."""
-        if not room_version.event_ids_are_origin_assigned:
-            return {}
-        return edge_hashes_of(room_version, (await self._loader.load_events(set(event_ids))).values())
+    async def _build(self, room_version: RoomVersion, template: EventTemplate, sender: str, room_id: str,
+                     keys: Collection[StateKey], *, origin: str | None = None) -> tuple[dict[str, Any], SendContext]:
+        """The unsigned event ``build_template`` makes of ``template`` on the room as it is now
+        (its forward extremities, and the current state for ``keys``: the event's auth types and
+        whatever else the caller needs of it), and that read of the room."""
+        context = await self._store.get_send_context(room_id, keys)
+        pdu = build_template(
+            room_version, template, sender=sender, room_id=room_id, current_state=context.auth_state,
+            forward_extremities=context.forward_extremities, origin_server_ts=self._clock_ms(),
+            edge_hashes=await self._loader.edge_hashes(
+                room_version, [*context.forward_extremities, *context.auth_state.values()]),
+            origin=origin,
+        )
+        return pdu, context
 
     def _cosign(self, room_version: RoomVersion, event: FrozenEvent) -> FrozenEvent:
         """``event`` with our signature added beside the sender's."""
-        pdu = event.get_pdu_json()
-        redacted = prune_event_dict(room_version, pdu)
-        redacted.pop("unsigned", None)
-        ours = sign_json(redacted, self._server_name, self._signing_key)["signatures"][self._server_name]
-        signatures = thaw(pdu.get("signatures", {}))
-        signatures.setdefault(self._server_name, {}).update(ours)
-        pdu["signatures"] = signatures
+        pdu = add_signature(room_version, event.pdu, self._server_name, self._signing_key)
         return make_event(room_version, pdu, trusted_event_id=event.event_id)
+
+    def _membership_from(self, room_version: RoomVersion, made: Mapping[str, Any], room_id: str, user_id: str,
+                         membership: str, content: Mapping[str, object]) -> FrozenEvent:
+        """Our ``membership`` event from a resident's make_* template, signed now (``InvalidEvent``
+        when it is not ``user_id``'s own member event in ``room_id``)."""
+        return membership_from_template(
+            room_version, made, user_id=user_id, room_id=room_id, membership=membership, content=content,
+            origin_server_ts=self._clock_ms(), server_name=self._server_name, signing_key=self._signing_key,
+        )
 
     # --- calling ---------------------------------------------------------------------------
 
@@ -447,24 +435,9 @@ class MembershipHandler:
         if not isinstance(made, dict) or not isinstance(made.get("event"), dict):
             raise JoinError(f"{server} sent a make_join response without an event")
         room_version = get_room_version(str(made.get("room_version", "1")))
-        pdu = made["event"]
-        if (pdu.get("type"), pdu.get("state_key"), pdu.get("sender"), pdu.get("room_id")) != (
-            C.MEMBER, user_id, user_id, room_id
-        ):
-            raise JoinError(f"{server} sent a join template for another user or room")
-        new_content = {**{k: v for k, v in content.items() if k != "membership"}, "membership": C.JOIN}
-        made_content = pdu.get("content")
-        if room_version.restricted_join_rule and isinstance(made_content, dict):
-            # A restricted room's resident names the local user who authorises the join; the
-            # auth rules need it, and the resident signs the join for it in send_join.
-            authoriser = made_content.get(C.AUTHORISING_USER)
-            if isinstance(authoriser, str):
-                new_content[C.AUTHORISING_USER] = authoriser
-        pdu["content"] = new_content
-        pdu["origin_server_ts"] = self._clock_ms()
-        for field in ("hashes", "signatures", "event_id"):  # v1/v2: we assign our own event ID
-            pdu.pop(field, None)
-        join = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
+        # A restricted room's resident names the local user who authorises the join (kept by
+        # the builder); the resident signs the join for it in send_join.
+        join = self._membership_from(room_version, made["event"], room_id, user_id, C.JOIN, content)
         asked = time.perf_counter()
         response = await self._send_join(server, join, omit_members=self._partial_joins)
         partial_servers: list[str] | None = None
@@ -584,17 +557,7 @@ class MembershipHandler:
                 room_version = get_room_version(str(made.get("room_version", "1")))
                 if not room_version.knock_join_rule:
                     raise JoinError(f"room version {room_version.identifier} has no knocking")
-                pdu = made["event"]
-                if (pdu.get("type"), pdu.get("state_key"), pdu.get("sender"), pdu.get("room_id")) != (
-                    C.MEMBER, user_id, user_id, room_id
-                ):
-                    raise JoinError(f"{server} sent a knock template for another user or room")
-                pdu["content"] = {**{k: v for k, v in (content or {}).items() if k != "membership"},
-                                  "membership": C.KNOCK}
-                pdu["origin_server_ts"] = self._clock_ms()
-                for field in ("hashes", "signatures", "event_id"):
-                    pdu.pop(field, None)
-                knock = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
+                knock = self._membership_from(room_version, made["event"], room_id, user_id, C.KNOCK, content or {})
                 response = await self._client.put_json(
                     server,
                     f"/_matrix/federation/v1/send_knock/{quote_path(room_id)}/{quote_path(knock.event_id)}",
@@ -626,14 +589,7 @@ class MembershipHandler:
                 if not isinstance(made, dict) or not isinstance(made.get("event"), dict):
                     raise JoinError(f"{server} sent a make_leave response without an event")
                 room_version = get_room_version(str(made.get("room_version", "1")))
-                pdu = made["event"]
-                if (pdu.get("type"), pdu.get("state_key"), pdu.get("sender")) != (C.MEMBER, user_id, user_id):
-                    raise JoinError(f"{server} sent a leave template for another user")
-                pdu["content"] = {"membership": C.LEAVE}
-                pdu["origin_server_ts"] = self._clock_ms()
-                for field in ("hashes", "signatures", "event_id"):  # v1/v2: we assign our own event ID
-                    pdu.pop(field, None)
-                leave = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
+                leave = self._membership_from(room_version, made["event"], room_id, user_id, C.LEAVE, {})
                 await self._client.put_json(
                     server,
                     f"/_matrix/federation/v2/send_leave/{quote_path(room_id)}/{quote_path(leave.event_id)}",
@@ -691,16 +647,7 @@ class MembershipHandler:
         async with self._persister.room_lock(room_id):
             keys = set(auth_types_for(room_version, C.MEMBER, invitee, inviter, {"membership": C.INVITE}))
             keys.update(INVITE_ROOM_STATE_KEYS)
-            context = await self._store.get_send_context(room_id, keys)
-            prevs = select_prev_events(context.forward_extremities)
-            auth_ids = select_auth_event_ids(room_version, template, inviter, context.auth_state)
-            pdu = build_pdu(
-                room_version, template, sender=inviter, room_id=room_id, prev_event_ids=prevs,
-                auth_event_ids=auth_ids,
-                depth=compute_depth(context.forward_extremities[e] for e in prevs),
-                origin_server_ts=self._clock_ms(),
-                edge_hashes=await self._edge_hashes(room_version, [*prevs, *auth_ids]),
-            )
+            pdu, context = await self._build(room_version, template, inviter, room_id, keys)
             invite = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
             await check_against_state(self._loader, room_version, invite, context.auth_state)
             # Full PDUs, not the client API's stripped form: since Matrix 1.16 (MSC4311) the

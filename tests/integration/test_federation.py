@@ -21,7 +21,9 @@ from twisted.internet import task
 
 from homeserver.app import HomeServer
 from homeserver.config import parse_config
-from homeserver.events import EventTemplate, FrozenEvent, create_local_event, make_event, parse_create_room_request
+from homeserver.events import (
+    EventTemplate, FrozenEvent, build_template, make_event, parse_create_room_request, sign_pdu,
+)
 from homeserver.events.canonical import thaw
 from homeserver.remote.client import FederationClient, FederationClientError, HttpResponseError, Target
 from homeserver.federation.keys import parse_key_response
@@ -107,11 +109,11 @@ async def crafted(b: HomeServer, room_id: str, template: EventTemplate, sender: 
     version = await b.process.room_events.room_version(room_id)
     current = await b.process.events_store.get_current_state_ids(room_id)
     extremities = await b.process.events_store.get_forward_extremities(room_id)
-    return create_local_event(
+    pdu = build_template(
         version, template, sender=sender, room_id=room_id, current_state=current,
         forward_extremities=extremities, origin_server_ts=int(reactor.seconds() * 1000),
-        server_name=name(b), signing_key=signing_key or b.process.signing_key,
     )
+    return sign_pdu(version, pdu, name(b), signing_key or b.process.signing_key)
 
 
 async def send_txn(b: HomeServer, a: HomeServer, txn_id: str, pdus: list[Any]) -> Any:

@@ -28,7 +28,7 @@ from twisted.internet.threads import deferToThread
 
 from homeserver.events import EventTemplate, build_pdu, select_auth_event_ids
 from homeserver.events.hashing import compute_event_id
-from homeserver.events.signing import add_hashes_and_signature
+from homeserver.events.builder import add_hashes_and_signature
 from homeserver.remote.request_auth import sign_request
 from tests.federation_peer import FederationPeer
 from tests.integration.test_federation_peer import Tributary, make_peer, started_peer, tributary

@@ -11,7 +11,9 @@ from signedjson.key import generate_signing_key
 from twisted.internet import task
 from twisted.internet.defer import Deferred, gatherResults
 
-from homeserver.events import AuthError, EventTemplate, create_local_event, get_room_version, parse_create_room_request
+from homeserver.events import (
+    AuthError, EventTemplate, build_template, get_room_version, parse_create_room_request, sign_pdu,
+)
 from homeserver.handlers.rooms.event_loader import EventLoader
 from homeserver.handlers.rooms.room_events import RoomEventCreator, RoomNotFound
 from storage.database import Database, Transaction
@@ -120,11 +122,11 @@ async def test_a_send_notices_a_fork_made_by_another_writer(
     before_first = await store.get_forward_extremities(room_id)
     first = await creator.send(room_id, _message("one"), ALICE)
 
-    fork = create_local_event(
+    fork = sign_pdu(get_room_version("12"), build_template(
         get_room_version("12"), _message("fork"), sender=ALICE, room_id=room_id,
         current_state=await store.get_current_state_ids(room_id), forward_extremities=before_first,
-        origin_server_ts=1_900_000_000_000, server_name=SERVER, signing_key=generate_signing_key("other"),
-    )
+        origin_server_ts=1_900_000_000_000,
+    ), SERVER, generate_signing_key("other"))
     other = await new_persister(database, store, server_name=SERVER)
     await other.persist(get_room_version("12"), fork, is_local=True)
     assert set(await store.get_forward_extremities(room_id)) == {first.event_id, fork.event_id}

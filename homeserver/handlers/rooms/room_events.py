@@ -31,11 +31,11 @@ from homeserver.events import (
     RoomVersion,
     auth_types_for,
     check_auth_rules,
-    create_local_event,
-    edge_hashes_of,
+    build_template,
     encode_canonical,
     get_room_version,
     initial_room_events,
+    sign_pdu,
 )
 from homeserver.events import constants as C
 from homeserver.handlers.rooms.event_loader import EventLoader
@@ -166,7 +166,7 @@ class RoomEventCreator:
                 existing = None if own_key is None else state.get(own_key)
                 if existing is not None and _same_state(existing, template, sender):
                     return existing
-                event = create_local_event(
+                pdu = build_template(
                     room_version,
                     template,
                     sender=sender,
@@ -175,10 +175,10 @@ class RoomEventCreator:
                     forward_extremities=context.forward_extremities,
                     origin_server_ts=(template.origin_server_ts if template.origin_server_ts is not None
                                       else self._clock_ms()),
-                    server_name=self._server_name,
-                    signing_key=self._signing_key,
-                    edge_hashes=await self._edge_hashes(room_version, [*context.forward_extremities, *current.values()]),
+                    edge_hashes=await self._loader.edge_hashes(
+                        room_version, [*context.forward_extremities, *current.values()]),
                 )
+                event = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
                 check_auth_rules(room_version, event, {key: state[key] for key in keys if key in state})
                 try:
                     await self._persister.persist_local_send(
@@ -209,17 +209,9 @@ class RoomEventCreator:
         room_id = None if room_version.room_id_is_create_event_id else self._new_room_id()
         origin_server_ts = self._clock_ms()
         for _ in range(_CREATE_ATTEMPTS):
-            create = create_local_event(
-                room_version,
-                templates[0],
-                sender=creator,
-                room_id=room_id,
-                current_state={},
-                forward_extremities={},
-                origin_server_ts=origin_server_ts,
-                server_name=self._server_name,
-                signing_key=self._signing_key,
-            )
+            pdu = build_template(room_version, templates[0], sender=creator, room_id=room_id, current_state={},
+                                 forward_extremities={}, origin_server_ts=origin_server_ts)
+            create = sign_pdu(room_version, pdu, self._server_name, self._signing_key)
             check_auth_rules(room_version, create, {})
             result = await self._persister.persist(room_version, create, is_local=True)
             if not result.already_persisted:
@@ -237,13 +229,6 @@ class RoomEventCreator:
     def _new_room_id(self) -> str:
         alphabet = string.ascii_letters
         return "!" + "".join(secrets.choice(alphabet) for _ in range(18)) + ":" + self._server_name
-
-    async def _edge_hashes(self, room_version: RoomVersion, event_ids: list[str]) -> dict[str, dict[str, str]]:
-        """Room versions 1 and 2 cite prev and auth events with their reference hashes: load
-        those events (a no-op in later versions)."""
-        if not room_version.event_ids_are_origin_assigned:
-            return {}
-        return edge_hashes_of(room_version, (await self._loader.load_events(set(event_ids))).values())
 
     async def _load_state(self, current: Mapping[StateKey, str]) -> dict[StateKey, FrozenEvent]:
         events = await self._loader.load_events(set(current.values()))

@@ -10,10 +10,11 @@ import pytest
 from homeserver.events import (
     AuthError,
     InvalidCreateRoomRequest,
+    build_template,
     check_auth_rules,
-    create_local_event,
     initial_room_events,
     parse_create_room_request,
+    sign_pdu,
 )
 from homeserver.events import constants as C
 from homeserver.events.canonical import thaw
@@ -118,12 +119,12 @@ def _create_room(version: RoomVersion, body: dict[str, Any]) -> dict[StateKey, F
     last: dict[str, int] = {}
     made: list[FrozenEvent] = []
     for ts, template in enumerate(initial_room_events(version, ALICE, request, server_name="a.test")):
-        event = create_local_event(
+        pdu = build_template(
             version, template, sender=ALICE, room_id=room_id,
             current_state={k: e.event_id for k, e in state.items()}, forward_extremities=last,
-            origin_server_ts=ts, server_name="a.test", signing_key=SIGNING_KEY,
-            edge_hashes=edge_hashes_of(version, made),
+            origin_server_ts=ts, edge_hashes=edge_hashes_of(version, made),
         )
+        event = sign_pdu(version, pdu, "a.test", SIGNING_KEY)
         made.append(event)
         check_auth_rules(version, event, state)
         room_id = event.room_id

@@ -15,7 +15,8 @@ from homeserver.events import (
     verify_event_signatures,
 )
 from homeserver.events.room_versions import ALL_ROOM_VERSIONS, V10, V11, V12, RoomVersion
-from homeserver.events.signing import ServerKey, add_hashes_and_signature
+from homeserver.events.builder import add_signature
+from homeserver.events.signing import ServerKey
 
 from .helpers import ALICE, BOB, SIGNING_KEY, RoomBuilder, keyring_for
 
@@ -110,6 +111,6 @@ def test_cosigning_keeps_existing_signatures() -> None:
     room.create(ALICE)
     join = room.build("m.room.member", BOB, {"membership": "join",
                                              "join_authorised_via_users_server": ALICE}, BOB)
-    cosigned = make_event(V11, add_hashes_and_signature(V11, join.get_pdu_json(), "a.test", SIGNING_KEY))
+    cosigned = make_event(V11, add_signature(V11, join.pdu, "a.test", SIGNING_KEY))
     assert set(cosigned.signatures) == {"a.test", "b.test"}
     verify_event(cosigned, keyring_for("a.test", "b.test"))
