@@ -19,6 +19,7 @@ what any endpoint does, or how a credential is checked (the gate is given the ch
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final, Protocol, TypeVar
 
@@ -61,6 +62,8 @@ class Caller(enum.Enum):
     SERVER = "server"
     """Another homeserver: an ``X-Matrix`` signature over the request (and, for a path naming a
     room, that room's server ACL)."""
+    WORKER = "worker"
+    """Another process of this server: the shared ``worker_replication_secret`` (the internal API)."""
 
 
 class Body(enum.Enum):
@@ -115,6 +118,12 @@ class ServerAuth(Protocol):
 
     async def authenticate(self, request: Request, params: Mapping[str, str], content: Any,
                            raw: bytes | None) -> str: ...
+
+
+class WorkerAuth(Protocol):
+    """How another process of this server proves itself (``homeserver/routing/internal_api.py``)."""
+
+    def check(self, request: Request) -> None: ...
 
 
 @attrs.frozen
@@ -229,13 +238,15 @@ class Gate:
     gate cannot check is refused at registration, not at the first request."""
 
     def __init__(self, *, users: UserAuth | None = None, admins: AdminCheck | None = None,
-                 servers: ServerAuth | None = None, limiters: Mapping[Rate, Ratelimiter] | None = None,
-                 clock: Callable[[], float], json: JsonRules = CLIENT_JSON) -> None:
+                 servers: ServerAuth | None = None, workers: WorkerAuth | None = None,
+                 limiters: Mapping[Rate, Ratelimiter] | None = None,
+                 clock: Callable[[], float] = time.time, json: JsonRules = CLIENT_JSON) -> None:
         # ``json``: the rules of a Body.JSON or Body.OBJECT body (the federation listener's are
         # FEDERATION_JSON, canonical, as for its signed bodies).
         self._users = users
         self._admins = admins
         self._servers = servers
+        self._workers = workers
         self._limiters = dict(limiters or {})
         self._clock = clock
         self._json = json
@@ -245,7 +256,7 @@ class Gate:
         needs = {
             Caller.OPTIONAL_USER: self._users, Caller.USER: self._users, Caller.GUEST: self._users,
             Caller.APPSERVICE: self._users, Caller.ADMIN: self._admins, Caller.ADMIN_OR_SELF: self._admins,
-            Caller.SERVER: self._servers,
+            Caller.SERVER: self._servers, Caller.WORKER: self._workers,
         }
         if endpoint.caller in needs and needs[endpoint.caller] is None:
             return f"no checker for {endpoint.caller.value} callers"
@@ -274,6 +285,9 @@ class Gate:
             if endpoint.body is Body.SIGNED:
                 body, raw = read_json_body(request, FEDERATION_JSON)
             origin = await self._servers.authenticate(request, params, body, raw)
+        elif caller is Caller.WORKER:
+            assert self._workers is not None
+            self._workers.check(request)
         elif caller is not Caller.NONE:
             requester = await self._user(endpoint, request, params)
         if endpoint.rate is not None:
@@ -343,5 +357,10 @@ class Gated:
 
 def declare(router: Routes, gate: Gate, *servlets: object) -> None:
     """Register every route ``servlets`` declare, through ``gate``, in the order written."""
-    for endpoint in endpoints(*servlets):
+    serve(router, gate, endpoints(*servlets))
+
+
+def serve(router: Routes, gate: Gate, declared: Iterable[Endpoint]) -> None:
+    """Register ``declared`` endpoints (made as data rather than by ``@route``), through ``gate``."""
+    for endpoint in declared:
         router.register([endpoint.method], endpoint.path, gate.handler(endpoint), endpoint.name)

@@ -250,21 +250,26 @@ def _template_to_json(template: EventTemplate) -> dict[str, Any]:
     }
 
 
-def register_event_operations(
-    server: InternalApiServer, layout: Layout, creator: ShardedRoomEventCreator, persister: EventPersister
-) -> None:
-    """The operations an events writer performs for the rooms it owns."""
+class EventOperations:
+    """The operations an events writer performs for the rooms it owns, for other processes."""
 
-    def check_owner(room_id: str) -> None:
-        owner = layout.events_writer_for_room(room_id)
-        if owner != layout.instance_name:
+    NAMES: Final = ("send_event", "persist_join", "complete_partial_state", "persist_event", "persist_backfilled")
+
+    def __init__(self, layout: Layout, creator: ShardedRoomEventCreator, persister: EventPersister) -> None:
+        self._layout = layout
+        self._creator = creator
+        self._persister = persister
+
+    def _check_owner(self, room_id: str) -> None:
+        owner = self._layout.events_writer_for_room(room_id)
+        if owner != self._layout.instance_name:
             # Two processes disagree on the room mapping: their stream_writers.events differ.
-            raise MatrixError(409, "M_UNKNOWN", f"{room_id} belongs to {owner}, not {layout.instance_name}: "
+            raise MatrixError(409, "M_UNKNOWN", f"{room_id} belongs to {owner}, not {self._layout.instance_name}: "
                                                 "do all processes have the same stream_writers.events?")
 
-    async def send_event(body: dict[str, Any]) -> dict[str, Any]:
+    async def send_event(self, body: dict[str, Any]) -> dict[str, Any]:
         room_id = str(body["room_id"])
-        check_owner(room_id)
+        self._check_owner(room_id)
         raw = body["template"]
         try:
             ts = raw.get("origin_server_ts")
@@ -273,52 +278,55 @@ def register_event_operations(
             txn = None if body.get("txn") is None else SendTxn(**body["txn"])
             raw_check = body.get("precheck")
             precheck = None if raw_check is None else MembershipPrecondition.from_json(raw_check)
-            event = await creator.send_here(room_id, template, str(body["sender"]), txn, precheck)
+            event = await self._creator.send_here(room_id, template, str(body["sender"]), txn, precheck)
         except DuplicateTxnId as e:
             raise MatrixError(409, "M_UNKNOWN", str(e), tributary_duplicate_txn=True) from None
         except (RoomNotFound, EventsError, TypeError, ValueError) as e:
             raise _send_error(e, room_id) from None
         return {"event": event_to_json(event)}
 
-    async def persist_event(body: dict[str, Any]) -> dict[str, Any]:
+    async def persist_event(self, body: dict[str, Any]) -> dict[str, Any]:
         room_version, event = event_from_json(body["event"])
-        check_owner(event.room_id)
-        result = await persister.persist(room_version, event, **_options_from_json(body.get("options", {})))
+        self._check_owner(event.room_id)
+        result = await self._persister.persist(room_version, event, **_options_from_json(body.get("options", {})))
         return _result_to_json(result)
 
-    async def persist_backfilled(body: dict[str, Any]) -> dict[str, Any]:
+    async def persist_backfilled(self, body: dict[str, Any]) -> dict[str, Any]:
         room_version, event = event_from_json(body["event"])
-        check_owner(event.room_id)
+        self._check_owner(event.room_id)
         options = body.get("options", {})
-        result = await persister.persist_backfilled(
+        result = await self._persister.persist_backfilled(
             room_version, event, state_group_before=int(options["state_group_before"]),
             state_group_after=int(options["state_group_after"]), rejection_reason=options.get("rejection_reason"),
         )
         return _result_to_json(result)
 
-    async def persist_join(body: dict[str, Any]) -> dict[str, Any]:
+    async def persist_join(self, body: dict[str, Any]) -> dict[str, Any]:
         room_version, join = event_from_json(body["join"])
-        check_owner(join.room_id)
+        self._check_owner(join.room_id)
         events = [event_from_json(e)[1] for e in body["events"]]
         state = {(t, k): e for t, k, e in body["state_before"]}
         partial = body.get("partial_servers")
-        result = await persister.persist_join(room_version, join, events, body["rejected"], state,
+        result = await self._persister.persist_join(room_version, join, events, body["rejected"], state,
                                               frozenset(body["destinations"]),
                                               None if partial is None else [str(s) for s in partial])
         return _result_to_json(result)
 
-    async def complete_partial_state(body: dict[str, Any]) -> dict[str, Any]:
+    async def complete_partial_state(self, body: dict[str, Any]) -> dict[str, Any]:
         room_id = str(body["room_id"])
-        check_owner(room_id)
+        self._check_owner(room_id)
         events = [event_from_json(e)[1] for e in body["events"]]
         state = {(t, k): e for t, k, e in body["state"]}
-        done = await persister.complete_partial_state(get_room_version(str(body["room_version"])), room_id,
+        done = await self._persister.complete_partial_state(get_room_version(str(body["room_version"])), room_id,
                                                       str(body["join_event_id"]), events, body["rejected"], state)
         return {"new_events": done.new_events, "group_entries": done.group_entries,
                 "current_entries": done.current_entries, "position": done.position}
 
-    server.register("send_event", send_event)
-    server.register("persist_join", persist_join)
-    server.register("complete_partial_state", complete_partial_state)
-    server.register("persist_event", persist_event)
-    server.register("persist_backfilled", persist_backfilled)
+
+def register_event_operations(
+    server: InternalApiServer, layout: Layout, creator: ShardedRoomEventCreator, persister: EventPersister
+) -> None:
+    """The operations an events writer performs for the rooms it owns."""
+    operations = EventOperations(layout, creator, persister)
+    for name in EventOperations.NAMES:
+        server.register(name, getattr(operations, name))

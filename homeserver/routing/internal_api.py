@@ -8,7 +8,8 @@ JSON objects. An operation that fails with a ``MatrixError`` answers with that
 error's status and JSON, and the caller raises the same ``MatrixError``, so a
 client sees the owner's verdict unchanged whichever process it asked.
 
-``InternalApiServer`` registers operations by name on a ``JsonRouter``;
+``InternalApiServer`` declares each operation by name as a route (``Caller.WORKER``: the
+gate checks the secret, ``SharedSecret``; ``Body.OBJECT``);
 ``InternalApiClient`` calls them on another instance over pooled HTTP/1.1
 connections. A call that could not be delivered (connection refused: the owner
 is restarting) is retried with backoff for ``retry_for`` seconds; a call that
@@ -43,7 +44,8 @@ from twisted.web.server import Request
 
 from storage.kernel.backoff import BackoffPolicy
 from storage.kernel.errors import MatrixError, bad_json, forbidden
-from homeserver.http.server import JsonRouter, parse_json_object
+from homeserver.http.routes import Body, Call, Caller, Endpoint, Gate, Response, serve
+from homeserver.http.server import Routes
 from homeserver.routing.layout import Layout
 
 logger = logging.getLogger(__name__)
@@ -56,12 +58,25 @@ Operation = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 # An unreachable owner (restarting, say) is retried after 50 ms, doubling up to 2 s.
 _RETRY: Final = BackoffPolicy(initial=0.05, multiplier=2.0, maximum=2.0)
 
-class InternalApiServer:
-    """The operations this process performs for others, behind the shared secret."""
+class SharedSecret:
+    """The gate's check of a call from another process: ``Authorization: Bearer <secret>``."""
 
-    def __init__(self, router: JsonRouter, secret: str | None) -> None:
-        self._router = router
+    def __init__(self, secret: str | None) -> None:
         self._secret = (secret or "").encode("utf-8")
+
+    def check(self, request: Request) -> None:
+        header = request.getHeader(b"authorization") or b""
+        scheme, _, token = header.partition(b" ")
+        if not self._secret or scheme != b"Bearer" or not hmac.compare_digest(token, self._secret):
+            raise forbidden("the internal replication API needs worker_replication_secret")
+
+
+class InternalApiServer:
+    """The operations this process performs for others, each a route behind the shared secret."""
+
+    def __init__(self, router: Routes, secret: str | None) -> None:
+        self._router = router
+        self._gate = Gate(workers=SharedSecret(secret))
         self._names: set[str] = set()
 
     def register(self, name: str, operation: Operation) -> None:
@@ -69,24 +84,17 @@ class InternalApiServer:
             raise ValueError(f"internal API operation {name!r} registered twice")
         self._names.add(name)
 
-        async def handle(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
-            self._authenticate(request)
-            body = parse_json_object(request)
+        async def handle(call: Call) -> Response:
             try:
-                return 200, await operation(body)
+                return 200, await operation(call.content)
             except (KeyError, TypeError, ValueError) as e:
                 # Only our own processes call this (they hold the secret): a malformed body means
                 # mismatched versions. Say so, without a 500; the traceback helps find which field.
                 logger.warning("malformed %s request: %r", name, e, exc_info=True)
                 raise bad_json(f"malformed {name} request: {e!r}") from None
 
-        self._router.register(["POST"], f"{PREFIX}/{name}", handle, f"replication_{name}")
-
-    def _authenticate(self, request: Request) -> None:
-        header = request.getHeader(b"authorization") or b""
-        scheme, _, token = header.partition(b" ")
-        if not self._secret or scheme != b"Bearer" or not hmac.compare_digest(token, self._secret):
-            raise forbidden("the internal replication API needs worker_replication_secret")
+        serve(self._router, self._gate,
+              [Endpoint("POST", f"{PREFIX}/{name}", f"replication_{name}", Caller.WORKER, handle, Body.OBJECT)])
 
 
 class InternalApiError(MatrixError):
