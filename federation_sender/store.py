@@ -16,7 +16,6 @@ from storage.stores.federation_sender import (
     CatchUpData,
     DestinationRow,
     DeviceListRead,
-    DeviceListRow,
     FanoutEvent,
     OutboxRow,
     SentMark,

@@ -52,16 +52,23 @@ from homeserver.config import MAIN_INSTANCE, ConfigError, HomeserverConfig, List
 from homeserver.events import FrozenEvent
 from homeserver.events.server_acl import ServerAcls
 from homeserver.federation.devices import FederationDeviceHandler, FederationKeyClient
+from homeserver.handlers.accounts.deactivate import DeactivationHandler
+from homeserver.handlers.sync.legacy_sync import LegacySyncHandler
 from homeserver.federation.edus import register_edu_handlers
 from homeserver.remote.metrics import FederationMetrics
 from homeserver.federation.sender_transport import client_transport
-from homeserver.http.federation.directory import register_federation_directory_servlets
+from homeserver.http.federation.directory import FederationDirectoryServlets
+from homeserver.http.federation.servlets import DeviceServlets as FederationDeviceServlets
+from homeserver.http.federation.servlets import HistoryServlets as FederationHistoryServlets
 from homeserver.http.federation.servlets import (
     FederationServices,
+    MembershipServlets,
+    QueryServlets,
+    ServerKeyServlets,
+    TransactionServlets,
     XMatrixAuth,
     build_federation_client,
     build_remote_queries,
-    register_federation_servlets,
 )
 from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.accounts.auth import TokenCacheInvalidation
@@ -77,15 +84,29 @@ from homeserver.handlers.rooms.room_events import RoomEventCreator
 from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.ephemeral.typing import ReplicatedTyping
 from homeserver.http.client_api.versions import VersionsServlet
-from homeserver.http.client_api import register_client_api_servlets
+from homeserver.http.client_api.account import DeactivateServlet, LoginServlets, RegistrationServlets
+from homeserver.http.client_api.account_data import AccountDataServlets
+from homeserver.http.client_api.appservice import AppServiceServlets
+from homeserver.http.client_api.devices import DeviceServlets
+from homeserver.http.client_api.directory import DirectoryServlets
+from homeserver.http.client_api.e2e import CrossSigningServlets, KeysServlets, PresenceServlets, ToDeviceServlets
+from homeserver.http.client_api.key_backup import KeyBackupServlets
+from homeserver.http.client_api.profile import ProfileServlets
+from homeserver.http.client_api.relations import RelationsServlets
+from homeserver.http.client_api.room_upgrade import RoomUpgradeServlet
+from homeserver.http.client_api.rooms import EphemeralServlets, HistoryServlets, RedactionServlet, RoomServlets
+from homeserver.http.client_api.search import SearchServlet
+from homeserver.http.client_api.server_info import ServerInfoServlets
+from homeserver.http.client_api.sliding_sync import SlidingSyncServlet
+from homeserver.http.client_api.sync import LegacySyncServlets, SyncServlet
+from homeserver.http.client_api.threepid import ThreepidServlets
 from homeserver.http.routes import Gate, Rate, declare
-from homeserver.http.client_api.push import register_push_servlets
+from homeserver.http.client_api.push import PushersServlets, PushRulesServlets
 from homeserver.http.client_api.media import (
     MediaAdminServlets,
     register_legacy_download_for_federation,
     register_media_servlets,
 )
-from homeserver.http.client_api.sync import register_room_api_servlets
 from homeserver.http.federation.media import register_federation_media_servlets
 from homeserver.media.metrics import MediaMetrics
 from homeserver.media.preview import UrlPreviewer
@@ -209,6 +230,11 @@ class Services:
     sync_tracker: SyncTracker
     # A remote server is up (it contacted us, or an admin reset its backoff): send to it now.
     remote_up: Callable[[str], None]
+    # Handlers only servlets call: built here with the others, not while servlets are registered.
+    pushers: PushersHandler
+    deactivation: DeactivationHandler
+    legacy_sync: LegacySyncHandler
+    federation_devices: FederationDeviceHandler
     # The media repository, on the one process that serves media (homeserver/media/).
     media: MediaRepository | None = None
 
@@ -575,9 +601,22 @@ class HomeServer:
                 replication.handler.send_user_sync(user_id, None, syncing, int(reactor.seconds() * 1000))
             return None
 
+        pushers = PushersHandler(PushStore(db), clock_ms=clock_ms,
+                                 current_position=generators[StreamName.EVENTS].get_max_position)
+        deactivation = DeactivationHandler(login=accounts.login, rooms=rooms.rooms, profiles=accounts.profiles,
+                                           timeline=rooms.timeline)
+        legacy_sync = LegacySyncHandler(
+            sync=rooms.sync, messages=rooms.messages, rooms=rooms.rooms, timeline=rooms.timeline,
+            client_events=rooms.client_events, receipts=rooms.receipts, presence=rooms.presence,
+            account_data=accounts.account_data, room_tokens=rooms.room_tokens,
+        )
+        federation_devices = FederationDeviceHandler(server_name=config.server_name, store=E2eStore(db), e2e=rooms.e2e,
+                                                     devices=accounts.devices.get_devices)
         return Services(events_store=events_store, persister=persister, room_events=room_events, accounts=accounts,
                         federation=federation, rooms=rooms, writers=writers, outbound=outbound,
                         sync_tracker=SyncTracker(reactor, report_user_sync), remote_up=on_remote_up,
+                        pushers=pushers, deactivation=deactivation, legacy_sync=legacy_sync,
+                        federation_devices=federation_devices,
                         media=self._build_media(db, client) if self.serves_media else None)
 
     @property
@@ -720,44 +759,27 @@ class HomeServer:
         process, the admin API)."""
         admin_gate = None
         if self.layout.is_main:
-            admin = AdminApi(config=self.config, db=storage.db, reactor=self.reactor, accounts=services.accounts,
-                             rooms=services.rooms, remote_up=services.remote_up, tasks=self.admin_tasks)
+            accounts, rooms = services.accounts, services.rooms
+            admin = AdminApi(config=self.config, db=storage.db, reactor=self.reactor, login=accounts.login,
+                             devices=accounts.devices, profiles=accounts.profiles, rooms=rooms.rooms,
+                             timeline=rooms.timeline, deactivation=services.deactivation,
+                             remote_up=services.remote_up, tasks=self.admin_tasks)
             admin_gate = Gate(users=services.accounts.auth, admins=admin.guard,
                               limiters={Rate.SHARED_SECRET_REGISTRATION: admin.register_limiter}, clock=admin.clock)
             admin.register(self.admin_router, admin_gate)
             declare(self.console_router, admin_gate, ConsoleServlets(self.console_status))
         if self.role.servlets == "none":
             return
-        accounts, rooms = services.accounts, services.rooms
         router = _RoleRouter(self.router, self.role)
-        gate = Gate(users=accounts.auth, clock=self.reactor.seconds)
-        declare(router, gate, VersionsServlet())
+        gate = Gate(users=services.accounts.auth, clock=self.reactor.seconds)
+        declare(router, gate, *self._client_servlets(services))
         fed = services.federation
         # Servers sign their requests; the notary's key queries share the one rc_key_query budget per address.
         federation_gate = Gate(servers=XMatrixAuth(fed.server_name, fed.keyring.get_verify_key, fed.on_remote_up,
                                                    fed.acl),
                                limiters={Rate.KEY_QUERY: fed.key_query_limiter}, clock=self.reactor.seconds,
                                json=FEDERATION_JSON)
-        register_client_api_servlets(router, gate, self.config, accounts, services.writers)
-        register_room_api_servlets(router, gate, rooms, accounts, services.writers, services.sync_tracker)
-        events = streams.generators[StreamName.EVENTS]
-        pushers = PushersHandler(PushStore(storage.db), clock_ms=lambda: int(self.reactor.seconds() * 1000),
-                                 current_position=events.get_max_position)
-        register_push_servlets(router, gate, account_data=accounts.account_data, pushers=pushers,
-                               client_events=rooms.client_events, writer=services.writers.account_data)
-        register_federation_servlets(
-            _RoleRouter(self.federation_router, self.role),
-            federation_gate,
-            fed,
-            profile_lookup=accounts.profiles.get_profile,
-            alias_lookup=rooms.timeline.get_alias,
-            devices=FederationDeviceHandler(
-                server_name=self.config.server_name, store=E2eStore(storage.db), e2e=rooms.e2e,
-                devices=accounts.devices.get_devices,
-            ),
-        )
-        register_federation_directory_servlets(_RoleRouter(self.federation_router, self.role), federation_gate,
-                                               rooms.directory, rooms.hierarchy)
+        declare(_RoleRouter(self.federation_router, self.role), federation_gate, *self._federation_servlets(services))
         media = services.media
         if media is not None:
             previewer = UrlPreviewer(self.config.media.url_preview, self.reactor, media.metrics,
@@ -765,12 +787,59 @@ class HomeServer:
             # The main process shares the admin API's gate (one rc_admin budget per admin); a
             # media_repository worker has its own.
             if admin_gate is None:
-                admin_gate = Gate(users=accounts.auth, clock=self.reactor.seconds, admins=AdminGuard(
+                admin_gate = Gate(users=services.accounts.auth, clock=self.reactor.seconds, admins=AdminGuard(
                     AdminStore(storage.db), Ratelimiter.from_config(self.config.rc_admin)))
             register_media_servlets(self.router, gate, repo=media, previewer=previewer)
             declare(self.admin_router, admin_gate, MediaAdminServlets(media))
             register_federation_media_servlets(self.federation_router, federation_gate, media)
             register_legacy_download_for_federation(self.federation_router, federation_gate, repo=media)
+
+    def _client_servlets(self, services: Services) -> tuple[object, ...]:
+        """The client-server servlets, in the order the router matches them, each given the
+        handlers it calls (media is the media repository's, registered apart)."""
+        accounts, rooms, writers, config = services.accounts, services.rooms, services.writers, self.config
+        e2e = rooms.e2e
+        return (
+            VersionsServlet(),
+            AccountDataServlets(accounts.account_data, accounts.filters, writers.account_data),
+            RegistrationServlets(config, accounts.auth, accounts.registration, accounts.uia,
+                                 accounts.registration_token_valid),
+            LoginServlets(config, accounts.auth, accounts.login, accounts.uia),
+            DeviceServlets(accounts.devices, accounts.uia),
+            ProfileServlets(accounts.profiles),
+            ServerInfoServlets(config),
+            ThreepidServlets(accounts.uia),
+            AppServiceServlets(accounts.app_service_queries),
+            RoomServlets(rooms.rooms), HistoryServlets(rooms.messages), RedactionServlet(rooms.rooms),
+            EphemeralServlets(writers.typing, writers.receipts, writers.fully_read),
+            RelationsServlets(rooms.relations),
+            DirectoryServlets(rooms.directory, rooms.hierarchy),
+            SearchServlet(rooms.search),
+            RoomUpgradeServlet(rooms.upgrades),
+            SyncServlet(rooms.sync, accounts.filters, services.sync_tracker),
+            SlidingSyncServlet(rooms.sliding_sync, services.sync_tracker),
+            ToDeviceServlets(writers.to_device), KeysServlets(e2e),
+            *(() if e2e.key_backup is None else (KeyBackupServlets(e2e.key_backup),)),
+            CrossSigningServlets(e2e.cross_signing, accounts.uia), PresenceServlets(rooms.presence, writers.presence),
+            DeactivateServlet(accounts.uia, services.deactivation),
+            LegacySyncServlets(services.legacy_sync),
+            PushRulesServlets(accounts.account_data, writers.account_data),
+            PushersServlets(services.pushers, rooms.client_events),
+        )
+
+    def _federation_servlets(self, services: Services) -> tuple[object, ...]:
+        """The server-server servlets (federation media is the media repository's)."""
+        fed, accounts, rooms = services.federation, services.accounts, services.rooms
+        return (
+            ServerKeyServlets(fed.key_response, fed.notary),
+            MembershipServlets(fed.membership),
+            FederationDeviceServlets(services.federation_devices),
+            QueryServlets(fed.server_name, fed.membership.servers_in_room, accounts.profiles.get_profile,
+                          rooms.timeline.get_alias),
+            TransactionServlets(fed.transactions),
+            FederationHistoryServlets(fed.history, fed.acl),
+            FederationDirectoryServlets(rooms.directory, rooms.hierarchy),
+        )
 
     def console_status(self) -> dict[str, Any]:
         """What the operator console shows beyond the admin API: every process of the layout

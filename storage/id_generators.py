@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure

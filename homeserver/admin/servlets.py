@@ -37,11 +37,12 @@ from homeserver.config import HomeserverConfig
 from homeserver.events import get_room_version
 from homeserver.events.identifiers import is_valid_server_name, is_valid_user_id, server_name_of
 from homeserver.events.validation import MAX_PASSWORD_LENGTH, check_localpart
-from homeserver.handlers.account_services import AccountServices
 from homeserver.handlers.accounts.auth import Requester, client_ip
 from homeserver.handlers.accounts.deactivate import DeactivationHandler
 from homeserver.handlers.accounts.login import LoginHandler
-from homeserver.handlers.room_services import RoomServices
+from homeserver.handlers.accounts.devices import DeviceHandler
+from homeserver.handlers.accounts.profile import ProfileHandler
+from homeserver.handlers.rooms.rooms import RoomHandler
 from homeserver.http.client_api._base import optional_bool, query_bool, query_int, query_string
 from homeserver.http.routes import Body, Call, Caller, Gate, Rate, Response, declare, route
 from homeserver.http.server import Routes, parse_json_object, parse_optional_json_object
@@ -49,6 +50,7 @@ from storage.database import Database
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param, not_found
 from storage.kernel.ratelimit import Ratelimiter
 from storage.stores.accounts import AccountStore
+from storage.stores.timeline import TimelineStore
 from storage.stores.admin import (
     DESTINATION_ORDERS,
     ROOM_ORDERS,
@@ -158,8 +160,12 @@ class AdminApi:
     config: HomeserverConfig
     db: Database
     reactor: Any
-    accounts: AccountServices
-    rooms: RoomServices
+    login: LoginHandler
+    devices: DeviceHandler
+    profiles: ProfileHandler
+    rooms: RoomHandler
+    timeline: TimelineStore
+    deactivation: DeactivationHandler
     # Forget a destination's backoff in the process that sends to it, and send now.
     remote_up: Callable[[str], None]
     tasks: TaskTracker
@@ -170,7 +176,6 @@ class AdminApi:
     # Shared-secret registration's own rc_registration budget (Rate.SHARED_SECRET_REGISTRATION).
     register_limiter: Ratelimiter = attrs.field(init=False)
     nonces: Nonces = attrs.field(init=False)
-    deactivation: DeactivationHandler = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.store = AdminStore(self.db)
@@ -178,8 +183,6 @@ class AdminApi:
         self.guard = AdminGuard(self.store, Ratelimiter.from_config(self.config.rc_admin), self.clock)
         self.register_limiter = Ratelimiter.from_config(self.config.rc_registration)
         self.nonces = Nonces(self.clock)
-        self.deactivation = DeactivationHandler(login=self.accounts.login, rooms=self.rooms.rooms,
-                                                profiles=self.accounts.profiles, timeline=self.rooms.timeline)
 
     @property
     def server_name(self) -> str:
@@ -191,7 +194,7 @@ class AdminApi:
         self.tasks.register("shutdown_and_purge_room", self._delete_room_task)
         self.tasks.register("purge_history", self._purge_task)
         declare(router, gate,
-                SharedSecretServlets(self.config, self.db, self.reactor, self.nonces, self.accounts.login),
+                SharedSecretServlets(self.config, self.db, self.reactor, self.nonces, self.login),
                 UserServlets(self), RoomServlets(self),
                 DestinationServlets(self.store, self.server_name, self.remote_up),
                 TokenServlets(self.store, self.clock), ServerServlets(self.tasks, self.send_notice))
@@ -233,12 +236,12 @@ class AdminApi:
         room_id = await self.store.get_notice_room(user_id)
         membership = None
         if room_id is not None:
-            rooms = await self.rooms.timeline.get_rooms_for_user(user_id)
+            rooms = await self.timeline.get_rooms_for_user(user_id)
             membership = rooms.get(room_id, (None, ""))[0]
-            if (await self.rooms.timeline.get_rooms_for_user(system_id)).get(room_id, (None, ""))[0] != "join":
+            if (await self.timeline.get_rooms_for_user(system_id)).get(room_id, (None, ""))[0] != "join":
                 room_id = None  # the room is gone (deleted): make a new one
         if room_id is None:
-            room_id, _ = await self.rooms.rooms.create_room(system, {
+            room_id, _ = await self.rooms.create_room(system, {
                 "preset": "private_chat", "name": notices.room_name, "invite": [user_id],
                 "creation_content": {"m.federate": False},
                 # Only the server speaks in a notices room.
@@ -246,8 +249,8 @@ class AdminApi:
             })
             await self.store.set_notice_room(user_id, room_id)
         elif membership not in ("join", "invite"):
-            await self.rooms.rooms.update_membership(system, room_id, user_id, "invite", ratelimited=False)
-        return await self.rooms.rooms.send_event(system, room_id, event_type, content, None, ratelimited=False)
+            await self.rooms.update_membership(system, room_id, user_id, "invite", ratelimited=False)
+        return await self.rooms.send_event(system, room_id, event_type, content, None, ratelimited=False)
 
     # --- users and rooms ---------------------------------------------------------------------
 
@@ -255,7 +258,7 @@ class AdminApi:
         password_hash = await password_hasher(self.config, self.reactor).hash(password)
         deleted = await AccountStore(self.db).set_password_hash(user_id, password_hash, keep_device_id=None,
                                                                logout_devices=logout)
-        await self.accounts.devices.devices_deleted(user_id, deleted)
+        await self.devices.devices_deleted(user_id, deleted)
 
     async def shut_down_room(self, by: str, room_id: str, options: Mapping[str, Any],
                               task_id: str | None) -> dict[str, Any]:
@@ -273,7 +276,7 @@ class AdminApi:
         for user_id, _membership in await store.get_local_members(room_id, self.server_name):
             try:
                 # As the member itself: a leave needs no power, so this works in any room.
-                await self.rooms.rooms.update_membership(Requester(user_id, "", 0), room_id, user_id, "leave",
+                await self.rooms.update_membership(Requester(user_id, "", 0), room_id, user_id, "leave",
                                                          ratelimited=False)
                 kicked.append(user_id)
             except MatrixError as e:
@@ -321,11 +324,11 @@ class AdminApi:
         if level(target) < new_level:
             users[target] = new_level
             levels["users"] = users
-            await self.rooms.rooms.send_state(Requester(actor, "", 0), room_id, "m.room.power_levels", "", levels)
+            await self.rooms.send_state(Requester(actor, "", 0), room_id, "m.room.power_levels", "", levels)
         membership = (by_key.get(("m.room.member", target)) or {}).get("content", {}).get("membership")
         join_rule = (by_key.get(("m.room.join_rules", "")) or {}).get("content", {}).get("join_rule")
         if membership not in ("join", "invite") and join_rule != "public":
-            await self.rooms.rooms.update_membership(Requester(actor, "", 0), room_id, target, "invite",
+            await self.rooms.update_membership(Requester(actor, "", 0), room_id, target, "invite",
                                                      ratelimited=False)
         logger.info("[%s] %s made room admin (power %d, given by %s)", room_id, target, new_level, actor)
 
@@ -420,8 +423,8 @@ class UserServlets:
     def __init__(self, api: AdminApi) -> None:
         self._api = api
         self._store = api.store
-        self._devices = api.accounts.devices
-        self._profiles = api.accounts.profiles
+        self._devices = api.devices
+        self._profiles = api.profiles
 
     @route("GET", ADMIN_PREFIX + r"/v2/users", "admin_list_users", caller=Caller.ADMIN)
     async def list_users(self, call: Call) -> Response:
@@ -563,7 +566,7 @@ class UserServlets:
     @route("GET", ADMIN_PREFIX + r"/v1/users/" + USER + r"/joined_rooms", "admin_joined_rooms", caller=Caller.ADMIN)
     async def joined_rooms(self, call: Call) -> Response:
         row = await self._api.existing_user(call.params["user_id"])
-        rooms = await self._api.rooms.timeline.get_rooms_for_user(row.user_id)
+        rooms = await self._api.timeline.get_rooms_for_user(row.user_id)
         joined = sorted(room_id for room_id, (membership, _) in rooms.items() if membership == "join")
         return 200, {"joined_rooms": joined, "total": len(joined)}
 
@@ -628,7 +631,7 @@ class RoomServlets:
         if not isinstance(target, str) or not is_valid_user_id(target):
             raise invalid_param("'user_id' must be a user ID")
         await self._api.existing_user(target)
-        room_id = await self._api.rooms.rooms.resolve_room(call.params["room"])
+        room_id = await self._api.rooms.resolve_room(call.params["room"])
         await self._api.make_room_admin(room_id, target)
         return 200, {}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
-from homeserver.events import FrozenEvent, get_room_version
+from homeserver.events import FrozenEvent
 from homeserver.handlers.rooms.event_loader import EventLoader
 from storage.kernel.errors import forbidden, not_found
 from storage.stores.events import EventsStore

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred
 
 from homeserver.events import constants as C
 from homeserver.handlers.rooms.partial_state import PartialStateWaiter

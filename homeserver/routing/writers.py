@@ -28,17 +28,7 @@ import attrs
 
 from homeserver.events.canonical import thaw
 from homeserver.handlers.accounts.auth import Requester
-from homeserver.handlers.writers import (
-    AccountDataWriter,
-    DeviceListWriter,
-    FullyReadWriter,
-    InviteWriter,
-    PresenceWriter,
-    ReceiptsWriter,
-    ToDeviceWriter,
-    TypingWriter,
-    Writers,
-)
+from homeserver.handlers.writers import InviteWriter, Writers
 from homeserver.routing.internal_api import Operation as Serve
 from homeserver.routing.layout import Layout
 from storage.streams import StreamName

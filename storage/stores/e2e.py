@@ -23,7 +23,7 @@ from typing import Final
 
 import attrs
 
-from storage.database import Database, Prepared, Transaction, json_rows, one_statement, prepared
+from storage.database import Database, Transaction, json_rows, one_statement, prepared
 from storage.stores.streams import insert_device_inbox_txn, insert_device_list_changes_txn
 from storage.stores.timeline import RoomPosition
 

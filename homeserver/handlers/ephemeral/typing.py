@@ -14,7 +14,6 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 
 from homeserver.handlers.accounts.auth import Requester

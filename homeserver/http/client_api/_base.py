@@ -15,7 +15,7 @@ from typing import Any, Final, overload
 from twisted.web.server import Request
 
 from homeserver.events.validation import check_text
-from storage.kernel.errors import MatrixError, bad_json, invalid_param, missing_param
+from storage.kernel.errors import bad_json, invalid_param, missing_param
 from homeserver.http.server import JsonDict
 
 # matrix-nio and older clients still use r0 for some endpoints; both are served.

@@ -40,8 +40,8 @@ from homeserver.http.client_api._base import (
     query_string,
     required_string,
 )
-from homeserver.http.routes import Body, Call, Caller, Gate, Response, declare, route
-from homeserver.http.server import JsonDict, Routes, parse_json_object, parse_optional_json_object
+from homeserver.http.routes import Body, Call, Caller, Response, route
+from homeserver.http.server import JsonDict, parse_json_object, parse_optional_json_object
 from storage.kernel.errors import MatrixError, bad_json, forbidden, invalid_param, missing_param
 
 REGISTER_FLOWS: Final = ((LOGIN_DUMMY,),)
@@ -418,10 +418,3 @@ class DeactivateServlet:
             # No identity server is configured, so no third-party ID could be unbound from one.
             session.set_result({"id_server_unbind_result": "no-support"})
         return 200, session.result
-
-
-def register_deactivate_servlet(
-    router: Routes, gate: Gate, *, uia: UserInteractiveAuth, deactivation: DeactivationHandler
-) -> None:
-    """``POST /account/deactivate`` (registered with the room servlets: leaving rooms needs their handler)."""
-    declare(router, gate, DeactivateServlet(uia, deactivation))

@@ -11,11 +11,10 @@ from homeserver.handlers.accounts.ui_auth import LOGIN_PASSWORD, UserInteractive
 from homeserver.handlers.e2e.cross_signing import CrossSigningHandler
 from homeserver.handlers.e2e.e2e import E2eHandler
 from homeserver.handlers.ephemeral.presence import PRESENCE_STATES, PresenceHandler
-from homeserver.handlers.writers import PresenceWriter, ToDeviceWriter, Writers
+from homeserver.handlers.writers import PresenceWriter, ToDeviceWriter
 from homeserver.http.client_api._base import client_path, empty, optional_string, query_string, required_string
-from homeserver.http.client_api.key_backup import KeyBackupServlets
-from homeserver.http.routes import Body, Call, Caller, Gate, Response, declare, route
-from homeserver.http.server import Routes, parse_json_object
+from homeserver.http.routes import Body, Call, Caller, Response, route
+from homeserver.http.server import parse_json_object
 from storage.kernel.errors import MatrixError, invalid_param
 
 MAX_ID_LENGTH: Final = 255
@@ -115,10 +114,3 @@ class PresenceServlets:
         status_msg = optional_string(body, "status_msg", max_length=1024)
         await self._writer.set_status(call.user, check_user_id(call.params["user_id"]), state, status_msg)
         return empty()
-
-
-def register_e2e_servlets(router: Routes, gate: Gate, *, e2e: E2eHandler, presence: PresenceHandler,
-                          writers: Writers, uia: UserInteractiveAuth | None = None) -> None:
-    backup = () if e2e.key_backup is None else (KeyBackupServlets(e2e.key_backup),)
-    declare(router, gate, ToDeviceServlets(writers.to_device), KeysServlets(e2e), *backup,
-            CrossSigningServlets(e2e.cross_signing, uia), PresenceServlets(presence, writers.presence))

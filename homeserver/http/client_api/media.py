@@ -12,8 +12,6 @@ servlet name starts with ``media_``: the ``media_repository`` worker serves exac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
 
 from twisted.web.server import Request
 

@@ -20,8 +20,8 @@ from homeserver.handlers.push.push import PushersHandler
 from homeserver.handlers.rooms.client_events import ClientEvents
 from homeserver.handlers.writers import AccountDataWriter
 from homeserver.http.client_api._base import client_path, empty, query_string
-from homeserver.http.routes import Body, Call, Caller, Gate, Response, declare, route
-from homeserver.http.server import Routes, parse_json_body
+from homeserver.http.routes import Body, Call, Caller, Response, route
+from homeserver.http.server import parse_json_body
 from storage.kernel.errors import invalid_param
 
 # One route for every /pushrules path: parse_rule_path answers 400 for the malformed ones.
@@ -95,8 +95,3 @@ class PushersServlets:
             return {event.event_id: body for event, body in zip(events, serialized, strict=True)}
 
         return 200, await self._pushers.notifications(requester, query, load)
-
-
-def register_push_servlets(router: Routes, gate: Gate, *, account_data: AccountDataHandler,
-                           pushers: PushersHandler, client_events: ClientEvents, writer: AccountDataWriter) -> None:
-    declare(router, gate, PushRulesServlets(account_data, writer), PushersServlets(pushers, client_events))

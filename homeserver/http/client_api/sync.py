@@ -1,9 +1,5 @@
 """``GET /sync``: parse since/timeout/full_state/filter and hand them to ``SyncHandler``; the older
-``/initialSync``, ``/rooms/{roomId}/initialSync`` and ``/events`` to ``LegacySyncHandler``.
-
-``register_room_api_servlets`` declares every room-side servlet (rooms.py, relations, directory,
-search, room upgrade, sliding sync and this module's) through the client gate, in the order
-the router matches them."""
+``/initialSync``, ``/rooms/{roomId}/initialSync`` and ``/events`` to ``LegacySyncHandler``."""
 
 # tests: tests/integration/test_client_rooms.py, tests/integration/test_client_e2e.py, tests/integration/test_client_legacy.py,
 #        tests/unit/http/test_client_room_routes.py
@@ -15,28 +11,15 @@ from typing import Any, Final
 
 from twisted.web.server import Request
 
-from homeserver.handlers.account_services import AccountServices
-from homeserver.handlers.accounts.deactivate import DeactivationHandler
 from homeserver.handlers.accounts.filters import FilterHandler, validate_filter
 from homeserver.handlers.ephemeral.presence import PRESENCE_STATES, SyncTracker, while_syncing
-from homeserver.handlers.room_services import RoomServices
 from homeserver.handlers.sync.legacy_sync import LegacySyncHandler
 from homeserver.handlers.sync.sync import DEFAULT_TIMELINE_LIMIT, SyncFilter, SyncHandler
 from homeserver.events.validation import check_room_id
-from homeserver.http.client_api.account import register_deactivate_servlet
-from homeserver.http.client_api.e2e import register_e2e_servlets
-from homeserver.http.client_api.rooms import ROOM, EphemeralServlets, HistoryServlets, RedactionServlet, RoomServlets
-from homeserver.http.client_api.directory import DirectoryServlets
-from homeserver.http.client_api.relations import RelationsServlets
-from homeserver.http.client_api.search import SearchServlet
-from homeserver.http.client_api.sliding_sync import SlidingSyncServlet
-from homeserver.http.client_api.room_upgrade import RoomUpgradeServlet
+from homeserver.http.client_api.rooms import ROOM
 from homeserver.http.client_api._base import client_path, query_int, query_string
 from storage.kernel.errors import invalid_param, missing_param
-from homeserver.http.routes import Call, Caller, Gate, Response, declare, route
-from homeserver.http.server import Routes
-from homeserver.http.routes import Gate
-from homeserver.handlers.writers import Writers
+from homeserver.http.routes import Call, Caller, Response, route
 from storage.tokens import InvalidTokenError, StreamToken
 
 # The older /events long-poll waits this long when the client gives no timeout (as Synapse).
@@ -139,36 +122,3 @@ class SyncServlet:
                                             full_state=full_state_text == "true",
                                             sync_filter=SyncFilter.parse(filter_json),
                                         ))
-
-
-def register_room_api_servlets(router: Routes, gate: Gate, rooms: RoomServices, accounts: AccountServices,
-                               writers: Writers, sync_tracker: SyncTracker | None = None) -> None:
-    """Every servlet of rooms.py, this module and the other room-side modules, wired to
-    ``rooms``' handlers, in the order the router matches them."""
-    declare(
-        router, gate,
-        RoomServlets(rooms.rooms), HistoryServlets(rooms.messages), RedactionServlet(rooms.rooms),
-        EphemeralServlets(writers.typing, writers.receipts, writers.fully_read),
-        RelationsServlets(rooms.relations),
-        DirectoryServlets(rooms.directory, rooms.hierarchy),
-        SearchServlet(rooms.search),
-        RoomUpgradeServlet(rooms.upgrades),
-        SyncServlet(rooms.sync, accounts.filters, sync_tracker),
-        SlidingSyncServlet(rooms.sliding_sync, sync_tracker),
-    )
-    register_e2e_servlets(router, gate, e2e=rooms.e2e, presence=rooms.presence, writers=writers,
-                          uia=accounts.uia)
-    register_deactivate_servlet(router, gate, uia=accounts.uia, deactivation=DeactivationHandler(
-        login=accounts.login, rooms=rooms.rooms, profiles=accounts.profiles, timeline=rooms.timeline,
-    ))
-    declare(router, gate, LegacySyncServlets(LegacySyncHandler(
-        sync=rooms.sync,
-        messages=rooms.messages,
-        rooms=rooms.rooms,
-        timeline=rooms.timeline,
-        client_events=rooms.client_events,
-        receipts=rooms.receipts,
-        presence=rooms.presence,
-        account_data=accounts.account_data,
-        room_tokens=rooms.room_tokens,
-    )))

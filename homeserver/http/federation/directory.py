@@ -17,8 +17,7 @@ from homeserver.federation.requests import query_int, query_one
 from homeserver.handlers.directory.directory import DirectoryHandler, parse_public_rooms_filter
 from homeserver.handlers.directory.hierarchy import HierarchyHandler
 from homeserver.http.federation.servlets import FED_V1
-from homeserver.http.routes import Body, Call, Caller, Gate, Response, declare, route
-from homeserver.http.server import Routes
+from homeserver.http.routes import Body, Call, Caller, Response, route
 from storage.kernel.errors import bad_json, invalid_param
 
 PUBLIC_ROOMS = f"{FED_V1}/publicRooms"
@@ -58,8 +57,3 @@ class FederationDirectoryServlets:
             raise invalid_param("'suggested_only' must be 'true' or 'false'")
         return 200, await self._hierarchy.federation_hierarchy(check_room_id(call.params["room_id"]),
                                                                suggested_only=suggested == "true")
-
-
-def register_federation_directory_servlets(router: Routes, gate: Gate, directory: DirectoryHandler,
-                                           hierarchy: HierarchyHandler) -> None:
-    declare(router, gate, FederationDirectoryServlets(directory, hierarchy))

@@ -1,8 +1,8 @@
 """Routes under /_matrix/federation/v1|v2 and /_matrix/key/v2, and the services behind them.
 
 ``FederationServices.build`` wires the keyring, client and handlers from the
-config; ``register_federation_servlets`` declares the routes on a router
-(homeserver/http/routes.py). The federation listener's gate (homeserver/app.py)
+config; the servlet classes declare the routes (homeserver/http/routes.py), and
+``app.py`` declares them on the federation router. The federation listener's gate (homeserver/app.py)
 authenticates each ``Caller.SERVER`` route with ``XMatrixAuth``: it reads the signed body, checks
 ``X-Matrix`` (401 M_UNAUTHORIZED on any failure) and a room's server ACL, and the
 handler gets the origin as ``call.server``.
@@ -56,8 +56,7 @@ from homeserver.federation.requests import (
     query_values,
 )
 from storage.kernel.errors import invalid_param, missing_param, not_found
-from homeserver.http.routes import Body, Call, Caller, Gate, Rate, Response, declare, route
-from homeserver.http.server import Routes
+from homeserver.http.routes import Body, Call, Caller, Rate, Response, route
 from storage.stores.events import EventsStore
 from storage.stores.federation import FederationStore
 from storage.stores.partial_state import PartialStateStore
@@ -411,17 +410,6 @@ class HistoryServlets:
         return 200, await self._history.get_missing_events(call.server, call.params["room_id"], request_body)
 
 
-def register_federation_servlets(router: Routes, gate: Gate, fed: FederationServices, *,
-                                 profile_lookup: ProfileLookup | None = None,
-                                 alias_lookup: AliasLookup | None = None,
-                                 devices: FederationDeviceHandler | None = None) -> None:
-    declare(router, gate,
-            ServerKeyServlets(fed.key_response, fed.notary),
-            MembershipServlets(fed.membership),
-            DeviceServlets(devices),
-            QueryServlets(fed.server_name, fed.membership.servers_in_room, profile_lookup, alias_lookup),
-            TransactionServlets(fed.transactions),
-            HistoryServlets(fed.history, fed.acl))
 
 
 def _thread_runner(reactor: Any) -> Callable[..., Coroutine[Any, Any, Any]]:
