@@ -60,17 +60,15 @@ from homeserver.federation.sender_transport import client_transport
 from homeserver.http.federation.directory import FederationDirectoryServlets
 from homeserver.http.federation.servlets import DeviceServlets as FederationDeviceServlets
 from homeserver.http.federation.servlets import HistoryServlets as FederationHistoryServlets
+from homeserver.wiring.federation import FederationServices, build_federation_client, build_remote_queries
 from homeserver.http.federation.servlets import (
-    FederationServices,
     MembershipServlets,
     QueryServlets,
     ServerKeyServlets,
     TransactionServlets,
     XMatrixAuth,
-    build_federation_client,
-    build_remote_queries,
 )
-from homeserver.handlers.account_services import AccountServices
+from homeserver.wiring.accounts import AccountServices
 from homeserver.handlers.accounts.auth import TokenCacheInvalidation
 from homeserver.handlers.rooms.event_loader import EventCacheMetrics, EventLoader
 from homeserver.handlers.rooms.event_persistence import EventPersister, PersistenceMetrics
@@ -81,7 +79,7 @@ from homeserver.handlers.push.push import PushActionsEvaluator, PushersHandler
 from storage.kernel.ratelimit import Ratelimiter
 from homeserver.handlers.rooms.remote_invites import RemoteInvites
 from homeserver.handlers.rooms.room_events import RoomEventCreator
-from homeserver.handlers.room_services import RoomServices
+from homeserver.wiring.rooms import RoomServices
 from homeserver.handlers.ephemeral.typing import ReplicatedTyping
 from homeserver.http.client_api.versions import VersionsServlet
 from homeserver.http.client_api.account import DeactivateServlet, LoginServlets, RegistrationServlets

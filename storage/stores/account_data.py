@@ -97,7 +97,7 @@ class AccountDataStore:
         """A bare ``nextval`` on the account_data stream's sequence, with no position tracking.
 
         Only for a process that has no account_data ``StreamIdGenerator`` wired
-        yet (see homeserver/handlers/account_services.py); the generator is the
+        yet (see homeserver/wiring/accounts.py); the generator is the
         real allocator.
         """
         return await self._db.run_interaction("account_data_nextval", _nextval_txn)

@@ -37,6 +37,8 @@ HOMESERVER: dict[str, frozenset[str]] = {
     "http": _FEDERATION,
     "routing": _HTTP,
     "admin": _ROUTING,
+    # Composition: the bundles of services the root builds (adapters never see them).
+    "wiring": _FEDERATION,
     # Process-level modules the composition root uses.
     "keys": _ADMIN,
     "metrics": _ADMIN,
@@ -45,7 +47,7 @@ HOMESERVER: dict[str, frozenset[str]] = {
     "reactor": frozenset({"lazy_tls"}),
     # Composition.
     "roles": _CONFIG,
-    "app": _ADMIN | {"keys", "metrics", "roles", "logging_setup", "port_check"},
+    "app": _ADMIN | {"wiring", "keys", "metrics", "roles", "logging_setup", "port_check"},
     "cli": _ADMIN | {"app", "roles", "keys", "metrics", "logging_setup", "port_check", "reactor", "lazy_tls"},
 }
 
@@ -62,10 +64,6 @@ HANDLERS: dict[str, frozenset[str]] = {
     "push": _ACCOUNTS,
     "directory": _ACCOUNTS | {"rooms"},
     "sync": _ACCOUNTS | {"ephemeral", "e2e", "rooms"},
-    # The two bundles app.py builds; they see every folder.
-    "account_services": _ACCOUNTS,
-    "room_services": _ACCOUNTS | {"ephemeral", "e2e", "rooms", "push", "directory", "sync", "writers",
-                                  "account_services"},
 }
 
 

@@ -16,7 +16,7 @@ import attrs
 
 from homeserver.events import constants as C
 from homeserver.handlers.rooms.partial_state import PartialStateWaiter
-from homeserver.handlers.account_services import AccountServices
+from homeserver.wiring.accounts import AccountServices
 from homeserver.handlers.rooms.aggregations import Aggregator
 from homeserver.handlers.rooms.client_events import ClientEvents
 from homeserver.handlers.e2e.cross_signing import CrossSigningHandler

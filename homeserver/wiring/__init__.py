@@ -1,0 +1,1 @@
+"""Composition: the bundles of services app.py builds (accounts, rooms, federation), each from the config and the stores. Only the composition root holds them; handlers and servlets receive the few services they use."""
