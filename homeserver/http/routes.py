@@ -82,10 +82,11 @@ class Body(enum.Enum):
 
 
 class Rate(enum.Enum):
-    """The rate-limit classes a route may declare, each keyed as its comment says."""
+    """The rate-limit classes a route may declare, each keyed as its comment says. The gate
+    counts every call it lets through; a limit that only checks, and counts once the action
+    succeeds (client registration's ``rc_registration``, logins' ``rc_login``), stays in its
+    handler."""
 
-    REGISTRATION = "registration"
-    """``rc_registration``, per client address: account creation and its availability checks."""
     KEY_QUERY = "key_query"
     """``rc_key_query``, per client address: the notary's key queries."""
     SHARED_SECRET_REGISTRATION = "admin_register"

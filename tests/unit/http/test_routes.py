@@ -88,7 +88,7 @@ class Servlets:
     async def things(self, call: Call) -> Response:
         return 200, {"user": call.user.user_id, "kind": call.params["kind"], "body": call.content}
 
-    @route("POST", r"/members", "members", caller=Caller.USER, body=Body.OPTIONAL_OBJECT, rate=Rate.REGISTRATION)
+    @route("POST", r"/members", "members", caller=Caller.USER, body=Body.OPTIONAL_OBJECT, rate=Rate.KEY_QUERY)
     @route("POST", r"/members/legacy", "members_legacy", caller=Caller.USER, body=Body.OPTIONAL_OBJECT)
     async def members(self, call: Call) -> Response:
         return 200, {"user": call.user.user_id, "body": call.content}
@@ -113,7 +113,7 @@ def gated() -> Any:
     server = Server()
     admins = FakeAdmins()
     gate = Gate(users=FakeUsers(), admins=admins, servers=FakeServers(),
-                limiters={Rate.REGISTRATION: Ratelimiter(per_second=0.001, burst_count=2)}, clock=lambda: 1000.0)
+                limiters={Rate.KEY_QUERY: Ratelimiter(per_second=0.001, burst_count=2)}, clock=lambda: 1000.0)
     declare(server.router, gate, Servlets())
     server.admins = admins  # type: ignore[attr-defined]
     yield server
@@ -139,7 +139,7 @@ def test_declarations_are_collected_in_the_order_written() -> None:
         ("GET", "open"), ("GET", "maybe"), ("PUT", "things"), ("POST", "members"), ("POST", "members_legacy"),
         ("GET", "bridge"), ("DELETE", "admin_user"), ("PUT", "send"),
     ]
-    assert found[3].rate is Rate.REGISTRATION and found[4].rate is None
+    assert found[3].rate is Rate.KEY_QUERY and found[4].rate is None
     assert all(isinstance(e, Endpoint) for e in found)
 
 
@@ -213,8 +213,8 @@ def test_a_gate_refuses_routes_it_cannot_check() -> None:
     router = JsonRouter(HttpMetrics.create(CollectorRegistry()))
     with pytest.raises(ValueError, match="no checker for server callers"):
         declare(router, Gate(users=FakeUsers(), admins=FakeAdmins(), clock=lambda: 0.0,
-                             limiters={Rate.REGISTRATION: Ratelimiter(per_second=1.0, burst_count=1)}), Servlets())
-    with pytest.raises(ValueError, match="no limiter for rate class registration"):
+                             limiters={Rate.KEY_QUERY: Ratelimiter(per_second=1.0, burst_count=1)}), Servlets())
+    with pytest.raises(ValueError, match="no limiter for rate class key_query"):
         declare(router, Gate(users=FakeUsers(), admins=FakeAdmins(), servers=FakeServers(), clock=lambda: 0.0),
                 Servlets())
 
