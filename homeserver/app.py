@@ -144,6 +144,7 @@ from storage.cache_invalidation import CacheInvalidationStream
 from storage.caches import CacheRegistry
 from storage.database import Database
 from storage.embedded import EmbeddedPostgres, find_binaries
+from storage.embedded_supervisor import EmbeddedSupervisor
 from storage.id_generators import StreamIdGenerator
 from storage.kernel.background import register_metrics as register_background_metrics
 from storage.kernel.background import run_in_background
@@ -342,6 +343,10 @@ class HomeServer:
         self._opened: Storage | None = None
         # What ``with_database`` applied (``NNNN_name``), for the tools to report.
         self.last_migrations: tuple[str, ...] = ()
+        # Restarts the embedded PostgreSQL when it dies (running ones only: not for the tools).
+        self._supervisor: EmbeddedSupervisor | None = None
+        # Set when the process must end on its own (supervision gave up): cli.py exits with it.
+        self.fatal_error: str | None = None
 
     @property
     def process(self) -> Process:
@@ -416,7 +421,16 @@ class HomeServer:
         applied = await prepare_database(db)
         self.storage_metrics.migrations_applied.inc(applied)
         await check_server_name(db, self.config.server_name)
+        if embedded is not None:
+            self._supervisor = EmbeddedSupervisor(embedded, self.reactor, self._give_up)
+            self._supervisor.start()
         return storage
+
+    def _give_up(self, reason: str) -> None:
+        """Supervision cannot bring the database back: stop, so that the exit code says so."""
+        self.fatal_error = reason
+        if self.reactor.running:
+            self.reactor.stop()
 
     async def migrate(self) -> tuple[tuple[str, ...], int]:
         """``tributary migrate``: apply pending migrations and close the database again; nothing
@@ -970,6 +984,9 @@ class HomeServer:
         process, self._process = self._process, None
         if process is not None:
             await self._stop_process(process)
+        if self._supervisor is not None:
+            self._supervisor.stop()
+            self._supervisor = None
         storage, self._opened = self._opened, None
         if storage is not None:
             await deferToThread(storage.db.close)

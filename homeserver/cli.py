@@ -337,6 +337,9 @@ def _run_in_reactor(config: HomeserverConfig, mode: str, *, instance_name: str =
     # killed the process: exit status -2 seen), but leaves an ignored signal ignored; by then
     # the exit is only moments away.
     atexit.register(_ignore_signals_while_exiting)
+    if hs.fatal_error is not None:
+        print(f"stopped: {hs.fatal_error}", file=sys.stderr)
+        return EXIT_FAILURE
     return outcome["code"]
 
 
