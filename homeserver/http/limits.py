@@ -114,7 +114,7 @@ class LimitedChannel(HTTPChannel):
         self._enter(Phase.IDLE)
         super().requestDone(request)  # type: ignore[no-untyped-call]
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+    def connectionLost(self, reason: Failure) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
