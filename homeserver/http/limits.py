@@ -20,7 +20,7 @@ from collections import Counter as Tally
 from typing import Any
 
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
@@ -114,7 +114,7 @@ class LimitedChannel(HTTPChannel):
         self._enter(Phase.IDLE)
         super().requestDone(request)  # type: ignore[no-untyped-call]
 
-    def connectionLost(self, reason: Failure) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
