@@ -900,11 +900,14 @@ class HomeServer:
         root = self._root_resource(listener)
         # Media uploads may be larger than the JSON bodies of every other endpoint, and so may
         # a big room's state handed to its events writer (only over the internal API, behind its secret).
-        site = make_site(root, large_bodies=(
+        large_bodies = (
             ((b"/_matrix/media/",), self.config.media.max_upload_size),
             ((f"{INTERNAL_PREFIX}/persist_join".encode("ascii"),
               f"{INTERNAL_PREFIX}/complete_partial_state".encode("ascii")), MAX_INTERNAL_JOIN_BYTES),
-        ))
+        )
+        # Each listener counts its own connections per address (homeserver/http/limits.py).
+        site = make_site(root, clock=self.reactor, metrics=self.http_metrics, limits=listener.connection_limits,
+                         large_bodies=large_bodies)
         for address in listener.bind_addresses:
             if listener.tls:
                 context = self._tls_context()

@@ -25,6 +25,7 @@ import yaml
 from federation_sender.config import BackoffConfig, CatchUpConfig, FederationSenderConfig
 from homeserver.appservice.config import DEFAULT_APP_SERVICE_BACKOFF, AppServiceSenderConfig
 from homeserver.appservice.registration import AppService, Namespace
+from homeserver.http.config import ConnectionLimitsConfig
 from homeserver.media.config import MediaConfig, RateLimitSpec, UrlPreviewConfig
 from homeserver.media.rules import ThumbnailSpec
 from replication.config import DEFAULT_REDIS_URL, RedisConfig, ReplicationConfig
@@ -116,6 +117,13 @@ def parse_duration(path: str, value: object) -> timedelta:
     )
 
 
+def _positive_duration(p: str, v: object) -> timedelta:
+    value = parse_duration(p, v)
+    if value <= timedelta(0):
+        raise ConfigError(p, f"expected a positive duration, got {_describe(v)}")
+    return value
+
+
 _SERVER_NAME_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.\-]+)(:\d{1,5})?$")
 
 
@@ -177,6 +185,22 @@ class ListenerConfig:
     bind_addresses: tuple[str, ...] = ("127.0.0.1",)
     tls: bool = False
     resources: tuple[str, ...] = ()
+    connection_limits: ConnectionLimitsConfig = ConnectionLimitsConfig()
+
+
+def _connection_limits(path: str, raw: object) -> ConnectionLimitsConfig:
+    s = _Section(path, raw)
+    d = ConnectionLimitsConfig()
+    result = ConnectionLimitsConfig(
+        header_timeout=s.get("header_timeout", _positive_duration, d.header_timeout),
+        body_timeout=s.get("body_timeout", _positive_duration, d.body_timeout),
+        idle_timeout=s.get("idle_timeout", _positive_duration, d.idle_timeout),
+        max_connections_per_ip=s.get("max_connections_per_ip", lambda p, v: _expect_int(p, v, 0, 1_000_000),
+                                     d.max_connections_per_ip),
+        exempt_ranges=s.get("exempt_ranges", _cidrs, d.exempt_ranges),
+    )
+    s.finish()
+    return result
 
 
 def _listener(path: str, raw: object) -> ListenerConfig:
@@ -191,6 +215,9 @@ def _listener(path: str, raw: object) -> ListenerConfig:
     if not binds:
         raise ConfigError(s.sub("bind_addresses"), "expected at least one address")
     tls = s.get("tls", _expect_bool, False)
+    limits = s.get("connection_limits", _connection_limits, ConnectionLimitsConfig())
+    if kind == "replication" and "connection_limits" in s.raw:
+        raise ConfigError(s.sub("connection_limits"), "only http and metrics listeners have connection limits")
     default_resources: tuple[str, ...] = ("client", "health") if kind == "http" else ()
     resources: tuple[str, ...] = s.get(
         "resources",
@@ -204,7 +231,8 @@ def _listener(path: str, raw: object) -> ListenerConfig:
     if kind != "http" and tls:
         raise ConfigError(s.sub("tls"), f"only http listeners can use TLS, this one is {kind}")
     s.finish()
-    return ListenerConfig(type=kind, port=port, bind_addresses=binds, tls=tls, resources=resources)
+    return ListenerConfig(type=kind, port=port, bind_addresses=binds, tls=tls, resources=resources,
+                          connection_limits=limits)
 
 
 DEFAULT_LISTENERS: Final = (
@@ -572,13 +600,6 @@ def parse_size(path: str, value: object) -> int:
         if match and int(match.group(1)) > 0:
             return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
     raise ConfigError(path, f"expected a positive size in bytes (e.g. 1048576, '512K', '50M'), got {_describe(value)}")
-
-
-def _positive_duration(p: str, v: object) -> timedelta:
-    value = parse_duration(p, v)
-    if value <= timedelta(0):
-        raise ConfigError(p, "expected a positive duration")
-    return value
 
 
 def _optional_duration(p: str, v: object) -> timedelta | None:

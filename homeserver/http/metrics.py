@@ -8,6 +8,7 @@ import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CONNECTION_LIMIT_REASONS = ("header_timeout", "body_timeout", "idle_timeout", "per_ip_cap")
 KNOWN_METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "OPTIONS", "HEAD"})
 
 
@@ -21,10 +22,12 @@ class HttpMetrics:
     requests: Counter
     duration: Histogram
     in_flight: Gauge
+    connections_closed: Counter
+    connections_open: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> HttpMetrics:
-        return cls(
+        metrics = cls(
             requests=Counter(
                 "tributary_http_requests_total",
                 "HTTP requests answered, by servlet, method and status class (2xx, 4xx...).",
@@ -44,4 +47,19 @@ class HttpMetrics:
                 ["servlet"],
                 registry=registry,
             ),
+            connections_closed=Counter(
+                "tributary_http_connections_closed_total",
+                "HTTP connections closed (or refused) by a connection limit, by the limit: header_timeout, "
+                "body_timeout, idle_timeout or per_ip_cap.",
+                ["reason"],
+                registry=registry,
+            ),
+            connections_open=Gauge(
+                "tributary_http_connections_open",
+                "HTTP connections open now, on every HTTP listener of the process.",
+                registry=registry,
+            ),
         )
+        for reason in CONNECTION_LIMIT_REASONS:
+            metrics.connections_closed.labels(reason=reason)
+        return metrics

@@ -24,6 +24,7 @@ from urllib.parse import unquote
 
 import attrs
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.tcp import Server
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
@@ -32,6 +33,8 @@ from storage.kernel.errors import MatrixError, bad_json, invalid_param, unrecogn
 from storage.kernel.json_input import JsonRules, decode_json
 from homeserver.events.canonical import EncodedJson
 from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_server_name, is_valid_user_id
+from homeserver.http.config import ConnectionLimitsConfig
+from homeserver.http.limits import LimitedSite
 from homeserver.http.metrics import HttpMetrics, method_label
 from storage.kernel.logcontext import log_context, set_log_context
 from storage.metrics import Children
@@ -391,9 +394,12 @@ def _loggable_path(request: Request) -> str:
     return request.path.decode("utf-8", "replace")
 
 
-def make_site(root: Resource, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+def make_site(root: Resource, *, clock: IReactorTime, metrics: HttpMetrics,
+              limits: ConnectionLimitsConfig = ConnectionLimitsConfig(),
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
               large_bodies: tuple[tuple[tuple[bytes, ...], int], ...] = ()) -> Site:
-    """A Site serving ``root``, with our request class and Twisted's own access log off.
+    """A Site serving ``root``, with our request class, the listener's connection ``limits``
+    (homeserver/http/limits.py, timed on ``clock``) and Twisted's own access log off.
     ``large_bodies``: (path prefixes, how many bytes their requests may carry), first match
     wins (uploads; the internal API's bulk operations)."""
 
@@ -402,7 +408,7 @@ def make_site(root: Resource, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 
     _Request.max_body_bytes = max_body_bytes
     _Request.large_bodies = large_bodies
-    site = Site(root)
+    site = LimitedSite(root, limits=limits, clock=clock, metrics=metrics)
     site.requestFactory = _Request
     site.displayTracebacks = False
     site.noisy = False

@@ -205,3 +205,93 @@ def test_tls_listener_gets_a_generated_self_signed_certificate(tmp_path: Path, d
             assert r.status == 200 and b"v1.1" in r.read()
     finally:
         assert hs.stop() == 0, hs.output
+
+
+def test_http_connection_limits_over_loopback(tmp_path: Path, database_dsn: str) -> None:
+    """A listener capped at 3 connections per address and 3 s for headers: from 127.0.0.1
+    (loopback is not exempt), a fourth connection is closed at once while three keep-alive
+    ones stay; closing one lets a new one in; and a client dribbling its headers a byte at a
+    time is closed. Waits are generous deadlines; only the outcome is asserted."""
+    import itertools
+    import socket
+    import time
+
+    import yaml
+
+    from tests.harness import free_port
+
+    port = free_port()
+    hs = TributaryProcess.configure(tmp_path, database_url=database_dsn)
+    raw = yaml.safe_load(hs.config_path.read_text())
+    raw["listeners"].append({"type": "http", "port": port, "resources": ["client"], "connection_limits": {
+        "max_connections_per_ip": 3, "header_timeout": "3s", "idle_timeout": "5m"}})
+    hs.config_path.write_text(yaml.safe_dump(raw))
+    request = b"GET /_matrix/client/versions HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+    def answered(sock: socket.socket) -> bool:
+        """Send a request and read until its answer's headers (False: the server closed)."""
+        received = b""
+        try:
+            sock.sendall(request)
+            while b"\r\n\r\n" not in received:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return False
+                received += chunk
+        except OSError:
+            return False
+        return received.startswith(b"HTTP/1.1 200")
+
+    def closed_by_server(sock: socket.socket, deadline: float) -> bool:
+        sock.settimeout(1)
+        while time.monotonic() < deadline:
+            try:
+                if not sock.recv(65536):
+                    return True
+            except socket.timeout:
+                continue
+            except OSError:  # reset: aborted
+                return True
+        return False
+
+    hs.start()
+    try:
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(3)]
+        assert all(answered(sock) for sock in held)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as extra:
+            assert not answered(extra)
+        assert all(answered(sock) for sock in held)  # the three stay open
+        held.pop().close()
+        deadline = time.monotonic() + 30
+        while True:  # the server sees the close on its next read: retry until it frees the slot
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as again:
+                if answered(again):
+                    break
+            assert time.monotonic() < deadline, "the closed connection's slot was never freed"
+            time.sleep(0.2)
+        for sock in held:
+            sock.close()
+
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+            deadline = time.monotonic() + 60
+            closed = False
+            for byte in itertools.cycle(request):  # one byte each half second, until closed
+                if time.monotonic() > deadline:
+                    break
+                try:
+                    slow.sendall(bytes([byte]))
+                except OSError:
+                    closed = True
+                    break
+                if closed_by_server(slow, time.monotonic() + 0.5):
+                    closed = True
+                    break
+            assert closed, "a client dribbling header bytes was never closed"
+
+        status, body = hs.get("/metrics", port=hs.metrics_port)
+        text = body.decode()
+        assert 'tributary_http_connections_closed_total{reason="per_ip_cap"}' in text
+        assert 'tributary_http_connections_closed_total{reason="per_ip_cap"} 0.0' not in text
+        assert 'tributary_http_connections_closed_total{reason="header_timeout"} 0.0' not in text
+    finally:
+        assert hs.stop() == 0, hs.output

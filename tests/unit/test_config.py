@@ -89,6 +89,21 @@ def test_full_config() -> None:
          "listeners[1].port: 127.0.0.1:1 is already used by listeners[0]"),
         ({"server_name": "h", "listeners": [{"type": "http", "port": 1, "colour": "red"}]},
          "listeners[0].colour: unknown key"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": 1, "connection_limits": {"header_timeout": "30"}}]},
+         "listeners[0].connection_limits.header_timeout: expected a duration with a unit"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": 1, "connection_limits": {"body_timeout": "0s"}}]},
+         "listeners[0].connection_limits.body_timeout: expected a positive duration, got '0s'"),
+        ({"server_name": "h", "listeners": [{"type": "metrics", "port": 1,
+                                              "connection_limits": {"max_connections_per_ip": -1}}]},
+         "listeners[0].connection_limits.max_connections_per_ip: expected an integer 0-1000000, got -1"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": 1,
+                                              "connection_limits": {"exempt_ranges": ["127.0.0.1/99"]}}]},
+         "listeners[0].connection_limits.exempt_ranges[0]: expected an IP range"),
+        ({"server_name": "h", "listeners": [{"type": "http", "port": 1, "connection_limits": {"idle": "5s"}}]},
+         "listeners[0].connection_limits.idle: unknown key"),
+        ({"server_name": "h", "listeners": [{"type": "replication", "port": 1,
+                                              "connection_limits": {"idle_timeout": "5s"}}]},
+         "listeners[0].connection_limits: only http and metrics listeners have connection limits"),
         ({"server_name": "h", "database": {"url": "mysql://x"}}, "database.url: expected a postgresql:// URL"),
         ({"server_name": "h", "database": {"min_connections": 5, "max_connections": 2}},
          "database.min_connections: must not exceed max_connections (2), got 5"),
@@ -173,6 +188,20 @@ def test_errors_name_the_key_path(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as info:
         _parse(raw)
     assert message in str(info.value)
+
+
+def test_connection_limits_defaults_and_overrides() -> None:
+    default = _parse({"server_name": "h"}).listeners[0].connection_limits
+    assert (default.header_timeout, default.body_timeout, default.idle_timeout) == (
+        timedelta(seconds=30), timedelta(seconds=60), timedelta(seconds=75))
+    assert (default.max_connections_per_ip, default.exempt_ranges) == (100, ())
+    assert default.is_capped("127.0.0.1")  # loopback is not exempt unless listed
+    limits = _parse({"server_name": "h", "listeners": [{"type": "http", "port": 1, "connection_limits": {
+        "header_timeout": "2s", "body_timeout": "5m", "idle_timeout": "500ms",
+        "max_connections_per_ip": 3, "exempt_ranges": ["127.0.0.0/8", "::1/128"]}}]}).listeners[0].connection_limits
+    assert (limits.header_timeout, limits.body_timeout, limits.idle_timeout, limits.max_connections_per_ip) == (
+        timedelta(seconds=2), timedelta(minutes=5), timedelta(milliseconds=500), 3)
+    assert not limits.is_capped("127.0.0.5") and not limits.is_capped("::1") and limits.is_capped("10.0.0.1")
 
 
 def test_durations_need_units() -> None:

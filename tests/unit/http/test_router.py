@@ -32,8 +32,10 @@ LARGE_ANSWER = 8 * 1024 * 1024  # more than loopback's socket buffers take at on
 class Server:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.router = JsonRouter(HttpMetrics.create(self.registry))
-        self.port = reactor.listenTCP(0, make_site(self.router, max_body_bytes=1000), interface="127.0.0.1")
+        metrics = HttpMetrics.create(self.registry)
+        self.router = JsonRouter(metrics)
+        site = make_site(self.router, clock=reactor, metrics=metrics, max_body_bytes=1000)
+        self.port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.agent = Agent(reactor)
 
     @property
