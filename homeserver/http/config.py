@@ -25,14 +25,15 @@ class ConnectionLimitsConfig:
     upload that keeps sending is never cut). ``idle_timeout``: how long a keep-alive connection
     may wait for its next request. None of them runs while a request is being answered.
     ``max_connections_per_ip``: open connections one address may hold (0: no cap), except
-    addresses in ``exempt_ranges`` (a reverse proxy; loopback is not exempt unless listed).
+    addresses in ``exempt_ranges`` (by default loopback, where a reverse proxy on the same
+    machine connects from; a proxy elsewhere must be listed).
     """
 
     header_timeout: timedelta = timedelta(seconds=30)
     body_timeout: timedelta = timedelta(seconds=60)
     idle_timeout: timedelta = timedelta(seconds=75)
     max_connections_per_ip: int = 100
-    exempt_ranges: tuple[str, ...] = ()
+    exempt_ranges: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     _networks: tuple[IPv4Network | IPv6Network, ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:

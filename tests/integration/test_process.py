@@ -209,7 +209,7 @@ def test_tls_listener_gets_a_generated_self_signed_certificate(tmp_path: Path, d
 
 def test_http_connection_limits_over_loopback(tmp_path: Path, database_dsn: str) -> None:
     """A listener capped at 3 connections per address and 3 s for headers: from 127.0.0.1
-    (loopback is not exempt), a fourth connection is closed at once while three keep-alive
+    (the listener exempts nothing, not even loopback), a fourth connection is closed at once while three keep-alive
     ones stay; closing one lets a new one in; and a client dribbling its headers a byte at a
     time is closed. Waits are generous deadlines; only the outcome is asserted."""
     import itertools
@@ -224,7 +224,7 @@ def test_http_connection_limits_over_loopback(tmp_path: Path, database_dsn: str)
     hs = TributaryProcess.configure(tmp_path, database_url=database_dsn)
     raw = yaml.safe_load(hs.config_path.read_text())
     raw["listeners"].append({"type": "http", "port": port, "resources": ["client"], "connection_limits": {
-        "max_connections_per_ip": 3, "header_timeout": "3s", "idle_timeout": "5m"}})
+        "max_connections_per_ip": 3, "header_timeout": "3s", "idle_timeout": "5m", "exempt_ranges": []}})
     hs.config_path.write_text(yaml.safe_dump(raw))
     request = b"GET /_matrix/client/versions HTTP/1.1\r\nHost: localhost\r\n\r\n"
 

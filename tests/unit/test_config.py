@@ -194,11 +194,14 @@ def test_connection_limits_defaults_and_overrides() -> None:
     default = _parse({"server_name": "h"}).listeners[0].connection_limits
     assert (default.header_timeout, default.body_timeout, default.idle_timeout) == (
         timedelta(seconds=30), timedelta(seconds=60), timedelta(seconds=75))
-    assert (default.max_connections_per_ip, default.exempt_ranges) == (100, ())
-    assert default.is_capped("127.0.0.1")  # loopback is not exempt unless listed
+    assert (default.max_connections_per_ip, default.exempt_ranges) == (100, ("127.0.0.0/8", "::1/128"))
+    assert not default.is_capped("127.0.0.1") and default.is_capped("192.0.2.7")  # a proxy here is exempt
     limits = _parse({"server_name": "h", "listeners": [{"type": "http", "port": 1, "connection_limits": {
         "header_timeout": "2s", "body_timeout": "5m", "idle_timeout": "500ms",
         "max_connections_per_ip": 3, "exempt_ranges": ["127.0.0.0/8", "::1/128"]}}]}).listeners[0].connection_limits
+    nothing = _parse({"server_name": "h", "listeners": [{"type": "http", "port": 1, "connection_limits": {
+        "exempt_ranges": []}}]}).listeners[0].connection_limits
+    assert nothing.is_capped("127.0.0.1")
     assert (limits.header_timeout, limits.body_timeout, limits.idle_timeout, limits.max_connections_per_ip) == (
         timedelta(seconds=2), timedelta(minutes=5), timedelta(milliseconds=500), 3)
     assert not limits.is_capped("127.0.0.5") and not limits.is_capped("::1") and limits.is_capped("10.0.0.1")

@@ -24,7 +24,7 @@ from homeserver.http.metrics import CONNECTION_LIMIT_REASONS, HttpMetrics
 from homeserver.http.server import make_site
 
 LIMITS = ConnectionLimitsConfig(header_timeout=timedelta(seconds=30), body_timeout=timedelta(seconds=60),
-                                idle_timeout=timedelta(seconds=75), max_connections_per_ip=2)
+                                idle_timeout=timedelta(seconds=75), max_connections_per_ip=2, exempt_ranges=())
 
 
 class Root(Resource):
@@ -197,11 +197,11 @@ def test_a_connection_closed_by_a_timeout_frees_its_slot_once() -> None:
     assert not transport.disconnecting
 
 
-def test_loopback_is_capped_unless_exempt() -> None:
-    capped = Harness(ConnectionLimitsConfig(max_connections_per_ip=1))
+def test_loopback_is_exempt_by_default_and_capped_when_the_list_leaves_it_out() -> None:
+    capped = Harness(ConnectionLimitsConfig(max_connections_per_ip=1, exempt_ranges=()))
     capped.connect("127.0.0.1")
     assert capped.connect("127.0.0.1")[1].disconnected
-    exempt = Harness(ConnectionLimitsConfig(max_connections_per_ip=1, exempt_ranges=("127.0.0.0/8",)))
+    exempt = Harness(ConnectionLimitsConfig(max_connections_per_ip=1))
     exempt.connect("127.0.0.1")
     assert not exempt.connect("127.0.0.1")[1].disconnecting
     assert exempt.connect("10.0.0.1")[1].disconnecting is False
