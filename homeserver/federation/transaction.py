@@ -33,7 +33,7 @@ from twisted.internet.defer import CancelledError, Deferred, FirstError, gatherR
 from twisted.python.failure import Failure
 
 from homeserver.events import FrozenEvent, KeyRing, ReceivedPdu, RoomVersion, get_room_version
-from homeserver.events.errors import AuthError, EventsError, MissingEventsError
+from homeserver.events.errors import AuthError, EventsError, InvalidEvent, MissingEventsError
 from homeserver.events.identifiers import is_valid_room_id
 from homeserver.events.server_acl import ServerAcls
 from homeserver.federation.batching import BatchPlanner, wanted_prevs
@@ -127,7 +127,11 @@ class TransactionHandler:
     def register_edu_handler(self, edu_type: str, handler: EduHandler) -> None:
         self._edu_handlers[edu_type] = handler
 
-    async def on_send(self, origin: str, txn_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def on_send(self, origin: str, txn_id: str, body: Mapping[str, Any],
+                      refused: Mapping[tuple[str, int], str] | None = None) -> dict[str, Any]:
+        """The transaction's answer. ``refused``: its PDUs and EDUs that are not canonical JSON, by
+        (``"pdus"``/``"edus"``, index), and what each breaks (``decode_json_entries``): such a PDU
+        gets that error in the answer and is not processed, such an EDU is dropped."""
         key = (origin, txn_id)
         stored = self._responses.get(key)
         if stored is not None:
@@ -148,7 +152,7 @@ class TransactionHandler:
                 response = stored
             else:
                 try:
-                    response = await self._process(origin, txn_id, body)
+                    response = await self._process(origin, txn_id, body, refused or {})
                 except MatrixError:
                     self._metrics.transactions.labels(outcome="refused").inc()
                     raise
@@ -165,7 +169,8 @@ class TransactionHandler:
             waiter.callback(response)
         return response
 
-    async def _process(self, origin: str, txn_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def _process(self, origin: str, txn_id: str, body: Mapping[str, Any],
+                       refused: Mapping[tuple[str, int], str]) -> dict[str, Any]:
         pdus = body.get("pdus", [])
         edus = body.get("edus", [])
         if not isinstance(pdus, list) or not isinstance(edus, list):
@@ -180,11 +185,13 @@ class TransactionHandler:
         logger.info("TX [%s] %s: %d PDUs, %d EDUs", origin, txn_id, len(pdus), len(edus))
         results: dict[str, dict[str, str]] = {}
         # Rooms are independent: each room's PDUs are handled together, the rooms side by side.
-        by_room: dict[str, list[dict[str, Any]]] = {}
-        for pdu in pdus:
+        # Each PDU with what its JSON breaks (None: nothing), so a PDU that is not canonical JSON
+        # is answered in its room's turn, under its ID, like any other invalid PDU.
+        by_room: dict[str, list[tuple[dict[str, Any], str | None]]] = {}
+        for index, pdu in enumerate(pdus):
             # Anything without a room ID string has no room or ID to report it under: dropped.
             if isinstance(pdu, dict) and isinstance(pdu.get("room_id"), str):
-                by_room.setdefault(pdu["room_id"], []).append(pdu)
+                by_room.setdefault(pdu["room_id"], []).append((pdu, refused.get(("pdus", index))))
 
         # Looked up once for all the transaction's rooms: versions and server ACLs; the rooms'
         # PDUs are then verified, and which of their prev events we have is read in one go.
@@ -203,7 +210,7 @@ class TransactionHandler:
             if room_id in denied:
                 logger.warning("TX [%s] %d PDUs for %s dropped: the room's server ACL denies the origin",
                                origin, len(room_pdus), room_id)
-                for pdu in room_pdus:
+                for pdu, _ in room_pdus:
                     event_id = _event_id_guess(room_version, pdu)
                     if event_id is not None:
                         results[event_id] = {"error": "M_FORBIDDEN: the room's server ACL denies this server"}
@@ -211,12 +218,13 @@ class TransactionHandler:
             # Independent of one another: parsed side by side (the keys they need are fetched
             # at once, each server's once), then their signatures checked, in the order they came.
             parsed = await gatherResults(
-                [Deferred.fromCoroutine(self._parse_pdu(origin, room_version, pdu)) for pdu in room_pdus],
+                [Deferred.fromCoroutine(self._parse_pdu(origin, room_version, pdu, not_canonical))
+                 for pdu, not_canonical in room_pdus],
                 consumeErrors=True,
             )
             verdicts = iter(await self._verify_all([item for item in parsed if not isinstance(item, str)]))
             events = []
-            for pdu, item in zip(room_pdus, parsed):
+            for (pdu, _), item in zip(room_pdus, parsed):
                 if isinstance(item, str):
                     error = item
                 else:
@@ -244,13 +252,20 @@ class TransactionHandler:
                 results[event_id] = {"error": error} if error else {}
 
         await _each(handle_room, list(verified))
-        for edu in edus:
+        for index, edu in enumerate(edus):
+            bad_edu = refused.get(("edus", index))
+            if bad_edu is not None:
+                logger.warning("TX [%s] EDU dropped: not canonical JSON: %s", origin, bad_edu)
+                continue
             await self._handle_edu(origin, edu)
         return {"pdus": results}
 
-    async def _parse_pdu(self, origin: str, room_version: RoomVersion,
-                         pdu: dict[str, Any]) -> tuple[ReceivedPdu, KeyRing] | str:
-        """The PDU validated, with the keys its signatures need; or why it is refused."""
+    async def _parse_pdu(self, origin: str, room_version: RoomVersion, pdu: dict[str, Any],
+                         not_canonical: str | None) -> tuple[ReceivedPdu, KeyRing] | str:
+        """The PDU validated, with the keys its signatures need; or why it is refused
+        (``not_canonical``: what its JSON breaks, found as the body was read)."""
+        if not_canonical is not None:
+            return self._refused(origin, InvalidEvent(f"the PDU is not canonical JSON: {not_canonical}"))
         try:
             return await parse_with_keys(self._keyring, room_version, pdu)
         except EventsError as e:

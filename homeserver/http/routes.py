@@ -35,7 +35,7 @@ from homeserver.http.server import (
     parse_json_body,
     parse_json_object,
     parse_optional_json_object,
-    read_json_body,
+    read_json_entries,
 )
 from storage.kernel.errors import MatrixError, forbidden
 from storage.kernel.json_input import JsonRules
@@ -78,7 +78,8 @@ class Body(enum.Enum):
     OPTIONAL_OBJECT = "optional_object"
     """A JSON object, or nothing (``{}``): clients send no body on some POSTs."""
     SIGNED = "signed"
-    """A server's canonical JSON, kept with its raw bytes for the ``X-Matrix`` signature; absent is None."""
+    """A server's canonical JSON, kept with its raw bytes for the ``X-Matrix`` signature; absent is None.
+    A route may name top-level lists whose entries are judged one by one (``route(entries=...)``)."""
 
 
 class Rate(enum.Enum):
@@ -136,6 +137,9 @@ class Call:
     body: Any = None
     requester: Requester | None = None
     origin: str | None = None
+    # A signed body's entries (of the lists its route names) that break the canonical rules,
+    # by (list, index): what each breaks. The entry is in ``body`` as leniently parsed.
+    refused: Mapping[tuple[str, int], str] = attrs.field(factory=dict)
 
     @property
     def user(self) -> Requester:
@@ -176,6 +180,8 @@ class Endpoint:
     rate: Rate | None = None
     # For GUEST: (path parameter, values) a guest may use; None: any.
     guest_params: tuple[str, frozenset[str]] | None = None
+    # For a SIGNED body: top-level lists whose entries are judged one by one (``Call.refused``).
+    entries: tuple[str, ...] = ()
 
     def guest_allowed(self, params: Mapping[str, str]) -> bool:
         if self.caller is not Caller.GUEST:
@@ -192,6 +198,7 @@ class _Declaration:
     body: Body
     rate: Rate | None
     guest_params: tuple[str, frozenset[str]] | None
+    entries: tuple[str, ...]
 
 
 ROUTES_ATTRIBUTE: Final = "__tributary_routes__"
@@ -199,14 +206,18 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Response]])
 
 
 def route(method: str, path: str, name: str, *, caller: Caller, body: Body = Body.NONE, rate: Rate | None = None,
-          guests: tuple[str, Iterable[str]] | None = None) -> Callable[[F], F]:
+          guests: tuple[str, Iterable[str]] | None = None, entries: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Declare that ``method path`` is served by the decorated handler method (``async def
     h(self, call: Call)``). A handler may carry several declarations (a path and its legacy
-    alias); they are registered in the order written, top to bottom."""
+    alias); they are registered in the order written, top to bottom. ``entries``: for a signed
+    body, the top-level lists an entry of which breaking the canonical rules is that entry's
+    fault, not the body's (a transaction's ``pdus`` and ``edus``): see ``Call.refused``."""
     if guests is not None and caller is not Caller.GUEST:
         raise ValueError(f"{name}: guest_params only make sense for Caller.GUEST")
+    if entries and body is not Body.SIGNED:
+        raise ValueError(f"{name}: only a signed body's entries are judged one by one")
     declaration = _Declaration(method.upper(), path, name, caller, body, rate,
-                               None if guests is None else (guests[0], frozenset(guests[1])))
+                               None if guests is None else (guests[0], frozenset(guests[1])), entries)
 
     def mark(handler: F) -> F:
         # Decorators apply bottom-up; prepend so the list reads top to bottom.
@@ -223,7 +234,7 @@ def endpoints(*servlets: object) -> list[Endpoint]:
         for attribute, value in vars(type(servlet)).items():
             for d in getattr(value, ROUTES_ATTRIBUTE, ()):
                 found.append(Endpoint(d.method, d.path, d.name, d.caller, getattr(servlet, attribute), d.body,
-                                      d.rate, d.guest_params))
+                                      d.rate, d.guest_params, d.entries))
     return found
 
 
@@ -280,11 +291,12 @@ class Gate:
         requester: Requester | None = None
         origin: str | None = None
         body: Any = None
+        refused: Mapping[tuple[str, int], str] = {}
         if caller is Caller.SERVER:
             assert self._servers is not None
             raw = None
             if endpoint.body is Body.SIGNED:
-                body, raw = read_json_body(request, FEDERATION_JSON)
+                body, raw, refused = read_json_entries(request, FEDERATION_JSON, endpoint.entries)
             origin = await self._servers.authenticate(request, params, body, raw)
         elif caller is Caller.WORKER:
             assert self._workers is not None
@@ -294,7 +306,7 @@ class Gate:
         if endpoint.rate is not None:
             key = requester.user_id if requester is not None else (client_ip(request) or "-")
             ratelimit(self._limiters[endpoint.rate], (endpoint.rate.value, key), self._clock())
-        call = Call(request, params, body, requester, origin)
+        call = Call(request, params, body, requester, origin, refused)
         if caller not in (Caller.ADMIN, Caller.ADMIN_OR_SELF):
             return await self._call(endpoint, call)
         assert self._admins is not None and requester is not None

@@ -18,7 +18,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final, Protocol
 from urllib.parse import unquote
 
@@ -30,7 +30,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from storage.kernel.errors import MatrixError, bad_json, invalid_param, unrecognized
-from storage.kernel.json_input import JsonRules, decode_json
+from storage.kernel.json_input import JsonRules, decode_json, decode_json_entries
 from homeserver.events.canonical import EncodedJson
 from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_server_name, is_valid_user_id
 from homeserver.http.config import ConnectionLimitsConfig
@@ -117,12 +117,24 @@ def parse_json_body(request: Request, rules: JsonRules = CLIENT_JSON) -> Any:
 
 def read_json_body(request: Request, rules: JsonRules = CLIENT_JSON) -> tuple[Any, bytes]:
     """``parse_json_body``, with the body's bytes as they came (what a signature may cover)."""
+    body, raw, _ = read_json_entries(request, rules, ())
+    return body, raw
+
+
+def read_json_entries(request: Request, rules: JsonRules,
+                      entries: Collection[str]) -> tuple[Any, bytes, Mapping[tuple[str, int], str]]:
+    """``read_json_body``, with the entries of the top-level lists named ``entries`` judged one
+    by one (``decode_json_entries``): what each refused entry breaks, by (list, index)."""
     if getattr(request, "body_too_large", False):
         raise MatrixError(413, "M_TOO_LARGE", "Request body is too large")
     assert request.content is not None
     raw = request.content.read()
     # The listener already bounded the body (its own limit, maybe above the default).
-    return decode_json(raw, attrs.evolve(rules, max_bytes=max(rules.max_bytes, len(raw)))), raw
+    rules = attrs.evolve(rules, max_bytes=max(rules.max_bytes, len(raw)))
+    if not entries:
+        return decode_json(raw, rules), raw, {}
+    body, refused = decode_json_entries(raw, rules, entries)
+    return body, raw, {where: e.error for where, e in refused.items()}
 
 
 def parse_json_object(request: Request, rules: JsonRules = CLIENT_JSON) -> JsonDict:

@@ -141,7 +141,13 @@ def verify_request_signature(
             return
         except (CryptoError, ValueError, TypeError):
             pass  # another spelling of the body than the one signed: the canonical one next
-    message = encode_canonical(request_json(method, uri, auth.origin, destination, content))
+    try:
+        # A body whose entries are judged one by one (a transaction's PDUs) may hold a value
+        # canonical JSON cannot encode (an overflowed float, a lone surrogate): no such spelling.
+        message = encode_canonical(request_json(method, uri, auth.origin, destination, content))
+    except ValueError as e:  # UnicodeEncodeError included
+        raise XMatrixError(f"signature by {auth.origin} {auth.key} does not verify over the body as sent, "
+                           f"and the body has no canonical JSON: {type(e).__name__}") from None
     try:
         verify_key.verify(message, signature)
     except (CryptoError, ValueError, TypeError) as e:

@@ -6,7 +6,9 @@ It owns what "acceptable JSON" means at the edge: bounded size and nesting, UTF-
 keys and no integer outside ``[-(2**53)+1, 2**53-1]``. Floats are a separate switch: client
 bodies may hold them where the spec allows, events may not. It does not know about HTTP
 requests, events or room versions; callers pick a ``JsonRules`` and turn ``JsonInputError``
-(a ``MatrixError``) into whatever their layer raises.
+(a ``MatrixError``) into whatever their layer raises. ``decode_json_entries`` is the same
+decoder for a text whose listed entries (a transaction's PDUs and EDUs) are each answered on
+their own: a value rule broken inside one is that entry's error, not the text's.
 
 Error codes follow the spec's "Common error codes": ``M_NOT_JSON`` when the text is not JSON
 at all (syntax, encoding, ``NaN``, nesting our parser refuses), ``M_BAD_JSON`` when it is JSON
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
 import attrs
@@ -75,6 +78,27 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+class _DuplicateKeys(dict[str, Any]):
+    """An object of a leniently parsed entry (``decode_json_entries``) that repeated a key: the
+    last value kept, as Python's decoder does, and the key remembered so the walk refuses it."""
+
+    duplicate: str = ""
+
+
+def _marking_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) == len(pairs):
+        return result
+    marked = _DuplicateKeys(pairs)
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            marked.duplicate = key
+            break
+        seen.add(key)
+    return marked
+
+
 def decode_json(raw: bytes | str, rules: JsonRules) -> Any:
     """``raw`` parsed as JSON under ``rules``; raises ``JsonInputError`` and nothing else."""
     if len(raw) > rules.max_bytes:
@@ -97,19 +121,7 @@ def decode_json(raw: bytes | str, rules: JsonRules) -> Any:
             raise _Refused("M_BAD_JSON", f"number {number[:40]} is out of range")
         return value
 
-    try:
-        value = json.loads(
-            text,
-            parse_float=parse_float,
-            parse_constant=_reject_constant,
-            object_pairs_hook=_unique_pairs if rules.canonical else None,
-        )
-    except _Refused as e:
-        raise JsonInputError(400, e.errcode, e.error) from None
-    except RecursionError:
-        raise JsonInputError(400, "M_NOT_JSON", f"JSON nested deeper than {rules.max_depth} levels") from None
-    except ValueError as e:  # JSONDecodeError, and int() refusing thousands of digits
-        raise JsonInputError(400, "M_NOT_JSON", f"not valid JSON: {str(e)[:200]}") from None
+    value = _loads(text, rules, parse_float, _unique_pairs if rules.canonical else None)
     # Decoded from bytes, the text is valid UTF-8, which cannot encode a lone surrogate: one can
     # only come from a ``\\u`` escape. Most bodies have none, and then no string is looked at.
     # (A backslash alone is looked for first: found with memchr, 0.6 µs in a 30 kB body, where
@@ -118,13 +130,27 @@ def decode_json(raw: bytes | str, rules: JsonRules) -> Any:
     return value
 
 
-def _check_values(value: Any, rules: JsonRules, *, strings: bool = True) -> None:
+def _loads(text: str, rules: JsonRules, parse_float: Callable[[str], float],
+           pairs: Callable[[list[tuple[str, Any]]], dict[str, Any]] | None) -> Any:
+    try:
+        return json.loads(text, parse_float=parse_float, parse_constant=_reject_constant, object_pairs_hook=pairs)
+    except _Refused as e:
+        raise JsonInputError(400, e.errcode, e.error) from None
+    except RecursionError:
+        raise JsonInputError(400, "M_NOT_JSON", f"JSON nested deeper than {rules.max_depth} levels") from None
+    except ValueError as e:  # JSONDecodeError, and int() refusing thousands of digits
+        raise JsonInputError(400, "M_NOT_JSON", f"not valid JSON: {str(e)[:200]}") from None
+
+
+def _check_values(value: Any, rules: JsonRules, *, strings: bool = True, depth: int = 1) -> None:
     """Nesting depth, lone surrogates in keys and strings (``strings``: they may hold one), and
-    (canonical) the integer range. The root is at depth 1 and each value one deeper than its
-    container, scalars included. Walks containers only; their scalars are checked in place."""
+    (canonical) the integer range. The root is at ``depth`` (the whole text's root: 1) and each
+    value one deeper than its container, scalars included. Walks containers only; their scalars
+    are checked in place. What only a lenient parse lets through (a float that overflowed or is
+    not allowed, a repeated key) is refused here too."""
     max_depth = rules.max_depth
     canonical = rules.canonical
-    stack: list[tuple[Any, int]] = [([value], 0)]  # the root, as the child of a container at depth 0
+    stack: list[tuple[Any, int]] = [([value], depth - 1)]  # the root, as the child of its container
     while stack:
         item, depth = stack.pop()
         if type(item) is dict:
@@ -147,3 +173,44 @@ def _check_values(value: Any, rules: JsonRules, *, strings: bool = True) -> None
             elif kind is int and canonical and not CANONICAL_INT_MIN <= child <= CANONICAL_INT_MAX:
                 raise JsonInputError(400, "M_BAD_JSON", f"integer {str(child)[:40]} is outside the canonical "
                                                         f"JSON range [{CANONICAL_INT_MIN}, {CANONICAL_INT_MAX}]")
+            elif kind is float and not (rules.allow_floats and math.isfinite(child)):
+                raise JsonInputError(400, "M_BAD_JSON", "a number overflows a double (out of range)"
+                                     if rules.allow_floats else f"non-integer number {child!r} is not allowed here")
+            elif kind is _DuplicateKeys:
+                raise JsonInputError(400, "M_BAD_JSON", f"duplicate object key {child.duplicate[:100]!r}")
+
+
+def decode_json_entries(raw: bytes, rules: JsonRules,
+                        lists: Collection[str]) -> tuple[Any, Mapping[tuple[str, int], JsonInputError]]:
+    """``decode_json``, except that an entry of one of the top-level object's ``lists`` (a
+    transaction's ``pdus`` and ``edus``) that breaks a value rule (an integer out of range, a
+    float that overflows or is not allowed, a lone surrogate, a repeated key) does not refuse
+    the text: the entry is kept as Python's decoder reads it, and its error is returned under
+    (list, index), for the caller to refuse that entry alone. Everything else (the text's
+    syntax, size, nesting, and every value outside those entries) is held to ``rules`` as
+    ``decode_json`` holds it. A text that passes ``decode_json`` is parsed once, by it."""
+    try:
+        return decode_json(raw, rules), {}
+    except JsonInputError as e:
+        if e.errcode != "M_BAD_JSON":
+            raise
+        refusal = e
+    # Valid JSON, then (decode_json parsed it): only a value rule failed. Parsed again leniently,
+    # its entries are judged one by one and the rest as a whole.
+    value = _loads(raw.decode("utf-8"), rules, float, _marking_pairs)
+    if type(value) is not dict or not any(type(value.get(name)) is list for name in lists):
+        raise refusal
+    refused: dict[tuple[str, int], JsonInputError] = {}
+    for name in lists:
+        entries = value.get(name)
+        if type(entries) is not list:
+            continue
+        for index, entry in enumerate(entries):
+            try:
+                _check_values(entry, rules, depth=3)  # the root, its list, then the entry
+            except JsonInputError as e:
+                if e.errcode != "M_BAD_JSON":  # nesting: the text's own bound
+                    raise
+                refused[(name, index)] = e
+    _check_values({k: [] if k in lists and type(v) is list else v for k, v in value.items()}, rules)
+    return value, refused

@@ -1,6 +1,6 @@
 """Issue 18's input findings against a real ``tributary`` process and the signing test peer: a
-``/send`` body with ``1e400`` or a lone surrogate is a 400 (the X-Matrix check used to crash
-re-encoding it), ``make_join`` with a NUL in the room ID is a 400 that never reaches
+``/send`` body with ``1e400`` or a lone surrogate outside its PDUs and EDUs is a 400 (the
+X-Matrix check used to crash re-encoding it) while inside one PDU it is that PDU's error alone, ``make_join`` with a NUL in the room ID is a 400 that never reaches
 PostgreSQL, ``get_missing_events`` with fields of the wrong type is a 400 naming the field, an
 X-Matrix origin with a 64-character DNS label is refused at once, and a PDU citing 1,300
 ``prev_events`` is reported as an error in the ``/send`` answer and never stored.
@@ -29,7 +29,8 @@ from twisted.internet.threads import deferToThread
 from homeserver.events import EventTemplate, build_pdu, select_auth_event_ids
 from homeserver.events.hashing import compute_event_id
 from homeserver.events.builder import add_hashes_and_signature
-from homeserver.remote.request_auth import sign_request
+from homeserver.events.canonical import encode_canonical
+from homeserver.remote.request_auth import sign_encoded_request, sign_request
 from tests.federation_peer import FederationPeer
 from tests.integration.test_federation_peer import Tributary, make_peer, started_peer, tributary
 from tests.twisted_plugin import reactor
@@ -176,13 +177,61 @@ def server(tributary: Tributary) -> Server:
 
 async def joined_room(server: Server, peer: FederationPeer, peer_server: str, user: str) -> tuple[str, str]:
     """A public room created by a local user, joined by ``@u:peer_server``; (room ID, the join's ID)."""
+    room_id, join, _ = await _owned_room(server, peer, peer_server, user)
+    return room_id, join
+
+
+async def _owned_room(server: Server, peer: FederationPeer, peer_server: str, user: str) -> tuple[str, str, str]:
+    """``joined_room``, with the local user's access token."""
     client = server.tributary.client
     token = (await client.register_ok(user))["access_token"]
     created = await client.request("POST", "createRoom", {"preset": "public_chat"}, token=token)
     assert created.status == 200, created
     room_id = str(created.body["room_id"])
     join = await peer.join(peer_server, f"@u:{peer_server}", room_id, via=server.tributary.server_name)
-    return room_id, join
+    return room_id, join, token
+
+
+@attrs.frozen
+class PeerRoom:
+    """A room of the server joined by the peer's ``sender``, for building that sender's messages."""
+
+    peer: FederationPeer
+    origin: str
+    room_id: str
+    join: str
+    version: Any
+    state: dict[tuple[str, str], str]
+    depth: int  # the join's
+
+    @property
+    def sender(self) -> str:
+        return f"@u:{self.origin}"
+
+    def message(self, body: str, prev: list[str] | None = None, extra_auth: int = 0) -> dict[str, Any]:
+        """A message after the join (or ``prev``), citing ``extra_auth`` made-up auth events too,
+        hashed and signed directly: make_event (inside sign_pdu) would refuse the odd ones."""
+        template = EventTemplate("m.room.message", {"msgtype": "m.text", "body": body})
+        auth = select_auth_event_ids(self.version, template, self.sender, self.state)
+        auth += [f"$fake{i}" for i in range(extra_auth)]
+        pdu = build_pdu(self.version, template, sender=self.sender, room_id=self.room_id,
+                        prev_event_ids=[self.join] if prev is None else prev, auth_event_ids=auth,
+                        depth=self.depth + 1, origin_server_ts=int(reactor.seconds() * 1000))
+        return add_hashes_and_signature(self.version, pdu, self.origin, self.peer.signing_key(self.origin))
+
+
+async def peer_room(server: Server, peer: FederationPeer, origin: str, owner: str) -> tuple[PeerRoom, str]:
+    """``joined_room`` as a ``PeerRoom``, with the owner's access token."""
+    room_id, join, token = await _owned_room(server, peer, origin, owner)
+    version = peer.room_version(room_id)
+    assert version is not None
+    client = peer.client(origin)
+    answer = await client.get_json(server.tributary.server_name, f"{FED_V1}/state/{quote(room_id)}",
+                                   query={"event_id": join})
+    state = {(p["type"], p["state_key"]): peer._event_id(p) for p in answer["pdus"]}
+    [join_pdu] = (await client.get_json(server.tributary.server_name, f"{FED_V1}/event/{quote(join)}"))["pdus"]
+    state[("m.room.member", f"@u:{origin}")] = join  # /state answers the state before the join
+    return PeerRoom(peer, origin, room_id, join, version, state, int(join_pdu["depth"])), token
 
 
 def assert_matrix_error(answer: RawAnswer, status: int, errcode: str) -> None:
@@ -196,11 +245,12 @@ async def test_send_bodies_the_signature_check_cannot_encode_are_400(server: Ser
                                                                       make_peer: list[FederationPeer]) -> None:
     """``1e400`` overflows a float and ``"\\ud800"`` is no Unicode scalar: canonical JSON cannot
     encode either, and the X-Matrix check used to crash with a 500 re-encoding them. Signed or
-    not, they are a 400 now, and nothing is written."""
+    not, they are a 400 now, and nothing is written. (Inside one PDU or EDU, such a value is
+    that entry's fault alone: see the next test.)"""
     peer, [origin] = await started_peer(make_peer, 1)
     before = row_counts(server.dsn)
     for body in (b'{"origin": "x", "pdus": [], "edus": [], "origin_server_ts": 1e400}',
-                 b'{"pdus": [], "edus": [{"edu_type": "m.typing", "content": {"x": "\\ud800"}}]}',
+                 b'{"pdus": [], "edus": "\\ud800"}',
                  b'{"pdus": [], "edus": [], "origin_server_ts": 9007199254740993}',
                  b'{"pdus": [], "pdus": [], "edus": []}'):
         for signer in ((peer, origin), None):
@@ -286,37 +336,61 @@ async def test_an_origin_with_a_64_character_label_is_refused_at_once(server: Se
 
 
 @pytest.mark.timeout(120)
+async def test_a_pdu_that_is_not_canonical_json_is_answered_alone(server: Server,
+                                                                   make_peer: list[FederationPeer]) -> None:
+    """A peer sends one transaction, signed over its bytes as sent, with a valid message and four
+    broken ones: ``depth`` 2**60 (outside canonical JSON's integers), 1.5 (a float), "7" (a
+    string) and 1e400 (no number at all: no event ID can be computed for it), and an EDU with a
+    lone surrogate. The transaction is answered 200 (it used to be a 400 for the whole
+    transaction, which loses the valid PDU at a sender that drops what is answered 4xx): each
+    broken PDU with an ID has an error under it, the one without an ID is left out (as Synapse
+    leaves out a PDU it cannot make an event of), the EDU is dropped, and the valid message is
+    stored and shown to the room's local member."""
+    peer, [origin] = await started_peer(make_peer, 1)
+    room, token = await peer_room(server, peer, origin, "canonical_owner")
+    room_id, version = room.room_id, room.version
+
+    def message(body: str, depth: object) -> dict[str, Any]:
+        # Signed as valid, then broken: the checks that refuse it come before the signature's.
+        return {**room.message(body), "depth": depth}
+
+    fine = room.message("fine")
+    broken = [message("huge depth", 2**60), message("float depth", 1.5), message("string depth", "7")]
+    fine_id, *broken_ids = (compute_event_id(version, p) for p in (fine, *broken))
+    pdus = b",".join([*(encode_canonical(p) for p in broken),
+                      encode_canonical(message("no number", 0)).replace(b'"depth":0', b'"depth":1e400'),
+                      encode_canonical(fine)])
+    body = (b'{"edus":[{"content":{"room_id":"' + room_id.encode() + b'","typing":true,"user_id":"\\ud800"},'
+            b'"edu_type":"m.typing"}],"origin":' + encode_canonical(origin) + b',"origin_server_ts":'
+            + str(int(reactor.seconds() * 1000)).encode() + b',"pdus":[' + pdus + b"]}")
+    uri = f"{FED_V1}/send/canonical1"
+    header = sign_encoded_request("PUT", uri, origin, server.tributary.server_name, body, peer.signing_key(origin))
+    answer = await server.raw.request("PUT", uri, body, headers={"Authorization": header})
+    assert answer.status == 200, answer
+    results = answer.body["pdus"]
+    assert set(results) == {fine_id, *broken_ids}, answer  # the 1e400 one has no ID to answer under
+    assert results[fine_id] == {}, answer
+    assert "1152921504606846976" in results[broken_ids[0]]["error"], answer
+    assert "1.5" in results[broken_ids[1]]["error"], answer
+    assert "depth" in results[broken_ids[2]]["error"], answer
+    assert [stored_event_count(server.dsn, i) for i in (fine_id, *broken_ids)] == [1, 0, 0, 0]
+    shown = await server.tributary.client.request("GET", f"rooms/{quote(room_id)}/event/{quote(fine_id)}", token=token)
+    assert (shown.status, shown.body["content"]["body"]) == (200, "fine"), shown
+
+
+@pytest.mark.timeout(120)
 async def test_a_pdu_with_1300_prev_events_is_rejected_and_not_stored(server: Server,
                                                                         make_peer: list[FederationPeer]) -> None:
     """Room versions cap a PDU at 20 prev_events and 10 auth_events. A properly signed PDU citing
     1,300 prev events comes back in the /send answer with an error, and no row of it is stored;
     one with 11 auth events likewise. A PDU within the caps from the same server is accepted."""
     peer, [origin] = await started_peer(make_peer, 1)
-    room_id, join = await joined_room(server, peer, origin, "caps_owner")
-    version = peer.room_version(room_id)
-    assert version is not None
-    client = peer.client(origin)
-    answer = await client.get_json(server.tributary.server_name, f"{FED_V1}/state/{quote(room_id)}",
-                                   query={"event_id": join})
-    state = {(p["type"], p["state_key"]): peer._event_id(p) for p in answer["pdus"]}
-    [join_pdu] = (await client.get_json(server.tributary.server_name, f"{FED_V1}/event/{quote(join)}"))["pdus"]
-    sender = f"@u:{origin}"
-    state[("m.room.member", sender)] = join  # /state answers the state before the join
-
-    def message(body: str, prev: list[str], extra_auth: int = 0) -> dict[str, Any]:
-        template = EventTemplate("m.room.message", {"msgtype": "m.text", "body": body})
-        auth = select_auth_event_ids(version, template, sender, state)
-        auth += [f"$fake{i}" for i in range(extra_auth)]
-        pdu = build_pdu(version, template, sender=sender, room_id=room_id, prev_event_ids=prev,
-                        auth_event_ids=auth, depth=int(join_pdu["depth"]) + 1,
-                        origin_server_ts=int(reactor.seconds() * 1000))
-        # Hashed and signed directly: make_event (inside sign_pdu) would refuse the wide ones.
-        return add_hashes_and_signature(version, pdu, origin, peer.signing_key(origin))
-
-    wide = message("wide", [join] + [f"$missing{i}" for i in range(1299)])
-    many_auth = message("many auth", [join], extra_auth=11 - len(select_auth_event_ids(
-        version, EventTemplate("m.room.message", {}), sender, state)))
-    fine = message("fine", [join])
+    room, _ = await peer_room(server, peer, origin, "caps_owner")
+    version, join = room.version, room.join
+    wide = room.message("wide", [join] + [f"$missing{i}" for i in range(1299)])
+    many_auth = room.message("many auth", extra_auth=11 - len(select_auth_event_ids(
+        version, EventTemplate("m.room.message", {}), room.sender, room.state)))
+    fine = room.message("fine")
     ids = [compute_event_id(version, p) for p in (wide, many_auth, fine)]
     before = row_counts(server.dsn)
     result = await peer.send_transaction(origin, server.tributary.server_name, "caps1", [wide, many_auth, fine])

@@ -227,11 +227,13 @@ class TransactionServlets:
     def __init__(self, transactions: TransactionHandler) -> None:
         self._transactions = transactions
 
-    @route("PUT", f"{FED_V1}/send/(?P<txn_id>{_SEG})", "federation_send", caller=Caller.SERVER, body=Body.SIGNED)
+    @route("PUT", f"{FED_V1}/send/(?P<txn_id>{_SEG})", "federation_send", caller=Caller.SERVER, body=Body.SIGNED,
+           entries=("pdus", "edus"))
     async def send(self, call: Call) -> Response:
-        # The transaction handler checks 'pdus' and 'edus' (and counts what it refuses).
+        # The transaction handler checks 'pdus' and 'edus' (and counts what it refuses); a PDU or
+        # EDU that is not canonical JSON is its own fault, answered or dropped alone.
         return 200, await self._transactions.on_send(call.server, call.params["txn_id"],
-                                                     body_object(call.body, "a transaction"))
+                                                     body_object(call.body, "a transaction"), call.refused)
 
 
 def _event_id_arg(request: Request) -> str:

@@ -144,3 +144,20 @@ def test_a_body_checked_as_it_came_or_in_its_canonical_spelling() -> None:
                                      raw_content=raw)
     with pytest.raises(XMatrixError):  # the signed bytes, for another destination
         verify_request_signature(parse_x_matrix(header), "PUT", URI, "other.test", BODY, verify, raw_content=spaced)
+
+
+def test_a_body_with_no_canonical_spelling_verifies_as_sent_or_is_an_xmatrix_error() -> None:
+    """A transaction whose PDUs are judged one by one may hold a value canonical JSON cannot
+    encode (an overflowed float, a lone surrogate, in a PDU the handler then refuses). Signed over
+    its bytes as sent, it verifies; signed over anything else it is an ``XMatrixError`` (a 401),
+    never the encoder's ValueError (a 500)."""
+    from homeserver.remote.request_auth import sign_encoded_request
+
+    verify = get_verify_key(KEY)
+    raw = b'{"edus":[{"content":{"x":"\\ud800"},"edu_type":"m.typing"}],"pdus":[{"depth":1e400}]}'
+    content = {"edus": [{"content": {"x": "\ud800"}, "edu_type": "m.typing"}], "pdus": [{"depth": float("inf")}]}
+    header = sign_encoded_request("PUT", URI, "origin.test", "dest.test", raw, KEY)
+    verify_request_signature(parse_x_matrix(header), "PUT", URI, "dest.test", content, verify, raw_content=raw)
+    with pytest.raises(XMatrixError, match="no canonical JSON"):
+        verify_request_signature(parse_x_matrix(_header()), "PUT", URI, "dest.test", content, verify,
+                                 raw_content=raw)

@@ -107,6 +107,11 @@ class Servlets:
     async def send(self, call: Call) -> Response:
         return 200, {"origin": call.server, "body": call.body}
 
+    @route("PUT", r"/send_entries/(?P<txn>[^/]+)", "send_entries", caller=Caller.SERVER, body=Body.SIGNED,
+           entries=("pdus",))
+    async def send_entries(self, call: Call) -> Response:
+        return 200, {"body": call.body, "refused": {f"{name}/{i}": e for (name, i), e in call.refused.items()}}
+
 
 @pytest.fixture
 def gated() -> Any:
@@ -137,7 +142,7 @@ def test_declarations_are_collected_in_the_order_written() -> None:
     found = endpoints(Servlets())
     assert [(e.method, e.name) for e in found] == [
         ("GET", "open"), ("GET", "maybe"), ("PUT", "things"), ("POST", "members"), ("POST", "members_legacy"),
-        ("GET", "bridge"), ("DELETE", "admin_user"), ("PUT", "send"),
+        ("GET", "bridge"), ("DELETE", "admin_user"), ("PUT", "send"), ("PUT", "send_entries"),
     ]
     assert found[3].rate is Rate.KEY_QUERY and found[4].rate is None
     assert all(isinstance(e, Endpoint) for e in found)
@@ -207,6 +212,21 @@ async def test_a_server_route_passes_the_verified_origin_and_the_signed_body(gat
         200, {"origin": "remote.example", "body": {"pdus": []}})
     status, body = await call(gated, "PUT", "/send/1", b'{"a": 1, "a": 2}', origin="remote.example")
     assert status == 400  # canonical JSON: duplicate keys are refused
+
+
+async def test_a_route_naming_entries_gets_the_refused_ones_and_the_rest_as_declared(gated: Server) -> None:
+    """An entry of a named list that breaks the canonical rules is the handler's to answer
+    (``Call.refused``); out of range anywhere else, the body is a 400 as for any signed route."""
+    raw = b'{"pdus": [{"d": 1}, {"d": 1152921504606846976}]}'
+    status, body = await call(gated, "PUT", "/send_entries/1", raw, origin="remote.example")
+    assert status == 200
+    assert body["body"] == {"pdus": [{"d": 1}, {"d": 2**60}]}
+    assert list(body["refused"]) == ["pdus/1"] and "canonical" in body["refused"]["pdus/1"]
+    assert (await call(gated, "PUT", "/send/1", raw, origin="remote.example"))[0] == 400
+    assert (await call(gated, "PUT", "/send_entries/1", b'{"pdus": [], "x": 1152921504606846976}',
+                       origin="remote.example"))[0] == 400
+    with pytest.raises(ValueError, match="signed body"):
+        route("PUT", "/x", "x", caller=Caller.USER, body=Body.OBJECT, entries=("pdus",))
 
 
 def test_a_gate_refuses_routes_it_cannot_check() -> None:

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.kernel.json_input import CANONICAL_INT_MAX, CANONICAL_INT_MIN, JsonInputError, JsonRules, decode_json
+from storage.kernel.json_input import (
+    CANONICAL_INT_MAX,
+    CANONICAL_INT_MIN,
+    JsonInputError,
+    JsonRules,
+    decode_json,
+    decode_json_entries,
+)
 
 CLIENT = JsonRules(max_bytes=10_000)
 CANONICAL = JsonRules(max_bytes=10_000, canonical=True)
@@ -133,3 +140,72 @@ def test_refused_for_depth_exactly_when_deeper_than_the_bound(value: object, max
         assert refused(raw, rules) == (400, "M_NOT_JSON")
     else:
         assert decode_json(raw, rules) == value
+
+
+# --- a transaction's entries judged one by one (decode_json_entries) --------------------------
+
+ENTRIES = ("pdus", "edus")
+
+
+def entries(raw: bytes, rules: JsonRules = CANONICAL) -> tuple[object, dict[tuple[str, int], str]]:
+    value, refused = decode_json_entries(raw, rules, ENTRIES)
+    assert all(e.status == 400 and e.errcode == "M_BAD_JSON" for e in refused.values())
+    return value, {where: e.error for where, e in refused.items()}
+
+
+def test_an_entry_breaking_a_value_rule_is_refused_alone_and_kept_as_parsed() -> None:
+    """A PDU's depth of 2**60, an overflowing float, a lone surrogate and a repeated key each
+    refuse their own entry; the others and the top level are as decode_json would give them."""
+    raw = (b'{"origin": "a", "pdus": [{"depth": 1152921504606846976}, {"depth": 1}, {"x": 1e400}],'
+           b' "edus": [{"c": "\\ud800"}, {"k": 1, "k": 2}, {"edu_type": "m.typing"}]}')
+    value, refused = entries(raw)
+    assert value == {"origin": "a", "pdus": [{"depth": 2**60}, {"depth": 1}, {"x": float("inf")}],
+                     "edus": [{"c": "\ud800"}, {"k": 2}, {"edu_type": "m.typing"}]}
+    assert sorted(refused) == [("edus", 0), ("edus", 1), ("pdus", 0), ("pdus", 2)]
+    assert "1152921504606846976" in refused[("pdus", 0)] and "canonical" in refused[("pdus", 0)]
+    assert "out of range" in refused[("pdus", 2)]
+    assert "surrogate" in refused[("edus", 0)]
+    assert "duplicate object key 'k'" in refused[("edus", 1)]
+
+
+def test_without_a_bad_entry_it_is_decode_json() -> None:
+    raw = b'{"pdus": [{"depth": 9007199254740991, "f": 1.5}], "edus": []}'
+    assert entries(raw) == (decode_json(raw, CANONICAL), {})
+    assert entries(b'{"pdus": [{"f": 1.5}]}', EVENT)[1] == {("pdus", 0): "non-integer number 1.5 is not allowed here"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "errcode"),
+    [
+        (b'{"pdus": [], "origin_server_ts": 1152921504606846976}', "M_BAD_JSON"),  # outside the entries
+        (b'{"pdus": [{"d": 1e400}], "edus": "\\ud800"}', "M_BAD_JSON"),  # edus is no list: all of it judged
+        (b'{"pdus": [{"d": 1e400}], "pdus": []}', "M_BAD_JSON"),  # the top level repeats a key
+        (b'{"pdus": {"d": 1152921504606846976}}', "M_BAD_JSON"),  # not a list of entries
+        (b'[{"pdus": [{"d": 1152921504606846976}]}]', "M_BAD_JSON"),  # the top level is no object
+        (b'{"pdus": [{"d": 1e400}], "x": NaN}', "M_NOT_JSON"),  # no JSON after the bad entry
+        (b'{"pdus": [{"d": 1e400}], "x": ', "M_NOT_JSON"),
+        (b'{"pdus": [{"d": 1e400}, ' + b"[" * 200 + b"]" * 200 + b"]}", "M_NOT_JSON"),  # nesting is the text's
+        (b'{"pdus": [{"d": 1e400}, ' + b"[" * 5000 + b"]" * 5000 + b"]}", "M_NOT_JSON"),
+    ],
+)
+def test_what_is_not_one_entrys_fault_still_refuses_the_text(raw: bytes, errcode: str) -> None:
+    with pytest.raises(JsonInputError) as info:
+        decode_json_entries(raw, JsonRules(max_bytes=100_000, canonical=True), ENTRIES)
+    assert (info.value.status, info.value.errcode) == (400, errcode)
+
+
+@settings(derandomize=True, max_examples=200)
+@given(st.lists(st.one_of(st.integers(-(2**64), 2**64), st.text(max_size=3), st.floats(allow_nan=False, allow_infinity=False)),
+                max_size=5))
+def test_an_entry_is_refused_exactly_when_decode_json_refuses_it_alone(values: list[object]) -> None:
+    raw = json.dumps({"pdus": [{"v": v} for v in values], "edus": []}).encode()
+    value, refused = entries(raw)
+    assert value == json.loads(raw)
+    for index, v in enumerate(values):
+        alone = json.dumps({"v": v}).encode()
+        try:
+            decode_json(alone, CANONICAL)
+        except JsonInputError:
+            assert ("pdus", index) in refused
+        else:
+            assert ("pdus", index) not in refused
