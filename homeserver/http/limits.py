@@ -26,7 +26,7 @@ from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from homeserver.http.config import ConnectionLimitsConfig
+from homeserver.config import ConnectionLimitsConfig
 from homeserver.http.metrics import HttpMetrics
 
 logger = logging.getLogger(__name__)

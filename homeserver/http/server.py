@@ -33,7 +33,7 @@ from storage.kernel.errors import MatrixError, bad_json, invalid_param, unrecogn
 from storage.kernel.json_input import JsonRules, decode_json, decode_json_entries
 from homeserver.events.canonical import EncodedJson
 from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_server_name, is_valid_user_id
-from homeserver.http.config import ConnectionLimitsConfig
+from homeserver.config import ConnectionLimitsConfig
 from homeserver.http.limits import LimitedSite
 from homeserver.http.metrics import HttpMetrics, method_label
 from storage.kernel.logcontext import log_context, set_log_context

@@ -18,7 +18,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from homeserver.http.config import ConnectionLimitsConfig
+from homeserver.config import ConnectionLimitsConfig
 from homeserver.http.limits import LimitedSite
 from homeserver.http.metrics import CONNECTION_LIMIT_REASONS, HttpMetrics
 from homeserver.http.server import make_site
