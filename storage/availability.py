@@ -46,10 +46,14 @@ class Availability:
     _probe_started: float | None = None
     _probing: bool = False
 
-    def succeeded(self, now: float) -> Transition | None:
-        """A transaction committed (or a probe answered): the database is up."""
+    def succeeded(self, now: float, started: float | None = None) -> Transition | None:
+        """A transaction that ``started`` then committed (or a probe answered): the database is
+        up. One that started before the outage was noticed says nothing of it (it may have
+        finished on a connection made before), so it ends no outage: no flapping."""
         self.last_success = now
         if self.up:
+            return None
+        if started is not None and self.down_since is not None and started < self.down_since:
             return None
         self.up = True
         self.reason = ""

@@ -960,7 +960,7 @@ class Database:
             logger.warning("the database is unreachable (%s): requests fail with 503 until it is back", reason)
         return DatabaseUnavailable(f"cannot connect to the database: {reason}", retry_after)
 
-    def _note_success(self) -> None:
+    def _note_success(self, started: float) -> None:
         availability = self._availability
         now = time.monotonic()
         if availability.up:
@@ -968,7 +968,7 @@ class Database:
             return
         with self._availability_lock:
             down_since = availability.down_since
-            transition = availability.succeeded(now)
+            transition = availability.succeeded(now, started)
         if transition is Transition.UP:
             self._metrics.database_up.set(1)
             logger.info("the database is reachable again after %.1fs", now - (down_since or now))
@@ -1043,6 +1043,7 @@ class Database:
             self._metrics.pool_waiting.set(self._waiting)
             self._metrics.pool_in_use.set(self._in_use)
         start = time.perf_counter()
+        started = time.monotonic()
         outcome = "error"
         try:
             if mode == _TXN:
@@ -1050,7 +1051,7 @@ class Database:
             else:
                 result = self._run_autocommit(side, name, func, args, kwargs, reads=mode == _READS)
             outcome = "ok"
-            self._note_success()
+            self._note_success(started)
             return result
         finally:
             duration = time.perf_counter() - start

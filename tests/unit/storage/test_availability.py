@@ -33,6 +33,14 @@ def test_an_outage_is_one_down_and_one_up_whatever_happens_between() -> None:
     assert state.failed(30.0, "refused", _no_jitter) is Transition.DOWN  # a new outage
 
 
+def test_a_transaction_begun_before_the_outage_was_noticed_does_not_end_it() -> None:
+    state = Availability()
+    state.failed(10.0, "refused", _no_jitter)
+    assert state.succeeded(10.5, started=9.0) is None and not state.up
+    assert state.last_success == 10.5
+    assert state.succeeded(11.0, started=10.8) is Transition.UP
+
+
 def test_while_down_connections_wait_out_the_backoff_which_grows_to_its_cap_and_resets() -> None:
     state = Availability(policy=BackoffPolicy(initial=1.0, multiplier=2.0, maximum=4.0))
     assert state.may_connect(0.0)
