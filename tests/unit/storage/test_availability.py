@@ -5,16 +5,19 @@ one warning for the outage, fast failures meanwhile, no connection attempt befor
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
 
 from storage.availability import RECONNECT_BACKOFF, Availability, Transition
 from storage.database import Database, DatabaseUnavailable
 from storage.kernel.backoff import BackoffPolicy
 from storage.metrics import StorageMetrics
+from tests.twisted_plugin import reactor
 
 
 def _no_jitter(low: float, high: float) -> float:
@@ -99,3 +102,31 @@ def test_a_database_that_is_not_there_fails_fast_with_one_warning(
     assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage()
     assert all(r.exc_info is None for r in caplog.records)
     db.close()
+
+
+async def test_a_health_check_never_waits_longer_than_its_timeout_and_shares_one_probe() -> None:
+    """A server that accepts connections and never answers (the database host hangs): the
+    health check says "down" once its timeout is over, a second check meanwhile waits on
+    the same probe rather than starting one, and the probe ends when the server goes."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    registry = CollectorRegistry()
+    db = Database(reactor, f"postgresql://nobody@127.0.0.1:{port}/nothing", metrics=StorageMetrics.create(registry))
+    try:
+        first = Deferred.fromCoroutine(db.is_available(reactor, 0.2))
+        second = Deferred.fromCoroutine(db.is_available(reactor, 0.2))
+        assert await first is False and await second is False
+        probe = db._probe
+        assert probe is not None and not probe.called
+        server.setblocking(False)
+        accepted, _ = server.accept()  # the probe's connection, waiting for an answer
+        with pytest.raises(BlockingIOError):
+            server.accept()  # one probe for both checks
+        accepted.close()
+        server.close()
+        assert await probe is False
+    finally:
+        server.close()
+        db.close()
