@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import attrs
 from prometheus_client import CollectorRegistry, GCCollector, Info, PlatformCollector, ProcessCollector
@@ -39,7 +39,7 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.threads import deferToThread
 from twisted.web.resource import Resource
-from twisted.web.server import Request
+from twisted.web.server import NOT_DONE_YET, Request
 
 from federation_sender.metrics import FederationSenderMetrics
 from federation_sender.sender import FederationSender
@@ -1035,8 +1035,16 @@ class HomeServer:
                     logger.warning("could not persist the %s stream position on shutdown", generator.stream_name)
 
 
+#: How long ``/health`` waits for the database's probe before answering 503.
+HEALTH_PROBE_TIMEOUT: Final = 2.0
+
+
 class HealthResource(Resource):
-    """``GET /health``: 200 once the process is ready, 503 while starting or stopping."""
+    """``GET /health`` (and ``/health/ready``): 200 once the process is ready and its database
+    answers, 503 while starting, stopping or while the database cannot be reached (the pool's
+    knowledge, or one shared ``SELECT 1`` a second: ``Database.is_available``). ``GET
+    /health/live``: 200 while the process runs and its reactor turns (it answers), whatever
+    the database does, so an orchestrator does not restart a process that will recover."""
 
     isLeaf = True
 
@@ -1044,12 +1052,29 @@ class HealthResource(Resource):
         super().__init__()  # type: ignore[no-untyped-call]
         self._hs = hs
 
-    def render_GET(self, request: Request) -> bytes:
+    def render_GET(self, request: Request) -> bytes | int:
         request.setHeader(b"Content-Type", b"text/plain")
-        if self._hs.ready:
+        path = request.postpath or []
+        if path == [b"live"]:
             return b"OK"
-        request.setResponseCode(503)
-        return b"stopping" if self._hs.stopping else b"starting"
+        if path not in ([], [b""], [b"ready"]):
+            request.setResponseCode(404)
+            return b"not found"
+        storage = self._hs._opened
+        if not self._hs.ready or storage is None:
+            request.setResponseCode(503)
+            return b"stopping" if self._hs.stopping else b"starting"
+        Deferred.fromCoroutine(self._answer(request, storage.db))
+        return NOT_DONE_YET
+
+    async def _answer(self, request: Request, db: Database) -> None:
+        up = await db.is_available(self._hs.reactor, HEALTH_PROBE_TIMEOUT)
+        if request._disconnected or request.finished:
+            return
+        if not up:
+            request.setResponseCode(503)
+        request.write(b"OK" if up else b"database unreachable")
+        request.finish()
 
 
 class RootResource(Resource):
@@ -1068,7 +1093,7 @@ class RootResource(Resource):
         self._console = console
 
     def getChildWithDefault(self, path: bytes, request: Request) -> Resource:
-        if path == b"health" and self._health is not None and not request.postpath:
+        if path == b"health" and self._health is not None and request.postpath in ([], [b"live"], [b"ready"]):
             return self._health
         rest = request.postpath or []
         if self._admin is not None and (

@@ -30,6 +30,7 @@ import hashlib
 import io
 import logging
 import queue
+import random
 import re
 import threading
 import time
@@ -42,11 +43,13 @@ import psycopg2.errors
 import psycopg2.extensions
 import psycopg2.extras
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IReactorFromThreads
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
 from twisted.python.failure import Failure
 from twisted.python.threadable import isInIOThread
 
 from storage import on_reactor as reactor_side
+from storage.availability import Availability, Transition
+from storage.kernel.errors import Unavailable
 from storage.metrics import Children, StorageMetrics
 
 logger = logging.getLogger(__name__)
@@ -125,6 +128,12 @@ def _unpause(value: object, outer: Deferred[Any]) -> object:
 
 class DatabaseError(Exception):
     """The database could not be reached or used."""
+
+
+class DatabaseUnavailable(DatabaseError, Unavailable):
+    """The database cannot be reached now (no connection could be made, or the connection was
+    lost again on the retry): an outage, not a bug (the kernel's ``Unavailable``: 503 with
+    ``Retry-After``, no traceback)."""
 
 
 class PoolClosed(DatabaseError, CancelledError):
@@ -722,6 +731,12 @@ class Database:
         self._durations = Children(self._metrics.txn_duration)
         self._totals = Children(self._metrics.txn_total)
         self.max_connections = max_connections
+        # Up or down, and when to try connecting again while down (storage/availability.py);
+        # changed by pool threads and the reactor's tasks alike, under the lock.
+        self._availability = Availability()
+        self._availability_lock = threading.Lock()
+        self._probe: Deferred[bool] | None = None
+        self._metrics.database_up.set(1)
 
     @property
     def dsn(self) -> str:
@@ -877,10 +892,11 @@ class Database:
         conn: psycopg2.extensions.connection | None = getattr(self._local, "conn", None)
         if conn is not None and not conn.closed:
             return conn
+        self._check_may_connect()
         try:
             conn = psycopg2.connect(self._dsn, application_name=self._application_name)
         except psycopg2.OperationalError as e:
-            raise DatabaseError(f"cannot connect to the database: {str(e).strip()}") from e
+            raise self._connect_failed(e) from e
         conn.autocommit = True  # transactions are begun by hand (module docstring)
         try:
             # What _literals writes strings for, whatever the server's or the DSN's defaults say.
@@ -899,6 +915,7 @@ class Database:
     def _open_nonblocking(self, loop: asyncio.AbstractEventLoop) -> reactor_side.LoopConnection:
         """A new connection in psycopg2's asynchronous mode (always autocommit), opened and set
         up as ``_connection``'s, the current task parked meanwhile (``storage/on_reactor.py``)."""
+        self._check_may_connect()
         try:
             # The client encoding as a connection parameter: psycopg2 learns it at connect time
             # (set_client_encoding is for blocking connections only).
@@ -906,7 +923,7 @@ class Database:
                                     client_encoding="UTF8", async_=True)
             reactor_side.wait_connected(conn, loop)
         except psycopg2.OperationalError as e:
-            raise DatabaseError(f"cannot connect to the database: {str(e).strip()}") from e
+            raise self._connect_failed(e) from e
         held = reactor_side.LoopConnection(conn, loop)
         try:
             with held.cursor() as cursor:
@@ -915,6 +932,90 @@ class Database:
             held.close()
             raise DatabaseError(f"cannot set up a database connection: {str(e).strip()}") from e
         return held
+
+    # --- up or down ----------------------------------------------------------------
+
+    def _check_may_connect(self) -> None:
+        """Fail fast while the database is down and the backoff's wait is not over."""
+        availability = self._availability
+        if availability.up:
+            return
+        now = time.monotonic()
+        with self._availability_lock:
+            if availability.may_connect(now):
+                return
+            retry_after, reason = availability.retry_after(now), availability.reason
+        raise DatabaseUnavailable(f"the database is unreachable: {reason}", retry_after)
+
+    def _connect_failed(self, error: psycopg2.OperationalError) -> DatabaseUnavailable:
+        """Note a connection that could not be made (logged once, when the outage starts)."""
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        now = time.monotonic()
+        with self._availability_lock:
+            transition = self._availability.failed(now, reason, random.uniform)
+            retry_after = self._availability.retry_after(now)
+        self._metrics.connection_failures.inc()
+        if transition is Transition.DOWN:
+            self._metrics.database_up.set(0)
+            logger.warning("the database is unreachable (%s): requests fail with 503 until it is back", reason)
+        return DatabaseUnavailable(f"cannot connect to the database: {reason}", retry_after)
+
+    def _note_success(self, started: float) -> None:
+        availability = self._availability
+        now = time.monotonic()
+        if availability.up:
+            availability.last_success = now  # one attribute: no lock on every transaction's way
+            return
+        with self._availability_lock:
+            down_since = availability.down_since
+            transition = availability.succeeded(now, started)
+        if transition is Transition.UP:
+            self._metrics.database_up.set(1)
+            logger.info("the database is reachable again after %.1fs", now - (down_since or now))
+
+    @property
+    def up(self) -> bool:
+        """What the pool knows: no connection has failed since the last one that worked."""
+        return self._availability.up
+
+    async def is_available(self, clock: IReactorTime, timeout: float) -> bool:
+        """Whether the database answers, for a health check: the pool's knowledge while it is
+        fresh, else the answer of a ``SELECT 1`` probe (at most one a second, shared by every
+        caller: ``Availability.should_probe``), waited for at most ``timeout`` seconds (a
+        probe still running then counts as down)."""
+        with self._availability_lock:
+            start = self._availability.should_probe(time.monotonic())
+        if start:
+            self._probe = Deferred.fromCoroutine(self._run_probe())
+        probe = self._probe
+        if probe is None or probe.called:
+            return self._availability.up
+        answer: Deferred[bool] = Deferred()
+
+        def give(up: bool) -> bool:
+            if not answer.called:
+                answer.callback(up)
+            if timer.active():
+                timer.cancel()
+            return up
+
+        timer = clock.callLater(timeout, give, False)
+        probe.addCallback(give)
+        return await answer
+
+    async def _run_probe(self) -> bool:
+        def select_one(txn: Transaction) -> None:
+            txn.execute("SELECT 1")
+            txn.fetchone()
+
+        try:
+            await self.run_reads("health_probe", select_one)
+            return True
+        except DatabaseError:
+            return False
+        finally:
+            with self._availability_lock:
+                self._availability.probe_finished()
 
     def _drop_connection(self, conn: psycopg2.extensions.connection) -> None:
         with self._connections_lock:
@@ -942,6 +1043,7 @@ class Database:
             self._metrics.pool_waiting.set(self._waiting)
             self._metrics.pool_in_use.set(self._in_use)
         start = time.perf_counter()
+        started = time.monotonic()
         outcome = "error"
         try:
             if mode == _TXN:
@@ -949,6 +1051,7 @@ class Database:
             else:
                 result = self._run_autocommit(side, name, func, args, kwargs, reads=mode == _READS)
             outcome = "ok"
+            self._note_success(started)
             return result
         finally:
             duration = time.perf_counter() - start
@@ -994,8 +1097,9 @@ class Database:
                 side.drop(conn)
                 if attempt > 1:
                     self._schedule_exception_callbacks(txn)
-                    raise DatabaseError(f"database connection lost during {name}: {str(e).strip()}") from e
-                logger.warning("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
+                    raise DatabaseUnavailable(f"database connection lost during {name}: {str(e).strip()}") from e
+                # Info: an outage has its one warning, when no new connection can be made.
+                logger.info("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
             except BaseException:
                 try:
                     self._rollback(side, conn)
@@ -1026,8 +1130,8 @@ class Database:
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
                 side.drop(conn)
                 if not reads or attempt > 1:
-                    raise DatabaseError(f"database connection lost during {name}: {str(e).strip()}") from e
-                logger.warning("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
+                    raise DatabaseUnavailable(f"database connection lost during {name}: {str(e).strip()}") from e
+                logger.info("[%s] database connection lost (%s); reconnecting", name, str(e).strip())
 
     @staticmethod
     def _rollback(side: _Side, conn: psycopg2.extensions.connection) -> None:

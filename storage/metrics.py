@@ -47,6 +47,8 @@ class StorageMetrics:
     pool_in_use: Gauge
     pool_waiting: Gauge
     migrations_applied: Counter
+    database_up: Gauge
+    connection_failures: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> StorageMetrics:
@@ -83,6 +85,16 @@ class StorageMetrics:
             migrations_applied=Counter(
                 "tributary_storage_migrations_applied_total",
                 "Schema migrations this process applied.",
+                registry=registry,
+            ),
+            database_up=Gauge(
+                "tributary_storage_database_up",
+                "1 while the database can be reached, 0 from a failed connection until one works again.",
+                registry=registry,
+            ),
+            connection_failures=Counter(
+                "tributary_storage_connection_failures_total",
+                "Connections to the database that could not be made.",
                 registry=registry,
             ),
         )

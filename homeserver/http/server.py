@@ -3,8 +3,10 @@
 Servlets register ``(method, path pattern) -> async handler``; a handler gets the
 request and the path's named groups (percent-decoded) and returns
 ``(status, json_body)``. Every failure becomes Matrix error JSON: a
-``MatrixError`` as itself, anything else as ``500 M_UNKNOWN`` with the traceback
-in the log (that is our bug). Unknown paths get ``404 M_UNRECOGNIZED`` and
+``MatrixError`` as itself, an outage of the database (the kernel's ``Unavailable``) as
+``503 M_UNKNOWN`` with ``Retry-After`` and no traceback (the storage layer logs the
+outage once), anything else as ``500 M_UNKNOWN`` with the traceback in the log (that
+is our bug). Unknown paths get ``404 M_UNRECOGNIZED`` and
 known paths with another method ``405 M_UNRECOGNIZED``. The router counts
 requests in flight so that shutdown can wait for them.
 """
@@ -29,7 +31,7 @@ from twisted.internet.tcp import Server
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from storage.kernel.errors import MatrixError, bad_json, invalid_param, unrecognized
+from storage.kernel.errors import MatrixError, Unavailable, bad_json, invalid_param, unrecognized
 from storage.kernel.json_input import JsonRules, decode_json, decode_json_entries
 from homeserver.events.canonical import EncodedJson
 from homeserver.events.identifiers import is_valid_event_id, is_valid_room_id, is_valid_server_name, is_valid_user_id
@@ -55,6 +57,13 @@ CORS_HEADERS: Final = (
     (b"Access-Control-Allow-Methods", b"GET, HEAD, POST, PUT, DELETE, OPTIONS"),
     (b"Access-Control-Allow-Headers", b"X-Requested-With, Content-Type, Authorization, Date"),
 )
+
+# The spec has no errcode for "try again later" but M_LIMIT_EXCEEDED, which would tell the
+# client it sent too much; M_UNKNOWN with a 503 and Retry-After says what happened instead.
+DATABASE_UNAVAILABLE: Final = {
+    "errcode": "M_UNKNOWN",
+    "error": "The server cannot reach its database just now; try again in a moment",
+}
 
 
 @attrs.frozen
@@ -295,16 +304,19 @@ class JsonRouter(Resource):
         start = time.perf_counter()
         servlet = "unrecognized"
         status = 500
+        headers: tuple[tuple[bytes, bytes], ...] = ()
         try:
             status, body, servlet = await self._dispatch(request, method)
         except MatrixError as e:
             status, body = e.status, e.to_json()
+        except Unavailable as e:
+            status, body, headers = 503, DATABASE_UNAVAILABLE, ((b"Retry-After", str(e.retry_after).encode()),)
         except Exception:
             logger.exception("request %s %s failed", method, _loggable_path(request))
             status, body = 500, {"errcode": "M_UNKNOWN", "error": "Internal server error"}
         finally:
             self._in_flight -= 1
-        self._respond(request, status, body)
+        self._respond(request, status, body, headers)
         duration = time.perf_counter() - start
         self._requests[servlet, method_label(method), f"{status // 100}xx"].inc()
         self._durations[servlet].observe(duration)
@@ -366,7 +378,7 @@ class JsonRouter(Resource):
             raise MatrixError(405, "M_UNRECOGNIZED", f"Method {method} is not allowed on this path")
         raise unrecognized()
 
-    def _respond(self, request: Request, status: int, body: Any) -> None:
+    def _respond(self, request: Request, status: int, body: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
         if request._disconnected or request.finished:
             return
         payload = body if isinstance(body, bytes) else encode_json(body)
@@ -374,6 +386,8 @@ class JsonRouter(Resource):
         if not isinstance(body, bytes) or isinstance(body, EncodedJson):
             request.setHeader(b"Content-Type", b"application/json")
         for name, value in CORS_HEADERS:
+            request.setHeader(name, value)
+        for name, value in headers:
             request.setHeader(name, value)
         request.setHeader(b"Content-Length", str(len(payload)).encode("ascii"))
         if request.method != b"HEAD":

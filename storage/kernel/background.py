@@ -1,7 +1,8 @@
 """The one way to start work nobody awaits: ``run_in_background(name, work)``.
 
 Work started here never fails silently: a failure is logged (with the task's
-name and the traceback) and counted in
+name and the traceback; an outage, ``Unavailable``, at debug level without it, since
+it is logged once where it is noticed) and counted in
 ``tributary_background_task_failures_total{task}``, whose label is the name, a
 constant from the code (never an ID). The returned Deferred fires with the
 result, or ``None`` after a failure, and never errbacks, so a caller may await
@@ -19,6 +20,8 @@ from typing import Any, Final, TypeVar
 from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
+
+from storage.kernel.errors import Unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,9 @@ def run_in_background(name: str, work: Coroutine[Any, Any, T] | Deferred[T]) -> 
         if failure.check(CancelledError):
             return None
         FAILURES.labels(task=name).inc()
+        if failure.check(Unavailable):  # an outage, logged once where it was noticed
+            logger.debug("background task %s failed: %s", name, failure.getErrorMessage())
+            return None
         logger.error("background task %s failed: %s\n%s", name, failure.getErrorMessage(), failure.getTraceback())
         return None
 

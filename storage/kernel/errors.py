@@ -13,6 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 
+class Unavailable(Exception):
+    """Something this process depends on (its database) cannot be reached now: an outage,
+    logged once where it is noticed, not a bug of whoever hit it. The HTTP router answers it
+    with 503 and ``Retry-After: retry_after`` (whole seconds), and a background task that
+    meets it fails without a traceback."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class MatrixError(Exception):
     """An error a client or peer should see as ``{"errcode": ..., "error": ...}``.
 

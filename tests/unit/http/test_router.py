@@ -19,7 +19,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 
-from storage.kernel.errors import MatrixError
+from storage.kernel.errors import MatrixError, Unavailable
 from homeserver.http.metrics import HttpMetrics
 from homeserver.events.canonical import EncodedJson
 from homeserver.http.server import JsonRouter, make_site, parse_json_object
@@ -90,6 +90,10 @@ def server() -> Any:
     async def large(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
         return 200, EncodedJson(b'{"big":"' + b"x" * LARGE_ANSWER + b'"}')
 
+    async def outage(request: Request, params: Mapping[str, str]) -> tuple[int, Any]:
+        raise Unavailable("cannot connect to the database: connection refused", retry_after=3)
+
+    s.router.register(["GET"], r"/outage", outage, "outage")
     s.router.register(["GET"], r"/large", large, "large")
     s.router.register(["GET"], r"/broken", broken, "broken")
     s.router.register(["GET"], r"/encoded", encoded, "encoded")
@@ -124,6 +128,18 @@ async def test_matrix_errors_and_bugs_become_error_json(server: Server) -> None:
     )
     status, body, _ = await server.request("GET", "/broken")
     assert status == 500 and body == {"errcode": "M_UNKNOWN", "error": "Internal server error"}
+
+
+async def test_an_unreachable_database_is_a_503_with_retry_after_and_no_traceback(
+        server: Server, caplog: pytest.LogCaptureFixture) -> None:
+    """An outage is not our bug: 503 (the spec's M_UNKNOWN, saying what happened) with the
+    storage layer's Retry-After, and nothing logged by the router for it."""
+    with caplog.at_level("DEBUG", logger="homeserver.http.server"):
+        status, body, headers = await server.request("GET", "/outage")
+    assert status == 503
+    assert body["errcode"] == "M_UNKNOWN" and "database" in body["error"]
+    assert headers.getRawHeaders(b"retry-after") == [b"3"]
+    assert [r for r in caplog.records if r.name == "homeserver.http.server"] == []
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -10,6 +11,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 
 from storage.kernel.background import register_metrics, run_in_background
 from storage.kernel.backoff import BackoffPolicy
+from storage.kernel.errors import Unavailable
 
 
 def fixed(value: float):  # type: ignore[no-untyped-def]
@@ -41,10 +43,16 @@ def test_backoff_refuses_nonsense(bad: dict[str, object]) -> None:
         BackoffPolicy(**args)  # type: ignore[arg-type]
 
 
-def test_background_failure_is_logged_counted_and_swallowed(caplog: pytest.LogCaptureFixture) -> None:
+def _failures(task: str) -> Callable[[], float]:
+    """The failure count of ``task`` as a fresh registry serves it, read when called."""
     registry = CollectorRegistry()
     register_metrics(registry)
-    before = registry.get_sample_value("tributary_background_task_failures_total", {"task": "kernel_test"}) or 0.0
+    return lambda: registry.get_sample_value("tributary_background_task_failures_total", {"task": task}) or 0.0
+
+
+def test_background_failure_is_logged_counted_and_swallowed(caplog: pytest.LogCaptureFixture) -> None:
+    failures = _failures("kernel_test")
+    before = failures()
 
     async def boom() -> None:
         raise RuntimeError("the disk is on fire")
@@ -55,8 +63,22 @@ def test_background_failure_is_logged_counted_and_swallowed(caplog: pytest.LogCa
     d.addBoth(results.append)
     assert results == [None], "the returned Deferred fires with None, never an error"
     assert "kernel_test" in caplog.text and "the disk is on fire" in caplog.text
-    after = registry.get_sample_value("tributary_background_task_failures_total", {"task": "kernel_test"})
-    assert after == before + 1
+    assert failures() == before + 1
+
+
+def test_background_work_cut_short_by_an_outage_is_counted_without_a_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The storage layer logs an outage once; each task that meets it adds no line of its own."""
+    failures = _failures("kernel_outage")
+    before = failures()
+
+    async def outage() -> None:
+        raise Unavailable("the database is unreachable")
+
+    with caplog.at_level(logging.INFO, logger="storage.kernel.background"):
+        run_in_background("kernel_outage", outage())
+    assert caplog.records == []
+    assert failures() == before + 1
 
 
 def test_background_passes_results_through_and_accepts_deferreds() -> None:
