@@ -92,10 +92,15 @@ def test_second_instance_on_taken_ports_fails_in_one_line_before_touching_the_da
         assert first.stop() == 0
 
 
-def test_ctrl_c_with_a_sync_long_poll_open_stops_in_under_two_seconds(tmp_path: Path, database_dsn: str) -> None:
-    """A client long-polls /sync (30 s timeout). Ctrl-C: the long-poll is answered at once with
-    an empty response (its next_batch is the since token) and the process exits 0 in < 2 s."""
-    hs = TributaryProcess.configure(tmp_path, database_url=database_dsn)
+def test_ctrl_c_with_a_sync_long_poll_open_answers_it_at_once_and_exits_0(tmp_path: Path, database_dsn: str) -> None:
+    """A client long-polls /sync for five minutes (the longest a server waits). Ctrl-C: the
+    long-poll is answered with an empty response (its next_batch is the since token) and the
+    process exits 0, with no request cut off at the end of the grace period.
+
+    "At once" is proved by the outcome, not by a stopwatch: the grace period (5 min) and the
+    long-poll's own timeout are both far past the deadline of the wait below, so the process
+    can only exit within it if the shutdown itself answered the long-poll."""
+    hs = TributaryProcess.configure(tmp_path, database_url=database_dsn, extra={"shutdown_grace_period": "300s"})
     hs.start()
     registered = _post(f"{hs.base_url}/_matrix/client/v3/register",
                        {"username": "poller", "password": "pw-poller", "auth": {"type": "m.login.dummy"}})
@@ -106,13 +111,13 @@ def test_ctrl_c_with_a_sync_long_poll_open_stops_in_under_two_seconds(tmp_path: 
     def long_poll() -> None:
         try:
             answer["status"], answer["body"] = _get(
-                f"{hs.base_url}/_matrix/client/v3/sync?since={since}&timeout=30000", token, timeout=40)
+                f"{hs.base_url}/_matrix/client/v3/sync?since={since}&timeout=300000", token, timeout=600)
         except Exception as e:  # reported by the assertions below
             answer["error"] = e
 
-    poller = threading.Thread(target=long_poll)
+    poller = threading.Thread(target=long_poll, daemon=True)
     poller.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the metrics show the long-poll once it waits
         if LONG_POLL_WAITING in hs.get("/metrics", port=hs.metrics_port)[1]:
             break
@@ -120,13 +125,15 @@ def test_ctrl_c_with_a_sync_long_poll_open_stops_in_under_two_seconds(tmp_path: 
     else:
         raise AssertionError("the /sync long-poll never started waiting")
     assert hs.process is not None
-    started = time.monotonic()
     hs.process.send_signal(signal.SIGINT)
-    hs.process.wait(timeout=10)
-    elapsed = time.monotonic() - started
-    poller.join(timeout=10)
-    assert hs.stop() == 0, hs.output[-3000:]
-    assert elapsed < 2.0, (elapsed, hs.output[-3000:])
+    try:
+        code = hs.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running 60 s after SIGINT: the long-poll held the shutdown\n"
+                             f"{hs.log_path.read_text()[-3000:]}") from None
+    poller.join(timeout=60)
+    assert hs.stop() == code == 0, hs.output[-3000:]
+    assert "still in flight" not in hs.output, hs.output[-3000:]
     assert answer.get("status") == 200, answer
     assert answer["body"]["next_batch"] == since
     assert not answer["body"].get("rooms", {}).get("join")
