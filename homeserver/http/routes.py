@@ -306,14 +306,13 @@ class Gate:
         if endpoint.rate is not None:
             key = requester.user_id if requester is not None else (client_ip(request) or "-")
             ratelimit(self._limiters[endpoint.rate], (endpoint.rate.value, key), self._clock())
-        call = Call(request, params, body, requester, origin, refused)
         if caller not in (Caller.ADMIN, Caller.ADMIN_OR_SELF):
-            return await self._call(endpoint, call)
+            return await self._call(endpoint, request, params, body, requester, origin, refused)
         assert self._admins is not None and requester is not None
         status = 500
         try:
             # Inside the audit: an admin's malformed body is an outcome (400) like any other.
-            status, answer = await self._call(endpoint, call)
+            status, answer = await self._call(endpoint, request, params, body, requester, origin, refused)
             return status, answer
         except MatrixError as e:
             status = e.status
@@ -321,11 +320,13 @@ class Gate:
         finally:
             self._admins.audit(request, requester, status)
 
-    async def _call(self, endpoint: Endpoint, call: Call) -> Response:
+    async def _call(self, endpoint: Endpoint, request: Request, params: Mapping[str, str], body: Any,
+                    requester: Requester | None, origin: str | None,
+                    refused: Mapping[tuple[str, int], str]) -> Response:
         """The handler, given the body parsed as declared (a signed body was read to authenticate)."""
         if endpoint.body is not Body.SIGNED:
-            call = attrs.evolve(call, body=_parse_body(endpoint.body, call.request, self._json))
-        return await endpoint.handler(call)
+            body = _parse_body(endpoint.body, request, self._json)
+        return await endpoint.handler(Call(request, params, body, requester, origin, refused))
 
     async def _user(self, endpoint: Endpoint, request: Request, params: Mapping[str, str]) -> Requester | None:
         users = self._users
