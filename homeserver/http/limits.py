@@ -58,16 +58,10 @@ class LimitedChannel(HTTPChannel):
         self._timer: IDelayedCall | None = None
         self._released = False  # whether the site was told this connection closed
 
-    def _limit_seconds(self, phase: Phase) -> float | None:
-        limits = self._limits_site.limits
-        limit = {Phase.HEADERS: limits.header_timeout, Phase.BODY: limits.body_timeout,
-                 Phase.IDLE: limits.idle_timeout}.get(phase)
-        return None if limit is None else limit.total_seconds()
-
     def _enter(self, phase: Phase) -> None:
         """Move to ``phase`` and (re)start its timer; the previous phase's timer stops."""
         self.phase = phase
-        seconds = self._limit_seconds(phase)
+        seconds = self._limits_site.phase_seconds.get(phase)
         if self._timer is not None and self._timer.active():
             if seconds is not None:
                 self._timer.reset(seconds)
@@ -142,6 +136,10 @@ class LimitedSite(Site):
         super().__init__(root, reactor=clock)  # type: ignore[no-untyped-call]
         self.timeOut = None  # Twisted's idle timeout restarts on every byte; LimitedChannel's do not
         self.limits = limits
+        # Each phase's limit in seconds, read at every phase change of every request.
+        self.phase_seconds: dict[Phase, float] = {
+            Phase.HEADERS: limits.header_timeout.total_seconds(), Phase.BODY: limits.body_timeout.total_seconds(),
+            Phase.IDLE: limits.idle_timeout.total_seconds()}
         self.clock = clock
         self._metrics = metrics
         self._open: Tally[str] = Tally()
