@@ -138,23 +138,31 @@ def read_json_entries(request: Request, rules: JsonRules,
         raise MatrixError(413, "M_TOO_LARGE", "Request body is too large")
     assert request.content is not None
     raw = request.content.read()
-    # The listener already bounded the body (its own limit, maybe above the default).
-    rules = attrs.evolve(rules, max_bytes=max(rules.max_bytes, len(raw)))
+    rules = _bounded_by_listener(rules, raw)
     if not entries:
         return decode_json(raw, rules), raw, {}
     body, refused = decode_json_entries(raw, rules, entries)
     return body, raw, {where: e.error for where, e in refused.items()}
 
 
-def parse_json_object(request: Request, rules: JsonRules = CLIENT_JSON) -> JsonDict:
-    value = parse_json_body(request, rules)
+def _bounded_by_listener(rules: JsonRules, raw: bytes) -> JsonRules:
+    """``rules`` for a body the listener already bounded (its own limit, maybe above the default)."""
+    return rules if len(raw) <= rules.max_bytes else attrs.evolve(rules, max_bytes=len(raw))
+
+
+def _json_object(value: Any) -> JsonDict:
     if not isinstance(value, dict):
         raise bad_json("Request body must be a JSON object")
     return value
 
 
-def parse_optional_json_object(request: Request) -> JsonDict:
-    """The body as a JSON object, or ``{}`` when the body is empty (clients send none on some POSTs)."""
+def parse_json_object(request: Request, rules: JsonRules = CLIENT_JSON) -> JsonDict:
+    return _json_object(parse_json_body(request, rules))
+
+
+def parse_optional_json_object(request: Request, rules: JsonRules = CLIENT_JSON) -> JsonDict:
+    """The body as a JSON object, or ``{}`` when the body is empty (clients send none on some
+    POSTs); the body is read once."""
     if getattr(request, "body_too_large", False):
         raise MatrixError(413, "M_TOO_LARGE", "Request body is too large")
     content = request.content
@@ -163,8 +171,7 @@ def parse_optional_json_object(request: Request) -> JsonDict:
     raw = content.read()
     if not raw.strip():
         return {}
-    content.seek(0)
-    return parse_json_object(request)
+    return _json_object(decode_json(raw, _bounded_by_listener(rules, raw)))
 
 
 ID_PARAMS: Final[Mapping[str, tuple[Callable[[object], bool], str]]] = {
